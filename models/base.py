@@ -1,0 +1,122 @@
+"""The model protocol every cusp model implements, and the errors models raise.
+
+Conventions (owned here, relied on by the engine):
+- Parameters ``theta: [M, D]`` live in an unconstrained space; a model that needs
+  constraints transforms them and adds the log-Jacobian inside ``log_prior`` so that the
+  induced prior on the constrained parameters is exactly the one the model documents.
+- Data arrive as raw rows ``[B, C]`` (float64, the stream's columns in order);
+  ``featurize`` turns them into the model's working rows ``[B, F]`` once (the engine keeps
+  these in its reservoir), and every likelihood function takes featurized rows.
+- ``log_likelihood(theta [M, D], rows [B, F]) -> [M, B]``: per observation.
+- ``grad_log_likelihood(theta [M, D], rows [B, F], weights [B]) -> [M, D]``: the gradient of
+  ``sum_b weights[b] * log p(rows[b] | theta)`` — the engine's only gradient call, so the
+  tempered chunk and the scaled mini-batch share one pass. The base class computes it with
+  autograd; models override it with closed forms (checked against autograd in the tests).
+- Everything is float64 and runs under ``torch.inference_mode`` in the engine.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+import torch
+
+LOG_2PI = math.log(2.0 * math.pi)
+
+
+class ModelError(ValueError):
+    """A model specification or a data set that does not fit a model (bad settings, wrong width, bad labels)."""
+
+
+@dataclass(frozen=True)
+class Model:
+    """Base class. Subclasses are frozen dataclasses whose fields are the model's settings."""
+
+    name: ClassVar[str] = ""
+    #: number of raw columns the model reads (set by the factory from the stream's columns)
+    n_columns: int = field(default=1, kw_only=True)
+
+    # --- shape -------------------------------------------------------------------------
+    @property
+    def dim(self) -> int:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    @property
+    def feature_width(self) -> int:
+        """Width F of featurized rows."""
+        return self.n_columns
+
+    def parameter_names(self) -> list[str]:
+        return [f"theta[{i}]" for i in range(self.dim)]
+
+    # --- data ----------------------------------------------------------------------------
+    def featurize(self, data: torch.Tensor) -> torch.Tensor:
+        """Raw rows ``[B, C]`` -> working rows ``[B, F]``; raises ModelError on data the model cannot take."""
+        self.check_width(data)
+        return data.to(torch.float64)
+
+    def check_width(self, data: torch.Tensor) -> None:
+        if data.dim() != 2 or data.shape[1] != self.n_columns:
+            raise ModelError(
+                f"model {self.name!r} reads {self.n_columns} columns per row, got rows of shape {tuple(data.shape)}"
+            )
+
+    # --- densities -------------------------------------------------------------------------
+    def sample_prior(self, generator: torch.Generator, n: int) -> torch.Tensor:  # pragma: no cover - abstract
+        """``n`` draws from the prior, in unconstrained space: ``[n, D]``."""
+        raise NotImplementedError
+
+    def log_prior(self, theta: torch.Tensor) -> torch.Tensor:  # pragma: no cover - abstract
+        """Log prior density of unconstrained ``theta [M, D]`` (log-Jacobian included): ``[M]``."""
+        raise NotImplementedError
+
+    def grad_log_prior(self, theta: torch.Tensor) -> torch.Tensor:
+        """``[M, D]``; autograd by default."""
+        with torch.enable_grad():
+            t = theta.detach().requires_grad_(True)
+            (g,) = torch.autograd.grad(self.log_prior(t).sum(), t)
+        return g
+
+    def log_likelihood(self, theta: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:  # pragma: no cover - abstract
+        """Per-observation log-likelihood: ``theta [M, D]``, ``rows [B, F]`` -> ``[M, B]``."""
+        raise NotImplementedError
+
+    def grad_log_likelihood(self, theta: torch.Tensor, rows: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """Gradient of ``sum_b weights[b] * log p(rows[b] | theta)`` per particle: ``[M, D]``; autograd by default."""
+        with torch.enable_grad():
+            t = theta.detach().requires_grad_(True)
+            (g,) = torch.autograd.grad((self.log_likelihood(t, rows) * weights).sum(), t)
+        return g
+
+    # --- additive sufficient statistics (optional fast path) ---------------------------------
+    #: True when the model implements ``stats`` and ``grad_from_stats``: its weighted
+    #: log-likelihood gradient is a function of additive per-row statistics, so the engine can
+    #: reduce a whole SGHMC run's mini-batches in one batched product.
+    has_stats: ClassVar[bool] = False
+
+    def stats(self, rows: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:  # pragma: no cover - optional
+        """``sum_b weights[b] * phi(rows[..., b, :])`` for rows ``[..., B, F]``: ``[..., S]``."""
+        raise NotImplementedError
+
+    def grad_from_stats(self, theta: torch.Tensor, stats: torch.Tensor) -> torch.Tensor:  # pragma: no cover - optional
+        """``[M, D]``, equal to ``grad_log_likelihood(theta, rows, weights)`` for ``stats = stats(rows, weights)``."""
+        raise NotImplementedError
+
+    # --- exact answers (conjugate models only) ---------------------------------------------
+    def exact_log_evidence(self, rows: torch.Tensor) -> float | None:
+        """Closed-form log p(rows) for conjugate models (featurized rows); None where there is none."""
+        return None
+
+    def spec(self) -> str:
+        """The ``name:key=value,...`` spec that rebuilds this model (with the same column count)."""
+        from dataclasses import fields
+
+        parts = [f"{f.name}={getattr(self, f.name)}" for f in fields(self) if f.name != "n_columns"]
+        return self.name + (":" + ",".join(parts) if parts else "")
+
+
+def normal_logpdf(x: torch.Tensor, mean: torch.Tensor | float, var: torch.Tensor | float) -> torch.Tensor:
+    var_t = torch.as_tensor(var, dtype=torch.float64)
+    return -0.5 * (LOG_2PI + torch.log(var_t) + (x - mean) ** 2 / var_t)

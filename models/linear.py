@@ -1,0 +1,178 @@
+"""Bayesian linear and logistic regression (papers/001, Appendix B.1 and B.2)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from models.base import LOG_2PI, Model, ModelError
+
+
+def _split_target(model: Model, data: torch.Tensor, target: int) -> tuple[torch.Tensor, torch.Tensor]:
+    model.check_width(data)
+    t = target % model.n_columns
+    cols = [i for i in range(model.n_columns) if i != t]
+    return data[:, cols].to(torch.float64), data[:, t].to(torch.float64)
+
+
+@dataclass(frozen=True)
+class LinearRegression(Model):
+    """y = w.x + b + e, e ~ N(0, noise^2) with known noise; w, b ~ N(0, prior_scale^2).
+
+    Columns: every column but ``target`` is a feature. ``theta [M, D]`` = (w_1..w_{D-1}, b).
+    Featurized rows ``[B, D+1]`` = (x, 1, y).
+    """
+
+    name = "linear-regression"
+    noise: float = 1.0
+    prior_scale: float = 1.0
+    target: int = -1
+
+    def __post_init__(self) -> None:
+        if not (self.noise > 0 and math.isfinite(self.noise)):
+            raise ModelError("linear-regression: noise must be a positive number")
+        if not (self.prior_scale > 0 and math.isfinite(self.prior_scale)):
+            raise ModelError("linear-regression: prior_scale must be a positive number")
+        if self.n_columns < 1:
+            raise ModelError("linear-regression needs at least a target column")
+        if not -self.n_columns <= self.target < self.n_columns:
+            raise ModelError(f"linear-regression: target column {self.target} out of range for {self.n_columns} columns")
+
+    @property
+    def dim(self) -> int:
+        return self.n_columns  # (C - 1) weights + bias
+
+    @property
+    def feature_width(self) -> int:
+        return self.n_columns + 1
+
+    def parameter_names(self) -> list[str]:
+        return [f"w[{i}]" for i in range(self.dim - 1)] + ["b"]
+
+    def featurize(self, data: torch.Tensor) -> torch.Tensor:
+        x, y = _split_target(self, data, self.target)
+        return torch.cat([x, torch.ones_like(y)[:, None], y[:, None]], dim=1)
+
+    def sample_prior(self, generator: torch.Generator, n: int) -> torch.Tensor:
+        return self.prior_scale * torch.randn(n, self.dim, generator=generator, dtype=torch.float64)
+
+    def log_prior(self, theta: torch.Tensor) -> torch.Tensor:
+        s2 = self.prior_scale**2
+        return -0.5 * (self.dim * (LOG_2PI + math.log(s2)) + (theta * theta).sum(-1) / s2)
+
+    def grad_log_prior(self, theta: torch.Tensor) -> torch.Tensor:
+        return theta * (-1.0 / self.prior_scale**2)
+
+    def log_likelihood(self, theta: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        d = self.dim
+        resid = rows[:, d] - theta @ rows[:, :d].T  # [M, B]
+        return -0.5 * (LOG_2PI + 2.0 * math.log(self.noise)) - (0.5 / self.noise**2) * resid * resid
+
+    def grad_log_likelihood(self, theta: torch.Tensor, rows: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        d = self.dim
+        xa = rows[:, :d]
+        resid = rows[:, d] - theta @ xa.T  # [M, B]
+        return (resid * (weights * (1.0 / self.noise**2))) @ xa
+
+    has_stats = True
+
+    def stats(self, rows: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """Weighted Gram matrix of (x, 1, y), flattened: ``[..., (D+1)^2]``."""
+        gram = rows.transpose(-1, -2) @ (rows * weights[:, None])
+        return gram.flatten(-2)
+
+    def grad_from_stats(self, theta: torch.Tensor, stats: torch.Tensor) -> torch.Tensor:
+        d = self.dim
+        gram = stats.view(d + 1, d + 1)
+        iv = 1.0 / self.noise**2
+        return torch.addmm(gram[d, :d], theta, gram[:d, :d], beta=iv, alpha=-iv)
+
+    def exact_log_evidence(self, rows: torch.Tensor) -> float:
+        """log N(y; 0, noise^2 I + s^2 X X^T) through the D x D form (Woodbury)."""
+        d = self.dim
+        xa, y = rows[:, :d].to(torch.float64), rows[:, d].to(torch.float64)
+        n = rows.shape[0]
+        s2, v = self.prior_scale**2, self.noise**2
+        xtx, xty = xa.T @ xa, xa.T @ y
+        a = torch.eye(d, dtype=torch.float64) * (v / s2) + xtx
+        chol = torch.linalg.cholesky(a)
+        sol = torch.cholesky_solve(xty[:, None], chol)[:, 0]
+        logdet = 2.0 * torch.log(torch.diagonal(chol)).sum() - d * math.log(v / s2)  # log det(I + s2/v X^T X)
+        quad = (y @ y - xty @ sol) / v
+        return float(-0.5 * n * (LOG_2PI + math.log(v)) - 0.5 * logdet - 0.5 * quad)
+
+
+@dataclass(frozen=True)
+class LogisticRegression(Model):
+    """Softmax regression over ``classes`` classes; all weights and biases ~ N(0, prior_scale^2).
+
+    The target column holds class labels 0..classes-1. ``theta [M, classes*(F+1)]`` holds, per
+    class, F weights then the bias. Featurized rows ``[B, F+2]`` = (x, 1, label).
+    """
+
+    name = "logistic-regression"
+    classes: int = 2
+    prior_scale: float = 1.0
+    target: int = -1
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.classes, int) and self.classes >= 2):
+            raise ModelError("logistic-regression: classes must be an integer >= 2")
+        if not (self.prior_scale > 0 and math.isfinite(self.prior_scale)):
+            raise ModelError("logistic-regression: prior_scale must be a positive number")
+        if not -self.n_columns <= self.target < self.n_columns:
+            raise ModelError(f"logistic-regression: target column {self.target} out of range for {self.n_columns} columns")
+
+    @property
+    def dim(self) -> int:
+        return self.classes * self.n_columns  # classes x (F features + bias), F = C - 1
+
+    @property
+    def feature_width(self) -> int:
+        return self.n_columns + 1
+
+    def parameter_names(self) -> list[str]:
+        f = self.n_columns - 1
+        return [f"w[{k}][{i}]" if i < f else f"b[{k}]" for k in range(self.classes) for i in range(f + 1)]
+
+    def featurize(self, data: torch.Tensor) -> torch.Tensor:
+        x, y = _split_target(self, data, self.target)
+        bad = (y != torch.round(y)) | (y < 0) | (y >= self.classes)
+        if bool(bad.any()):
+            i = int(torch.nonzero(bad)[0])
+            raise ModelError(
+                f"logistic-regression: target must be a class label 0..{self.classes - 1}, row {i} has {float(y[i])!r}"
+            )
+        return torch.cat([x, torch.ones_like(y)[:, None], y[:, None]], dim=1)
+
+    def sample_prior(self, generator: torch.Generator, n: int) -> torch.Tensor:
+        return self.prior_scale * torch.randn(n, self.dim, generator=generator, dtype=torch.float64)
+
+    def log_prior(self, theta: torch.Tensor) -> torch.Tensor:
+        s2 = self.prior_scale**2
+        return -0.5 * (self.dim * (LOG_2PI + math.log(s2)) + (theta * theta).sum(-1) / s2)
+
+    def grad_log_prior(self, theta: torch.Tensor) -> torch.Tensor:
+        return theta * (-1.0 / self.prior_scale**2)
+
+    def _logits(self, theta: torch.Tensor, xa: torch.Tensor) -> torch.Tensor:
+        m, k = theta.shape[0], self.classes
+        return (xa @ theta.reshape(m * k, -1).T).view(-1, m, k)  # [B, M, K]
+
+    def log_likelihood(self, theta: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        f1 = self.n_columns
+        logp = torch.log_softmax(self._logits(theta, rows[:, :f1]), dim=-1)  # [B, M, K]
+        labels = rows[:, f1].long()
+        idx = labels[:, None, None].expand(-1, theta.shape[0], 1)
+        return logp.gather(2, idx)[:, :, 0].T  # [M, B]
+
+    def grad_log_likelihood(self, theta: torch.Tensor, rows: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        f1 = self.n_columns
+        xa = rows[:, :f1]
+        m, k = theta.shape[0], self.classes
+        p = torch.softmax(self._logits(theta, xa), dim=-1)  # [B, M, K]
+        onehot = torch.nn.functional.one_hot(rows[:, f1].long(), k).to(torch.float64)  # [B, K]
+        err = (onehot[:, None, :] - p) * weights[:, None, None]  # [B, M, K]
+        return (err.reshape(-1, m * k).T @ xa).reshape(m, k * f1)

@@ -1,0 +1,219 @@
+"""Gaussian models: the paper's diagonal Gaussian mixture (papers/001 Appendix B.3) and the
+conjugate Normal-Inverse-Gamma Gaussian for univariate or multivariate metric streams.
+
+Both read every column and featurize a row y ``[d]`` as (y, y^2) ``[2d]`` so that the
+per-component quadratic forms are one matrix product.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from models._random import standard_gamma
+from models.base import LOG_2PI, Model, ModelError
+
+
+def _positive(name: str, value: float) -> None:
+    if not (isinstance(value, (int, float)) and value > 0 and math.isfinite(value)):
+        raise ModelError(f"{name} must be a positive number, got {value!r}")
+
+
+@dataclass(frozen=True)
+class GaussianMixture(Model):
+    """Mixture of ``components`` diagonal Gaussians in d = n_columns dimensions.
+
+    Prior (paper B.3): weights ~ Dirichlet(1), variances ~ InverseGamma(1, 1), means ~
+    N(0, 4 sigma^2) given the variances. Unconstrained ``theta [M, K + 2Kd]`` =
+    (z [K], mu [K, d], s [K, d]): weights = softmax(z) with z_k = log g_k, g_k ~ Exp(1)
+    independent (normalised exponentials are exactly Dirichlet(1), so the prior on z is
+    proper and induces the stated prior on the weights), s = log sigma^2.
+    """
+
+    name = "gmm"
+    components: int = 5
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.components, int) and 1 <= self.components <= 64):
+            raise ModelError("gmm: components must be an integer between 1 and 64")
+
+    @property
+    def dim(self) -> int:
+        return self.components * (1 + 2 * self.n_columns)
+
+    @property
+    def feature_width(self) -> int:
+        return 2 * self.n_columns
+
+    def parameter_names(self) -> list[str]:
+        k, d = self.components, self.n_columns
+        return (
+            [f"z[{i}]" for i in range(k)]
+            + [f"mu[{i}][{j}]" for i in range(k) for j in range(d)]
+            + [f"log_var[{i}][{j}]" for i in range(k) for j in range(d)]
+        )
+
+    def featurize(self, data: torch.Tensor) -> torch.Tensor:
+        self.check_width(data)
+        y = data.to(torch.float64)
+        return torch.cat([y, y * y], dim=1)
+
+    def _split(self, theta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        k, d = self.components, self.n_columns
+        m = theta.shape[0]
+        return theta[:, :k], theta[:, k : k + k * d].reshape(m, k, d), theta[:, k + k * d :].reshape(m, k, d)
+
+    def sample_prior(self, generator: torch.Generator, n: int) -> torch.Tensor:
+        k, d = self.components, self.n_columns
+        g = standard_gamma(generator, 1.0, (n, k))
+        z = torch.log(g)
+        var = 1.0 / standard_gamma(generator, 1.0, (n, k, d))
+        mu = torch.sqrt(4.0 * var) * torch.randn(n, k, d, generator=generator, dtype=torch.float64)
+        return torch.cat([z, mu.reshape(n, -1), torch.log(var).reshape(n, -1)], dim=1)
+
+    def log_prior(self, theta: torch.Tensor) -> torch.Tensor:
+        z, mu, s = self._split(theta)
+        lp_z = (z - torch.exp(z)).sum(-1)  # log Exp(1) density of g = e^z, plus log-Jacobian z
+        lp_s = (-s - torch.exp(-s)).sum((-1, -2))  # InvGamma(1,1) on e^s, plus log-Jacobian s
+        lp_mu = (-0.5 * (LOG_2PI + math.log(4.0) + s) - mu * mu * torch.exp(-s) / 8.0).sum((-1, -2))
+        return lp_z + lp_s + lp_mu
+
+    def grad_log_prior(self, theta: torch.Tensor) -> torch.Tensor:
+        z, mu, s = self._split(theta)
+        e = torch.exp(-s)
+        g_mu = -mu * e / 4.0
+        g_s = -1.5 + e + mu * mu * e / 8.0
+        m = theta.shape[0]
+        return torch.cat([1.0 - torch.exp(z), g_mu.reshape(m, -1), g_s.reshape(m, -1)], dim=1)
+
+    def _log_joint(self, theta: torch.Tensor, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """log(weight_k) + log N(y_b; mu_k, sigma_k^2): ``[M, B, K]``, plus the pieces the gradient reuses."""
+        z, mu, s = self._split(theta)
+        m, k, d = mu.shape
+        prec = torch.exp(-s)  # [M, K, d]
+        coef = torch.cat([mu * prec, -0.5 * prec], dim=2)  # [M, K, 2d]
+        const = torch.log_softmax(z, -1) - 0.5 * (d * LOG_2PI + s.sum(-1) + (mu * mu * prec).sum(-1))  # [M, K]
+        quad = (coef.reshape(m * k, 2 * d) @ rows.T).view(m, k, -1).transpose(1, 2)  # [M, B, K]
+        return quad + const[:, None, :], mu, s, prec
+
+    def log_likelihood(self, theta: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        lj, *_ = self._log_joint(theta, rows)
+        return torch.logsumexp(lj, dim=-1)
+
+    def grad_log_likelihood(self, theta: torch.Tensor, rows: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        lj, mu, s, prec = self._log_joint(theta, rows)
+        m, k, d = mu.shape
+        wr = torch.softmax(lj, dim=-1) * weights[None, :, None]  # [M, B, K] responsibilities x weights
+        r_sum = wr.sum(1)  # [M, K]
+        stats = wr.transpose(1, 2) @ rows  # [M, K, 2d]: sum_b wr y, sum_b wr y^2
+        s1, s2 = stats[..., :d], stats[..., d:]
+        beta = torch.softmax(theta[:, :k], -1)
+        g_z = r_sum - beta * weights.sum()
+        g_mu = prec * (s1 - mu * r_sum[..., None])
+        g_s = -0.5 * r_sum[..., None] + 0.5 * prec * (s2 - 2.0 * mu * s1 + mu * mu * r_sum[..., None])
+        return torch.cat([g_z, g_mu.reshape(m, -1), g_s.reshape(m, -1)], dim=1)
+
+
+@dataclass(frozen=True)
+class Gaussian(Model):
+    """Independent Gaussian per column with unknown mean and variance, Normal-Inverse-Gamma prior:
+    sigma_j^2 ~ InverseGamma(alpha0, beta0), mu_j | sigma_j^2 ~ N(mu0, sigma_j^2 / kappa0).
+
+    Conjugate, so ``exact_log_evidence`` is closed form. ``theta [M, 2d]`` = (mu [d], log sigma^2 [d]).
+    """
+
+    name = "gaussian"
+    mu0: float = 0.0
+    kappa0: float = 1.0
+    alpha0: float = 1.0
+    beta0: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not math.isfinite(self.mu0):
+            raise ModelError("gaussian: mu0 must be finite")
+        for key in ("kappa0", "alpha0", "beta0"):
+            _positive(f"gaussian: {key}", getattr(self, key))
+
+    @property
+    def dim(self) -> int:
+        return 2 * self.n_columns
+
+    @property
+    def feature_width(self) -> int:
+        return 2 * self.n_columns
+
+    def parameter_names(self) -> list[str]:
+        d = self.n_columns
+        return [f"mu[{j}]" for j in range(d)] + [f"log_var[{j}]" for j in range(d)]
+
+    def featurize(self, data: torch.Tensor) -> torch.Tensor:
+        self.check_width(data)
+        y = data.to(torch.float64)
+        return torch.cat([y, y * y], dim=1)
+
+    def sample_prior(self, generator: torch.Generator, n: int) -> torch.Tensor:
+        d = self.n_columns
+        var = self.beta0 / standard_gamma(generator, self.alpha0, (n, d))
+        mu = self.mu0 + torch.sqrt(var / self.kappa0) * torch.randn(n, d, generator=generator, dtype=torch.float64)
+        return torch.cat([mu, torch.log(var)], dim=1)
+
+    def log_prior(self, theta: torch.Tensor) -> torch.Tensor:
+        d = self.n_columns
+        mu, s = theta[:, :d], theta[:, d:]
+        a, b, k = self.alpha0, self.beta0, self.kappa0
+        lp_s = a * math.log(b) - math.lgamma(a) - a * s - b * torch.exp(-s)
+        lp_mu = -0.5 * (LOG_2PI + s - math.log(k)) - 0.5 * k * (mu - self.mu0) ** 2 * torch.exp(-s)
+        return (lp_s + lp_mu).sum(-1)
+
+    def grad_log_prior(self, theta: torch.Tensor) -> torch.Tensor:
+        d = self.n_columns
+        mu, s = theta[:, :d], theta[:, d:]
+        e = torch.exp(-s)
+        dm = mu - self.mu0
+        return torch.cat([-self.kappa0 * dm * e, -self.alpha0 - 0.5 + self.beta0 * e + 0.5 * self.kappa0 * dm * dm * e], dim=1)
+
+    def log_likelihood(self, theta: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        d = self.n_columns
+        mu, s = theta[:, :d], theta[:, d:]
+        prec = torch.exp(-s)
+        coef = torch.cat([mu * prec, -0.5 * prec], dim=1)  # [M, 2d]
+        const = -0.5 * (d * LOG_2PI + s.sum(-1) + (mu * mu * prec).sum(-1))  # [M]
+        return coef @ rows.T + const[:, None]
+
+    def grad_log_likelihood(self, theta: torch.Tensor, rows: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        return self.grad_from_stats(theta, self.stats(rows, weights))
+
+    has_stats = True
+
+    def stats(self, rows: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """(sum w, sum w y [d], sum w y^2 [d]): ``[..., 1 + 2d]``."""
+        s = weights @ rows  # [..., 2d]
+        return torch.cat([weights.sum().expand(*s.shape[:-1], 1), s], dim=-1)
+
+    def grad_from_stats(self, theta: torch.Tensor, stats: torch.Tensor) -> torch.Tensor:
+        d = self.n_columns
+        mu, s = theta[:, :d], theta[:, d:]
+        prec = torch.exp(-s)
+        w, s1, s2 = stats[0], stats[1 : 1 + d], stats[1 + d :]
+        g_mu = prec * (s1 - mu * w)
+        g_s = -0.5 * w + 0.5 * prec * (s2 - 2.0 * mu * s1 + mu * mu * w)
+        return torch.cat([g_mu, g_s], dim=1)
+
+    def exact_log_evidence(self, rows: torch.Tensor) -> float:
+        d = self.n_columns
+        y = rows[:, :d].to(torch.float64)
+        n = y.shape[0]
+        if n == 0:
+            return 0.0
+        a0, b0, k0, m0 = self.alpha0, self.beta0, self.kappa0, self.mu0
+        ybar = y.mean(0)
+        ss = ((y - ybar) ** 2).sum(0)
+        kn, an = k0 + n, a0 + n / 2.0
+        bn = b0 + 0.5 * ss + k0 * n * (ybar - m0) ** 2 / (2.0 * kn)
+        per_dim = (
+            math.lgamma(an) - math.lgamma(a0) + a0 * math.log(b0) - an * torch.log(bn)
+            + 0.5 * math.log(k0 / kn) - 0.5 * n * LOG_2PI
+        )
+        return float(per_dim.sum())

@@ -1,0 +1,75 @@
+"""Prometheus metrics: every metric cusp exports is defined here (prefix ``cusp_``, base units).
+
+Labels are ``stream`` and ``model`` where they apply; their cardinality is bounded by
+configuration (streams and models are created explicitly, ``CUSP_MAX_STREAMS``). The API
+process and every ``cusp worker`` process each expose these on their own ``/metrics``;
+series that a process does not touch are simply absent from its exposition.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+REGISTRY = CollectorRegistry(auto_describe=True)
+SM = ("stream", "model")
+
+LOG_EVIDENCE = Gauge("cusp_log_evidence_nats", "Running log-evidence log p(y_1..n | model), nats.", SM, registry=REGISTRY)
+LOG_EVIDENCE_PER_OBS = Gauge(
+    "cusp_log_evidence_per_observation_nats", "Running log-evidence divided by observations seen, nats.", SM, registry=REGISTRY
+)
+CHUNK_LOG_PREDICTIVE = Gauge(
+    "cusp_chunk_log_predictive_nats_per_observation",
+    "Last chunk's log predictive log p(chunk | history) divided by its rows, nats.",
+    SM,
+    registry=REGISTRY,
+)
+ANNEALING_STEPS = Histogram(
+    "cusp_annealing_steps",
+    "Annealing steps (intermediate distributions) a chunk needed.",
+    SM,
+    buckets=(1, 2, 3, 5, 8, 13, 21, 34, 55, 89, 144, 233, 377, 610, 1000),
+    registry=REGISTRY,
+)
+ANNEALING_STEPS_LAST = Gauge("cusp_annealing_steps_last", "Annealing steps the last chunk needed.", SM, registry=REGISTRY)
+ESS = Gauge("cusp_effective_sample_size", "Effective sample size of the particle weights after the last chunk.", SM, registry=REGISTRY)
+RESAMPLES = Counter("cusp_resamples", "Particle resampling events.", SM, registry=REGISTRY)
+CHUNKS = Counter("cusp_chunks_processed", "Chunks applied to a model.", SM, registry=REGISTRY)
+OBSERVATIONS = Counter("cusp_observations_processed", "Observations applied to a model.", SM, registry=REGISTRY)
+OBSERVATIONS_SEEN = Gauge("cusp_observations_seen", "Observations a model has seen in total.", SM, registry=REGISTRY)
+CHANGEPOINTS = Counter("cusp_changepoints", "Change points detected.", SM, registry=REGISTRY)
+CHANGEPOINT_CONFIDENCE = Gauge(
+    "cusp_changepoint_last_confidence", "Confidence (posterior probability) of the last detected change point.", SM, registry=REGISTRY
+)
+CHANGEPOINT_LAST_OBSERVATION = Gauge(
+    "cusp_changepoint_last_observation", "Observation index of the last detected change point.", SM, registry=REGISTRY
+)
+MODEL_POSTERIOR = Gauge(
+    "cusp_model_posterior_probability", "Posterior probability of the model among its stream's models.", SM, registry=REGISTRY
+)
+CHUNK_SECONDS = Histogram(
+    "cusp_chunk_processing_seconds",
+    "Wall time to process one chunk (engine, detector and the atomic apply).",
+    SM,
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+    registry=REGISTRY,
+)
+INGEST_LAG = Gauge("cusp_ingest_lag_chunks", "Chunks ingested but not yet applied to the model.", SM, registry=REGISTRY)
+REDELIVERIES = Counter("cusp_redeliveries", "Chunks processed again after a failed attempt or a lost lease.", SM, registry=REGISTRY)
+FENCED_WRITES = Counter("cusp_fenced_writes", "Writes refused because the worker's lease had been taken over.", SM, registry=REGISTRY)
+DEAD_LETTERS = Counter("cusp_dead_letters", "Chunks parked in the dead-letter stream after repeated failures.", SM, registry=REGISTRY)
+WORKER_LEASES = Gauge("cusp_worker_leases", "Stream x model leases this process holds.", registry=REGISTRY)
+WORKERS = Gauge("cusp_workers", "Worker loops running in this process.", registry=REGISTRY)
+INGESTED_CHUNKS = Counter("cusp_ingested_chunks", "Chunks accepted (202) by the API.", ("stream",), registry=REGISTRY)
+INGESTED_ROWS = Counter("cusp_ingested_observations", "Observations accepted by the API.", ("stream",), registry=REGISTRY)
+REJECTED = Counter("cusp_ingest_rejected", "Ingest requests rejected, by reason.", ("reason",), registry=REGISTRY)
+HTTP_REQUESTS = Counter("cusp_http_requests", "HTTP requests answered, by route template and status class.", ("route", "status"), registry=REGISTRY)
+REDIS_UP = Gauge("cusp_redis_up", "1 if the last Redis round trip of this process succeeded, else 0.", registry=REGISTRY)
+STREAMS = Gauge("cusp_streams", "Streams that exist.", registry=REGISTRY)
+
+
+def metric_names() -> set[str]:
+    """Every sample name this module can expose (with _total/_bucket/_sum/_count suffixes)."""
+    names: set[str] = set()
+    for collector in list(REGISTRY._collector_to_names):  # noqa: SLF001 - stable in prometheus_client
+        names.update(REGISTRY._collector_to_names[collector])  # noqa: SLF001
+    return names

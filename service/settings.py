@@ -1,0 +1,96 @@
+"""cusp's settings: one pydantic-settings class, read from the environment (``CUSP_`` prefix).
+
+Every setting here is documented in the README's settings table; ``Settings()`` validates
+at start-up and an invalid value stops the process with a message naming the variable.
+"""
+
+from __future__ import annotations
+
+import hmac
+from functools import cached_property
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="CUSP_", extra="ignore", frozen=True)
+
+    redis_url: str | None = Field(
+        None, description="Redis >= 6.2 URL (redis://, rediss://, unix://). Unset: cusp starts an embedded redis-server under data_dir."
+    )
+    data_dir: Path = Field(Path(".cusp"), description="Where the embedded Redis keeps its data file.")
+    host: str = Field("127.0.0.1", description="Address the API listens on.")
+    port: int = Field(8000, ge=1, le=65535, description="Port the API listens on.")
+    api_keys: str = Field(
+        "",
+        description="Comma-separated API keys, each 'KEY' (read and write) or 'KEY:read' (read only). Empty: open.",
+    )
+    max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024, description="Largest accepted request body or WebSocket message, bytes.")
+    max_chunk_rows: int = Field(10_000, ge=1, description="Most rows accepted in one chunk.")
+    max_streams: int = Field(1000, ge=1, description="Most streams that may exist at once (bounds metric label cardinality).")
+    lease_seconds: float = Field(10.0, gt=0.5, le=3600, description="How long a worker's lease on a stream x model lasts without renewal.")
+    workers: int = Field(1, ge=0, le=64, description="Worker loops that `cusp serve` runs in-process (0: API only).")
+    max_attempts: int = Field(3, ge=1, le=100, description="Attempts at a chunk that makes a model fail before it is dead-lettered.")
+    result_maxlen: int = Field(200_000, ge=100, description="Approximate cap on each result stream's length (XADD MAXLEN ~).")
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="Log level.")
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _upper(cls, v: object) -> object:
+        return v.upper() if isinstance(v, str) else v
+
+    @field_validator("redis_url")
+    @classmethod
+    def _check_url(cls, v: str | None) -> str | None:
+        if v is None or v == "":
+            return None
+        if not v.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError("must start with redis://, rediss:// or unix://")
+        return v
+
+    @field_validator("api_keys")
+    @classmethod
+    def _check_keys(cls, v: str) -> str:
+        for item in filter(None, (s.strip() for s in v.split(","))):
+            key, _, scope = item.partition(":")
+            if len(key) < 8:
+                raise ValueError("each API key must be at least 8 characters")
+            if scope not in ("", "read", "write"):
+                raise ValueError(f"unknown key scope {scope!r} (use KEY or KEY:read)")
+        return v
+
+    @cached_property
+    def keys(self) -> dict[str, str]:
+        """API key -> scope ('write' includes read)."""
+        out: dict[str, str] = {}
+        for item in filter(None, (s.strip() for s in self.api_keys.split(","))):
+            key, _, scope = item.partition(":")
+            out[key] = scope or "write"
+        return out
+
+    def scope_of(self, presented: str | None) -> str | None:
+        """The scope of a presented key, compared in constant time against every key; None if unknown."""
+        if presented is None:
+            return None
+        found = None
+        for key, scope in self.keys.items():
+            if hmac.compare_digest(key.encode(), presented.encode()):
+                found = scope
+        return found
+
+
+def load_settings(**overrides: object) -> Settings:
+    """Read settings from the environment (overrides win), raising SystemExit with a clear message if invalid."""
+    from pydantic import ValidationError
+
+    try:
+        return Settings(**overrides)  # type: ignore[arg-type]
+    except ValidationError as exc:
+        lines = []
+        for err in exc.errors():
+            name = "CUSP_" + "_".join(str(p) for p in err["loc"]).upper()
+            lines.append(f"  {name}: {err['msg']}")
+        raise SystemExit("invalid cusp settings:\n" + "\n".join(lines)) from None

@@ -1,0 +1,285 @@
+"""SGAIS (papers/001 Algorithm 1; thesis Algorithm 8): online evidence by annealing each new
+chunk's likelihood into the particle posterior, with SGHMC moves on mini-batches drawn from
+a reservoir of the history (Eq. 4).
+
+    sampler = build_sampler(model, config)
+    state = sampler.init(seed)
+    state, result, writes = sampler.update(state, chunk, reservoir)   # pure: reservoir is read only
+    reservoir.apply(writes)
+
+Per chunk: lambda goes 0 -> 1 in adaptive increments (``weights.choose_delta``); each
+increment reweights in log space and adds its log-evidence increment; particles are
+resampled when the ESS falls below the threshold, then moved by ``sghmc_steps`` SGHMC
+steps on U(theta) = -lambda log p(chunk|theta) - (n_prev/|B|) sum_B log p(y|theta) - log p(theta).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import torch
+
+from models.base import Model
+from service.sgais.config import SGAISConfig
+from service.sgais.kernel import GRAD_EVALS, INTEGRATORS
+from service.sgais.reservoir import Reservoir, ReservoirWrites, algorithm_r
+from service.sgais.state import SGAISState
+from service.sgais.weights import choose_delta, ess, resample_indices, reweight
+
+
+class EngineError(RuntimeError):
+    """The sampler cannot process a chunk (non-finite likelihoods, diverged particles)."""
+
+
+@dataclass(frozen=True)
+class ChunkResult:
+    """What one chunk did. n: observations seen after it; rows: its size; log_evidence: running
+    log p(y_1..n); log_predictive: log p(chunk | history); annealing_steps: intermediate
+    distributions used; ess_before/ess_after: ESS of the incoming and the final weights;
+    ess_min: lowest ESS after a reweighting; resamples: resampling events; capped: the step
+    cap forced the last increment; seconds: wall time of the update."""
+
+    n: int
+    rows: int
+    log_evidence: float
+    log_predictive: float
+    annealing_steps: int
+    ess_before: float
+    ess_after: float
+    ess_min: float
+    resamples: int
+    capped: bool
+    seconds: float
+
+    @property
+    def log_predictive_per_observation(self) -> float:
+        return self.log_predictive / self.rows
+
+    @property
+    def log_evidence_per_observation(self) -> float:
+        return self.log_evidence / self.n
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["log_predictive_per_observation"] = self.log_predictive_per_observation
+        d["log_evidence_per_observation"] = self.log_evidence_per_observation
+        return d
+
+
+class Sampler:
+    """SGAIS for one model with one config. Stateless: all that changes lives in SGAISState."""
+
+    def __init__(self, model: Model, config: SGAISConfig):
+        self.model = model
+        self.config = config
+        self._integrate = INTEGRATORS[config.integrator]
+
+    # ------------------------------------------------------------------------------------
+    def init(self, seed: int) -> SGAISState:
+        """M prior draws with uniform weights; the generator is seeded with ``seed``."""
+        g = torch.Generator().manual_seed(int(seed))
+        with torch.inference_mode():
+            theta = self.model.sample_prior(g, self.config.particles).to(torch.float64)
+        m = self.config.particles
+        empty = torch.zeros(0, dtype=torch.float64)
+        return SGAISState(
+            theta=theta.clone(), log_weights=torch.full((m,), -math.log(m), dtype=torch.float64),
+            log_evidence=0.0, n=0, chunks=0, rng=g.get_state(), cv_theta=empty, cv_grad=empty.clone(),
+        )
+
+    def new_reservoir(self) -> Reservoir:
+        return Reservoir(self.config.reservoir_capacity, self.model.feature_width)
+
+    # ------------------------------------------------------------------------------------
+    def update(self, state: SGAISState, chunk: torch.Tensor, reservoir: Reservoir) -> tuple[SGAISState, ChunkResult, ReservoirWrites]:
+        """Process one chunk of raw rows ``[B, C]``. ``reservoir`` must hold the sample of the
+        ``state.n`` earlier observations; it is read, not written. Raises ModelError for data
+        the model cannot take and EngineError when sampling fails; the inputs are unchanged."""
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            rows = self.model.featurize(chunk)
+            if rows.shape[0] == 0:
+                raise ValueError("empty chunk")
+            if not bool(torch.isfinite(rows).all()):
+                raise ValueError("chunk contains NaN or infinite values")
+            expected = min(state.n, self.config.reservoir_capacity)
+            if reservoir.size != expected:
+                raise ValueError(f"reservoir holds {reservoir.size} rows, expected {expected} for n={state.n}")
+            out = self._update(state, rows, reservoir)
+        new_state, steps, lp, ess0, ess_min, resamples, capped, writes = out
+        result = ChunkResult(
+            n=new_state.n, rows=int(rows.shape[0]), log_evidence=new_state.log_evidence, log_predictive=lp,
+            annealing_steps=steps, ess_before=ess0, ess_after=new_state.ess(), ess_min=ess_min,
+            resamples=resamples, capped=capped, seconds=time.perf_counter() - t0,
+        )
+        return new_state, result, writes
+
+    def _update(self, state: SGAISState, rows: torch.Tensor, reservoir: Reservoir):
+        cfg, model = self.config, self.model
+        g = torch.Generator()
+        g.set_state(state.rng)
+        b = rows.shape[0]
+        n_prev = state.n
+        m = cfg.particles
+        eta = cfg.lr / (n_prev + b)
+        res = reservoir.data
+        r_size = res.shape[0]
+        bm = cfg.batch_size if n_prev > 0 else 0
+
+        # Rows the gradient sees at evaluation i: the chunk (weight lambda) then mini-batch i
+        # (weight n_prev / bm), all evaluations of one SGHMC run gathered in one go.
+        n_eval = GRAD_EVALS[cfg.integrator](cfg.sghmc_steps)
+        wts = torch.empty(b + bm, dtype=torch.float64)
+        wts[b:] = (n_prev / bm) if bm else 0.0
+        run_rows: list[torch.Tensor] = []
+
+        use_cv = cfg.control_variates and bm > 0
+        cv_theta, cv_grad, cv_n = state.cv_theta, state.cv_grad, state.cv_n
+        theta = state.theta
+        logw = state.log_weights.numpy().copy()
+        if use_cv:
+            cv_theta, cv_grad, cv_n = self._maybe_refresh_cv(state, theta, logw, res)
+            chunk_grad_hat = model.grad_log_likelihood(cv_theta[None], rows, torch.ones(b, dtype=torch.float64))[0]
+            hist_scale = n_prev / r_size
+        lam_box = [0.0]
+
+        if model.has_stats:
+            # additive statistics: the chunk's once, each run's mini-batches in one batched product
+            chunk_stats = model.stats(rows, torch.ones(b, dtype=torch.float64))
+            ones_bm = torch.ones(bm, dtype=torch.float64)
+
+        def prepare_run(lam: float) -> None:
+            if bm:
+                idx = torch.randint(0, r_size, (n_eval * bm,), generator=g)
+                mb = res.index_select(0, idx).view(n_eval, bm, -1)
+            if model.has_stats:
+                run = chunk_stats * lam
+                run_rows[:] = [model.stats(mb, ones_bm).mul_(n_prev / bm).add_(run) if bm else run.expand(n_eval, -1)]
+            elif bm:
+                run_rows[:] = [torch.cat([rows.expand(n_eval, b, rows.shape[1]), mb], dim=1)]
+            else:
+                run_rows[:] = [rows.expand(n_eval, b, rows.shape[1])]
+
+        def loglik_grad(th: torch.Tensor, i: int) -> torch.Tensor:
+            if model.has_stats:
+                return model.grad_from_stats(th, run_rows[0][i])
+            return model.grad_log_likelihood(th, run_rows[0][i], wts)
+
+        def grad_fn(th: torch.Tensor, i: int) -> torch.Tensor:
+            if use_cv:
+                gall = loglik_grad(torch.cat([th, cv_theta[None]]), i)
+                corr = hist_scale * cv_grad - (gall[m] - lam_box[0] * chunk_grad_hat)
+                return gall[:m] + corr + model.grad_log_prior(th)
+            return loglik_grad(th, i) + model.grad_log_prior(th)
+
+        ess0 = ess(logw)
+        ess_min = ess0
+        log_pred = 0.0
+        lam = 0.0
+        steps = resamples = 0
+        capped = False
+        target = cfg.target_ess_abs
+        ll = self._chunk_ll(theta, rows)
+        while lam < 1.0:
+            remaining = 1.0 - lam
+            if steps + 1 >= cfg.max_steps:
+                delta, capped = remaining, True
+            else:
+                try:
+                    delta = choose_delta(logw, ll, remaining, target)
+                except FloatingPointError as exc:
+                    raise EngineError(f"chunk {state.chunks}: {exc}") from None
+            # guard against lambda creeping below 1 by rounding
+            lam = 1.0 if delta >= remaining or lam + delta >= 1.0 - 1e-12 else lam + delta
+            logw, inc = reweight(logw, ll, delta)
+            log_pred += inc
+            steps += 1
+            e = ess(logw)
+            ess_min = min(ess_min, e)
+            if cfg.resample != "none" and e < cfg.resample_below * (1.0 - 1e-12):
+                idx = resample_indices(g, logw, cfg.resample)
+                theta = theta[torch.from_numpy(idx)]
+                logw = np.full(m, -math.log(m))
+                resamples += 1
+            if cfg.sghmc_steps:
+                lam_box[0] = lam
+                wts[:b] = lam
+                prepare_run(lam)
+                v = math.sqrt(eta) * torch.randn(theta.shape, generator=g, dtype=torch.float64)
+                theta, _ = self._integrate(g, theta, v, grad_fn, eta, cfg.alpha, cfg.beta_hat, cfg.sghmc_steps)
+                if not bool(torch.isfinite(theta).all()):
+                    raise EngineError(f"chunk {state.chunks}: SGHMC diverged (non-finite particles); lower lr")
+            if lam < 1.0:
+                ll = self._chunk_ll(theta, rows)
+        if not math.isfinite(log_pred):
+            raise EngineError(f"chunk {state.chunks}: log predictive is not finite")
+
+        writes = algorithm_r(g, n_prev, rows, cfg.reservoir_capacity)
+        if use_cv:
+            cv_grad = self._cv_after_writes(cv_theta, cv_grad, res, writes)
+        new_state = SGAISState(
+            theta=theta.contiguous(), log_weights=torch.from_numpy(np.ascontiguousarray(logw)),
+            log_evidence=state.log_evidence + log_pred, n=n_prev + b, chunks=state.chunks + 1,
+            rng=g.get_state(), cv_theta=cv_theta, cv_grad=cv_grad, cv_n=cv_n,
+        )
+        return new_state, steps, log_pred, ess0, ess_min, resamples, capped, writes
+
+    def _chunk_ll(self, theta: torch.Tensor, rows: torch.Tensor) -> np.ndarray:
+        return self.model.log_likelihood(theta, rows).sum(1).numpy()
+
+    # --- control variates ------------------------------------------------------------------
+    def _maybe_refresh_cv(self, state: SGAISState, theta: torch.Tensor, logw: np.ndarray, res: torch.Tensor):
+        """Keep the reference point near the particles: recompute the full-reservoir gradient
+        at the weighted particle mean when there is none, when n has doubled since the last
+        refresh, or when the mean has moved more than one particle standard deviation."""
+        w = torch.from_numpy(np.exp(logw - logw.max()))
+        w = w / w.sum()
+        mean = (w[:, None] * theta).sum(0)
+        refresh = state.cv_theta.numel() == 0 or state.n >= 2 * max(state.cv_n, 1)
+        if not refresh:
+            sd = torch.sqrt((w[:, None] * (theta - mean) ** 2).sum(0)).clamp_min(1e-12)
+            refresh = bool(((mean - state.cv_theta).abs() > sd).any())
+        if not refresh:
+            return state.cv_theta, state.cv_grad, state.cv_n
+        grad = self.model.grad_log_likelihood(mean[None], res, torch.ones(res.shape[0], dtype=torch.float64))[0]
+        return mean.clone(), grad, state.n
+
+    def _cv_after_writes(self, cv_theta, cv_grad, res, writes: ReservoirWrites) -> torch.Tensor:
+        if len(writes) == 0:
+            return cv_grad
+        ones = torch.ones(len(writes), dtype=torch.float64)
+        added = self.model.grad_log_likelihood(cv_theta[None], writes.rows, ones)[0]
+        old = writes.slots < res.shape[0]
+        removed = (
+            self.model.grad_log_likelihood(cv_theta[None], res[writes.slots[old]], ones[: int(old.sum())])[0]
+            if bool(old.any()) else 0.0
+        )
+        return cv_grad + added - removed
+
+    # --- convenience ------------------------------------------------------------------------
+    def run(self, data: torch.Tensor, chunk_size: int, seed: int, state: SGAISState | None = None,
+            reservoir: Reservoir | None = None):
+        """Process ``data [N, C]`` in chunks; yields (state, result) after each chunk."""
+        state = self.init(seed) if state is None else state
+        reservoir = self.new_reservoir() if reservoir is None else reservoir
+        for start in range(0, data.shape[0], chunk_size):
+            state, result, writes = self.update(state, data[start : start + chunk_size], reservoir)
+            reservoir.apply(writes)
+            yield state, result, reservoir
+
+
+def build_sampler(model: Model, config: SGAISConfig | None = None) -> Sampler:
+    return Sampler(model, config or SGAISConfig())
+
+
+def full_data_ais(model: Model, data: torch.Tensor, config: SGAISConfig | None = None, seed: int = 0) -> ChunkResult:
+    """The paper's reference: AIS from the prior to the full posterior with the same kernel and
+    adaptive schedule, every gradient on the whole data set (one SGAIS chunk holding all data)."""
+    cfg = (config or SGAISConfig()).replace(reservoir_capacity=max(1, data.shape[0]))
+    sampler = build_sampler(model, cfg)
+    state = sampler.init(seed)
+    _, result, _ = sampler.update(state, data, sampler.new_reservoir())
+    return result

@@ -1,0 +1,99 @@
+"""Importance weights: log-normalisation, ESS, the adaptive temperature increment and resampling.
+
+Conventions owned here (the engine relies on them):
+- Log-weights are float64 numpy vectors ``[M]`` kept normalised (logsumexp = 0). The
+  evidence is tracked separately as the sum of the increments returned by ``reweight``.
+- Tempered reweighting: moving the chunk's temperature from lambda to lambda + delta
+  multiplies particle i's weight by p(chunk | theta_i)^delta, i.e. adds ``delta * ll[i]``
+  to its log-weight; the log-evidence increment is logsumexp(logw + delta * ll) - logsumexp(logw).
+- The increment delta is chosen so that the ESS of the *new* weights (current weights
+  included) falls to the target. If the current ESS is already at or below the target
+  (possible only when resampling is off or its threshold lies below the target), the
+  conditional ESS of the increment (Zhou, Johansen and Aston 2016) is used instead; with
+  uniform current weights it equals the paper's ESS(delta) of Eq. (4.15).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+NEG_INF = -np.inf
+
+
+def log_normalise(logw: np.ndarray) -> tuple[np.ndarray, float]:
+    """``logw [M]`` -> (normalised log-weights [M], logsumexp). -inf entries stay -inf; all -inf raises."""
+    top = float(np.max(logw))
+    if not np.isfinite(top):
+        raise FloatingPointError("all particle weights are zero or not finite")
+    lse = top + float(np.log(np.sum(np.exp(logw - top))))
+    return logw - lse, lse
+
+
+def ess(logw: np.ndarray) -> float:
+    """Effective sample size (sum w)^2 / sum w^2 of (possibly unnormalised) log-weights ``[M]``."""
+    a = logw - np.max(logw)
+    w = np.exp(a)
+    return float(np.sum(w) ** 2 / np.sum(w * w))
+
+
+def conditional_ess(logw: np.ndarray, incr: np.ndarray) -> float:
+    """M (sum W w)^2 / sum W w^2 for normalised current weights W and incremental log-weights ``incr``."""
+    W = np.exp(logw - np.max(logw))
+    W /= W.sum()
+    x = incr - np.max(incr)
+    om = np.exp(x)
+    return float(len(logw) * np.sum(W * om) ** 2 / np.sum(W * om * om))
+
+
+def choose_delta(logw: np.ndarray, ll: np.ndarray, max_delta: float, target: float, rtol: float = 1e-10) -> float:
+    """The temperature increment in (0, max_delta]: max_delta if the ESS stays >= target there,
+    else the bisection root, returned from the side where the ESS is just below the target.
+
+    ``logw [M]`` normalised log-weights, ``ll [M]`` the chunk's log-likelihood per particle.
+    """
+    finite = np.isfinite(ll)
+    if np.any(np.isnan(ll)) or np.any(ll == np.inf):
+        raise FloatingPointError("chunk log-likelihood is NaN or +inf for some particle")
+    if not np.any(finite & np.isfinite(logw)):
+        raise FloatingPointError("chunk log-likelihood is -inf for every weighted particle")
+    use_full = ess(logw) > target * (1.0 + 1e-12)
+
+    def f(d: float) -> float:
+        inc = np.where(finite, d * np.where(finite, ll, 0.0), NEG_INF)
+        return ess(logw + inc) if use_full else conditional_ess(logw, inc)
+
+    if f(max_delta) >= target:
+        return max_delta
+    lo, hi = 0.0, max_delta
+    for _ in range(200):
+        mid = 0.5 * (lo + hi)
+        if f(mid) >= target:
+            lo = mid
+        else:
+            hi = mid
+        if hi - lo <= rtol * hi:
+            break
+    return hi
+
+
+def reweight(logw: np.ndarray, ll: np.ndarray, delta: float) -> tuple[np.ndarray, float]:
+    """Add ``delta * ll`` and renormalise: returns (new normalised log-weights, log-evidence increment)."""
+    inc = np.where(np.isfinite(ll), delta * np.where(np.isfinite(ll), ll, 0.0), NEG_INF)
+    return log_normalise(logw + inc)
+
+
+def resample_indices(generator: torch.Generator, logw: np.ndarray, scheme: str) -> np.ndarray:
+    """Ancestor indices ``[M]`` drawn proportionally to the weights: 'systematic' (one uniform) or 'multinomial'."""
+    m = len(logw)
+    W = np.exp(logw - np.max(logw))
+    cdf = np.cumsum(W / W.sum())
+    cdf[-1] = 1.0
+    if scheme == "systematic":
+        u0 = float(torch.rand((), generator=generator, dtype=torch.float64))
+        u = (u0 + np.arange(m)) / m
+    elif scheme == "multinomial":
+        u = np.sort(torch.rand(m, generator=generator, dtype=torch.float64).numpy())
+    else:
+        raise ValueError(f"unknown resampling scheme {scheme!r}")
+    return np.minimum(np.searchsorted(cdf, u, side="right"), m - 1)
