@@ -1,0 +1,107 @@
+"""Reading tabular data (CSV with a header, or .npy) into float64 tensors with clear errors."""
+
+from __future__ import annotations
+
+import csv
+import math
+from pathlib import Path
+
+import numpy as np
+import torch
+
+
+class DataError(ValueError):
+    """Input data that cannot be used; the message says where and why."""
+
+
+def read_table(path: str | Path) -> tuple[list[str], torch.Tensor]:
+    """Returns (column names, data [N, C] float64). CSV needs a header row; .npy gets names c0..cN."""
+    p = Path(path)
+    if not p.exists():
+        raise DataError(f"{p}: no such file")
+    if p.is_dir():
+        raise DataError(f"{p}: is a directory, expected a CSV or .npy file")
+    if p.suffix == ".npy":
+        try:
+            arr = np.load(p, allow_pickle=False)
+        except Exception as exc:  # numpy raises several types for bad files
+            raise DataError(f"{p}: not a readable .npy file ({exc})") from None
+        if arr.ndim == 1:
+            arr = arr[:, None]
+        if arr.ndim != 2 or not np.issubdtype(arr.dtype, np.number):
+            raise DataError(f"{p}: expected a 2-D numeric array, got shape {arr.shape} of {arr.dtype}")
+        names = [f"c{i}" for i in range(arr.shape[1])]
+        data = arr.astype(np.float64)
+    else:
+        names, rows = _read_csv(p)
+        data = np.array(rows, dtype=np.float64).reshape(len(rows), len(names))
+    if data.shape[0] == 0:
+        raise DataError(f"{p}: no data rows")
+    bad = ~np.isfinite(data)
+    if bad.any():
+        r, c = map(int, np.argwhere(bad)[0])
+        raise DataError(f"{p}: row {r + 1} column {names[c]!r} is {data[r, c]} (NaN and infinite values are not accepted)")
+    return names, torch.from_numpy(np.ascontiguousarray(data))
+
+
+def _read_csv(p: Path) -> tuple[list[str], list[list[float]]]:
+    try:
+        with p.open(newline="") as fh:
+            reader = csv.reader(fh)
+            header = next(reader, None)
+            if header is None:
+                raise DataError(f"{p}: empty file")
+            names = [h.strip() for h in header]
+            if any(not n for n in names) or len(set(names)) != len(names):
+                raise DataError(f"{p}: the header must name every column once, got {header}")
+            if all(_is_float(n) for n in names):
+                raise DataError(f"{p}: the first line looks like data; a header row with column names is required")
+            rows: list[list[float]] = []
+            for lineno, row in enumerate(reader, start=2):
+                if not row or all(not c.strip() for c in row):
+                    continue
+                if len(row) != len(names):
+                    raise DataError(f"{p}: line {lineno} has {len(row)} fields, the header has {len(names)}")
+                try:
+                    vals = [float(c) for c in row]
+                except ValueError:
+                    bad = next(c for c in row if not _is_float(c))
+                    raise DataError(f"{p}: line {lineno}: {bad!r} is not a number") from None
+                rows.append(vals)
+    except UnicodeDecodeError:
+        raise DataError(f"{p}: not a text CSV file") from None
+    return names, rows
+
+
+def _is_float(s: str) -> bool:
+    try:
+        float(s)
+        return True
+    except ValueError:
+        return False
+
+
+def resolve_target(names: list[str], target: str | None) -> int | None:
+    """A target column given by name or index -> index (None: the model's default, the last column)."""
+    if target is None:
+        return None
+    if target in names:
+        return names.index(target)
+    try:
+        i = int(target)
+    except ValueError:
+        raise DataError(f"target column {target!r} is not one of {names}") from None
+    if not -len(names) <= i < len(names):
+        raise DataError(f"target column index {i} out of range for {len(names)} columns")
+    return i % len(names)
+
+
+def log_model_probabilities(log_evidences: dict[str, float], log_prior: dict[str, float] | None = None) -> dict[str, float]:
+    """Posterior model probabilities from log-evidences (equal prior unless given)."""
+    keys = list(log_evidences)
+    if not keys:
+        return {}
+    lp = {k: log_evidences[k] + (log_prior or {}).get(k, -math.log(len(keys))) for k in keys}
+    top = max(lp.values())
+    z = sum(math.exp(v - top) for v in lp.values())
+    return {k: math.exp(v - top) / z for k, v in lp.items()}
