@@ -23,7 +23,7 @@ install: $(STAMP)
 promtool:
 	@command -v promtool >/dev/null 2>&1 || { \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus >/dev/null) \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus prometheus-alertmanager >/dev/null) \
 	      || echo "warning: could not install prometheus (promtool); its tests will be skipped"; \
 	  else echo "warning: promtool missing and cannot apt-get; promtool tests will be skipped"; fi; }
 

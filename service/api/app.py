@@ -1,0 +1,479 @@
+"""The HTTP and WebSocket API. Routes are thin: validate, write to Redis, answer."""
+
+
+import asyncio
+import json
+import logging
+import math
+import re
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import numpy as np
+import redis.exceptions as rexc
+import torch
+from fastapi import Depends, FastAPI, HTTPException, Query, Request, WebSocket, WebSocketDisconnect
+from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from models import ModelError, build_model
+from models.registry import SUPERVISED
+from service import metrics as M
+from service.api import chunks as C
+from service.api.schemas import ChunkAck, EvidencePage, ModelIn, ModelOut, Problem, StreamIn, StreamOut
+from service.data import log_model_probabilities
+from service.runtime import build, model_seed
+from service.settings import Settings
+from service.sgais import ConfigError
+from service.store import ModelEntry, StreamConfig, connect_async, digest, keys, scripts
+
+log = logging.getLogger("cusp.api")
+STATIC = Path(__file__).parent / "static"
+ERRORS = {400: {"model": Problem}, 401: {"model": Problem}, 403: {"model": Problem}, 404: {"model": Problem},
+          409: {"model": Problem}, 413: {"model": Problem}, 422: {"model": Problem}, 503: {"model": Problem}}
+
+
+class Store:
+    """The API's Redis handle and its scripts."""
+
+    def __init__(self, url: str):
+        self.r = connect_async(url)
+        self.ingest = self.r.register_script(scripts.INGEST)
+        self.create = self.r.register_script(scripts.CREATE)
+        self.url = url
+
+
+def create_app(settings: Settings, redis_url: str) -> FastAPI:
+    app = FastAPI(title="cusp", version="0.1.0", description="Streaming change-point detection on online Bayesian evidence (SGAIS).",
+                  responses=ERRORS)
+    app.state.settings = settings
+    app.state.store = Store(redis_url)
+    M.WORKERS.inc(0)  # always exported, 0 in an API-only process
+
+    # --- errors: every failure is a JSON {"detail": ...} with a 4xx, Redis outages a 503 ------
+    @app.exception_handler(rexc.ConnectionError)
+    @app.exception_handler(rexc.TimeoutError)
+    async def redis_down(request: Request, exc: Exception):
+        M.REDIS_UP.set(0)
+        return JSONResponse({"detail": f"Redis unavailable: {exc}; retry later"}, status_code=503, headers={"Retry-After": "1"})
+
+    @app.middleware("http")
+    async def limit_and_count(request: Request, call_next):
+        length = request.headers.get("content-length")
+        if length is not None:
+            try:
+                too_big = int(length) > settings.max_body_bytes
+            except ValueError:
+                return JSONResponse({"detail": "invalid Content-Length"}, status_code=400)
+            if too_big:
+                M.REJECTED.labels("too_large").inc()
+                return JSONResponse({"detail": f"body of {length} bytes exceeds the limit of {settings.max_body_bytes} bytes"}, status_code=413)
+        response = await call_next(request)
+        route = request.scope.get("route")
+        M.HTTP_REQUESTS.labels(getattr(route, "path", "unmatched"), f"{response.status_code // 100}xx").inc()
+        return response
+
+    # --- dependencies ---------------------------------------------------------------------
+    def scope_for(request_key: str | None) -> str | None:
+        if not settings.keys:
+            return "write"
+        return settings.scope_of(request_key)
+
+    def presented_key(request: Request) -> str | None:
+        auth = request.headers.get("authorization", "")
+        if auth.lower().startswith("bearer "):
+            return auth[7:].strip()
+        return request.headers.get("x-api-key")
+
+    def need(scope: str):
+        def check(request: Request) -> None:
+            got = scope_for(presented_key(request))
+            if got is None:
+                raise HTTPException(401, "missing or unknown API key (send 'Authorization: Bearer KEY')", headers={"WWW-Authenticate": "Bearer"})
+            if scope == "write" and got != "write":
+                raise HTTPException(403, "this API key is read-only")
+        return Depends(check)
+
+    Read, Write = need("read"), need("write")
+
+    def store() -> Store:
+        return app.state.store
+
+    StoreDep = Annotated[Store, Depends(store)]
+
+    async def stream_config(name: str, st: Store) -> StreamConfig:
+        if not keys.STREAM_NAME.match(name):
+            raise HTTPException(404, f"no stream named {name!r}")
+        raw = await st.r.get(keys.config(name))
+        if raw is None:
+            raise HTTPException(404, f"no stream named {name!r}")
+        return StreamConfig.from_json(raw)
+
+    async def read_body(request: Request) -> bytes:
+        body = bytearray()
+        async for part in request.stream():
+            body += part
+            if len(body) > settings.max_body_bytes:
+                M.REJECTED.labels("too_large").inc()
+                raise HTTPException(413, f"body exceeds the limit of {settings.max_body_bytes} bytes")
+        if not body:
+            raise HTTPException(400, "empty body")
+        return bytes(body)
+
+    # --- health and metrics ---------------------------------------------------------------
+    @app.get("/healthz", tags=["ops"])
+    async def healthz() -> dict:
+        return {"status": "ok"}
+
+    @app.get("/readyz", tags=["ops"])
+    async def readyz(st: StoreDep):
+        try:
+            await asyncio.wait_for(st.r.ping(), 2.0)
+        except (rexc.RedisError, OSError, asyncio.TimeoutError) as exc:
+            M.REDIS_UP.set(0)
+            return JSONResponse({"status": "unavailable", "redis": str(exc) or "timeout"}, status_code=503)
+        M.REDIS_UP.set(1)
+        return {"status": "ready", "redis": "ok"}
+
+    @app.get("/metrics", tags=["ops"], response_class=PlainTextResponse, dependencies=[Read])
+    async def metrics(st: StoreDep):
+        try:
+            await refresh_stream_gauges(st)
+            M.REDIS_UP.set(1)
+        except (rexc.RedisError, OSError):
+            M.REDIS_UP.set(0)
+        return PlainTextResponse(generate_latest(M.REGISTRY), media_type=CONTENT_TYPE_LATEST)
+
+    async def refresh_stream_gauges(st: Store) -> None:
+        names = sorted(s.decode() for s in await st.r.smembers(keys.STREAMS))
+        M.STREAMS.set(len(names))
+        for s in names:
+            raw = await st.r.get(keys.config(s))
+            if raw is None:
+                continue
+            cfg = StreamConfig.from_json(raw)
+            info = await model_rows(st, cfg)
+            for row in info["models"]:
+                if row["posterior_probability"] is not None:
+                    M.MODEL_POSTERIOR.labels(s, row["name"]).set(row["posterior_probability"])
+                M.INGEST_LAG.labels(s, row["name"]).set(row["lag_chunks"])
+
+    # --- streams ----------------------------------------------------------------------------
+    @app.post("/v1/streams", status_code=201, response_model=StreamOut, tags=["streams"], dependencies=[Write])
+    async def create_stream(body: StreamIn, st: StoreDep):
+        if not keys.STREAM_NAME.match(body.name):
+            raise HTTPException(422, "stream name must be 1-64 letters, digits, '_', '.' or '-', starting with a letter or digit")
+        if len(set(body.columns)) != len(body.columns) or any(not c.strip() for c in body.columns):
+            raise HTTPException(422, f"column names must be non-empty and distinct, got {body.columns}")
+        if await st.r.scard(keys.STREAMS) >= settings.max_streams:
+            raise HTTPException(409, f"the stream limit CUSP_MAX_STREAMS={settings.max_streams} is reached")
+        entries: list[ModelEntry] = []
+        for i, m in enumerate(body.models):
+            m = ModelIn(spec=m) if isinstance(m, str) else m
+            name = m.name or re.sub(r"[^A-Za-z0-9_.-]", "_", m.spec.replace(":", "_").replace("=", ""))[:64]
+            if not keys.MODEL_NAME.match(name):
+                raise HTTPException(422, f"model {i}: name {name!r} must be 1-64 letters, digits, '_', '.' or '-'")
+            if any(e.name == name for e in entries):
+                raise HTTPException(422, f"model name {name!r} is used twice; give each model a distinct 'name'")
+            target = None
+            if m.target is not None:
+                if m.target not in body.columns:
+                    raise HTTPException(422, f"model {name!r}: target column {m.target!r} is not one of {body.columns}")
+                target = body.columns.index(m.target)
+            try:
+                model = build_model(m.spec, len(body.columns), target)
+            except ModelError as exc:
+                raise HTTPException(422, f"model {name!r}: {exc}") from None
+            if m.target is not None and model.name not in SUPERVISED:
+                raise HTTPException(422, f"model {name!r}: 'target' applies only to {sorted(SUPERVISED)}")
+            entries.append(ModelEntry(name=name, spec=m.spec, target=target, prior=m.prior))
+        cfg = StreamConfig(name=body.name, columns=body.columns, models=entries,
+                           sampler={"preset": body.sampler.preset, "overrides": body.sampler.overrides},
+                           seed=body.seed, created=time.time())
+        try:
+            states = []
+            for e in entries:
+                sampler = build(cfg, e)
+                states.append(sampler.init(model_seed(cfg, e)).to_bytes())
+        except ConfigError as exc:
+            raise HTTPException(422, f"sampler: {exc}") from None
+        except TypeError as exc:
+            raise HTTPException(422, f"sampler: {exc}") from None
+        created = await st.create(keys=[keys.STREAMS, keys.config(cfg.name), *[keys.state(cfg.name, e.name) for e in entries]],
+                                  args=[cfg.name, cfg.to_json(), *states])
+        if not created:
+            raise HTTPException(409, f"a stream named {cfg.name!r} already exists")
+        M.STREAMS.inc()
+        return await stream_out(st, cfg)
+
+    @app.get("/v1/streams", tags=["streams"], dependencies=[Read])
+    async def list_streams(st: StoreDep) -> dict:
+        names = sorted(s.decode() for s in await st.r.smembers(keys.STREAMS))
+        return {"streams": names}
+
+    @app.get("/v1/streams/{stream}", response_model=StreamOut, tags=["streams"], dependencies=[Read])
+    async def get_stream(stream: str, st: StoreDep):
+        return await stream_out(st, await stream_config(stream, st))
+
+    @app.delete("/v1/streams/{stream}", status_code=204, tags=["streams"], dependencies=[Write])
+    async def delete_stream(stream: str, st: StoreDep):
+        cfg = await stream_config(stream, st)
+        pipe = st.r.pipeline(transaction=True)
+        pipe.srem(keys.STREAMS, stream)
+        pipe.delete(*keys.stream_keys(stream, [m.name for m in cfg.models]))
+        await pipe.execute()
+        for m in cfg.models:
+            for metric in (M.LOG_EVIDENCE, M.LOG_EVIDENCE_PER_OBS, M.MODEL_POSTERIOR, M.INGEST_LAG):
+                try:
+                    metric.remove(stream, m.name)
+                except KeyError:
+                    pass
+        return None
+
+    async def model_rows(st: Store, cfg: StreamConfig) -> dict:
+        pipe = st.r.pipeline(transaction=False)
+        pipe.get(keys.seq(cfg.name))
+        pipe.xlen(keys.dead(cfg.name))
+        for m in cfg.models:
+            pipe.hmget(keys.state(cfg.name, m.name), "n", "chunks", "last_seq", "log_evidence", "error")
+        last_in, dead, *rows = await pipe.execute()
+        last_in = int(last_in) if last_in is not None else -1
+        out = []
+        for m, (n, chunks, last, le, err) in zip(cfg.models, rows):
+            n, last, le = int(n or 0), int(last if last is not None else -1), float(le or 0.0)
+            out.append({"name": m.name, "spec": m.spec, "target": cfg.columns[m.target] if m.target is not None else None,
+                        "observations": n, "chunks": int(chunks or 0), "last_seq": last, "log_evidence": le,
+                        "log_evidence_per_observation": le / n if n else None, "posterior_probability": None,
+                        "lag_chunks": max(0, last_in - last), "error": (err or b"").decode() or None})
+        # posterior model probabilities among models that have seen the same observations
+        ns = {r["observations"] for r in out}
+        if len(ns) == 1 and ns != {0}:
+            total_prior = sum(m.prior for m in cfg.models)
+            probs = log_model_probabilities({r["name"]: r["log_evidence"] for r in out},
+                                            {m.name: math.log(m.prior / total_prior) for m in cfg.models})
+            for r in out:
+                r["posterior_probability"] = probs[r["name"]]
+        return {"last_seq": last_in, "dead": int(dead), "models": out}
+
+    async def stream_out(st: Store, cfg: StreamConfig) -> StreamOut:
+        info = await model_rows(st, cfg)
+        return StreamOut(name=cfg.name, columns=cfg.columns, sampler=cfg.sampler, seed=cfg.seed, last_seq=info["last_seq"],
+                         next_seq=info["last_seq"] + 1, dead_letters=info["dead"], models=[ModelOut(**r) for r in info["models"]])
+
+    # --- ingest -----------------------------------------------------------------------------
+    async def ingest(st: Store, cfg: StreamConfig, seq: int, data: np.ndarray, payload_digest: str) -> tuple[int, dict]:
+        if data.shape[0] == 0:
+            M.REJECTED.labels("empty").inc()
+            raise C.ChunkError("empty chunk: send at least one row")
+        if data.shape[0] > settings.max_chunk_rows:
+            M.REJECTED.labels("too_many_rows").inc()
+            raise C.ChunkError(f"chunk has {data.shape[0]} rows, the limit is CUSP_MAX_CHUNK_ROWS={settings.max_chunk_rows}", 413)
+        tensor = torch.from_numpy(data)
+        for m in cfg.models:  # the data must be usable by every model of the stream
+            model = build_model(m.spec, len(cfg.columns), m.target)
+            try:
+                feats = model.featurize(tensor)
+            except ModelError as exc:
+                raise C.ChunkError(f"model {m.name!r}: {exc}") from None
+            if not bool(torch.isfinite(feats).all()):
+                raise C.ChunkError(f"model {m.name!r}: values too large (their squares overflow float64)")
+        res = await st.ingest(keys=[keys.seq(cfg.name), keys.inbox(cfg.name)],
+                              args=[seq, data.astype("<f8").tobytes(), data.shape[0], payload_digest])
+        kind, val = res[0].decode(), res[1].decode()
+        if kind == "ok":
+            M.INGESTED_CHUNKS.labels(cfg.name).inc()
+            M.INGESTED_ROWS.labels(cfg.name).inc(data.shape[0])
+            return 202, {"seq": seq, "status": "accepted", "id": val, "rows": int(data.shape[0])}
+        if kind == "dup":
+            if val != payload_digest:
+                M.REJECTED.labels("conflict").inc()
+                raise C.ChunkError(f"seq {seq} was already accepted with different data", 409)
+            return 200, {"seq": seq, "status": "duplicate", "id": keys.entry_id(seq)}
+        M.REJECTED.labels("gap").inc()
+        raise C.ChunkError(f"seq {seq} is out of order: expected seq {val}", 409)
+
+    @app.post("/v1/streams/{stream}/chunks", status_code=202, response_model=ChunkAck, tags=["ingest"], dependencies=[Write],
+              openapi_extra={"requestBody": {"required": True, "content": {
+                  "application/json": {"schema": {"$ref": "#/components/schemas/ChunkIn"}},
+                  "application/x-ndjson": {"schema": {"type": "string"}}, "text/csv": {"schema": {"type": "string"}}}}})
+    async def post_chunk(stream: str, request: Request, st: StoreDep,
+                         seq: Annotated[int | None, Query(ge=0, le=2**53, description="sequence number for NDJSON/CSV bodies")] = None):
+        cfg = await stream_config(stream, st)
+        body = await read_body(request)
+        ctype = request.headers.get("content-type", "application/json").split(";")[0].strip().lower()
+        try:
+            if ctype in ("application/x-ndjson", "application/ndjson", "text/csv"):
+                if seq is None:
+                    raise C.ChunkError("NDJSON and CSV bodies need ?seq=N", 422)
+                data = C.parse_csv(body, cfg.columns) if ctype == "text/csv" else C.parse_ndjson(body, cfg.columns)
+                s = seq
+            elif ctype in ("application/json", ""):
+                s, data = C.parse_json_chunk(body, cfg.columns)
+            else:
+                raise C.ChunkError(f"unsupported content type {ctype!r}; use application/json, application/x-ndjson or text/csv", 415)
+            status, ack = await ingest(st, cfg, s, data, digest(data.astype("<f8").tobytes()))
+        except C.ChunkError as exc:
+            M.REJECTED.labels("invalid").inc()
+            raise HTTPException(exc.status, str(exc)) from None
+        return JSONResponse(ack, status_code=status)
+
+    # --- results ----------------------------------------------------------------------------
+    def entry_out(eid: bytes, fields: dict) -> dict:
+        d = json.loads(fields[b"data"])
+        return {"id": eid.decode(), "model": fields[b"model"].decode(), "kind": fields[b"kind"].decode(), **d}
+
+    def check_id(since: str | None) -> str:
+        if since in (None, "", "0"):
+            return "0-0"
+        if not re.fullmatch(r"\d{1,20}(-\d{1,20})?", since):
+            raise HTTPException(422, f"since must be a result id like '1712345678901-0', got {since!r}")
+        return since
+
+    @app.get("/v1/streams/{stream}/evidence", response_model=EvidencePage, tags=["results"], dependencies=[Read])
+    async def evidence(stream: str, st: StoreDep, since: str | None = Query(None, description="return results after this id"),
+                       limit: int = Query(1000, ge=1, le=10_000), model: str | None = None):
+        cfg = await stream_config(stream, st)
+        if model is not None and cfg.model(model) is None:
+            raise HTTPException(404, f"stream {stream!r} has no model {model!r}")
+        start = check_id(since)
+        entries = await st.r.xrange(keys.out(stream), min="(" + start if start != "0-0" else "-", count=limit)
+        results = [entry_out(e, f) for e, f in entries]
+        nxt = results[-1]["id"] if results else since
+        if model is not None:
+            results = [r for r in results if r["model"] == model]
+        return {"results": results, "next": nxt}
+
+    @app.get("/v1/streams/{stream}/changepoints", tags=["results"], dependencies=[Read])
+    async def changepoints(stream: str, st: StoreDep) -> dict:
+        await stream_config(stream, st)
+        out, start = [], "-"
+        while True:
+            entries = await st.r.xrange(keys.out(stream), min=start, count=5000)
+            out += [entry_out(e, f) for e, f in entries if f[b"kind"] == b"changepoint"]
+            if len(entries) < 5000:
+                break
+            start = "(" + entries[-1][0].decode()
+        return {"changepoints": out}
+
+    @app.get("/v1/streams/{stream}/dead-letters", tags=["results"], dependencies=[Read])
+    async def dead_letters(stream: str, st: StoreDep) -> dict:
+        await stream_config(stream, st)
+        entries = await st.r.xrange(keys.dead(stream), count=1000)
+        return {"dead_letters": [{"id": e.decode(), **{k.decode(): v.decode() for k, v in f.items()}} for e, f in entries]}
+
+    async def follow(st: Store, stream: str, since: str):
+        """Yield result entries after ``since``, live, until the stream is deleted."""
+        last = since
+        reader = connect_async(st.url)
+        try:
+            while True:
+                got = await reader.xread({keys.out(stream): last}, count=500, block=1000)
+                if not got:
+                    if not await reader.exists(keys.config(stream)):
+                        return
+                    yield None  # keep-alive tick
+                    continue
+                for eid, fields in got[0][1]:
+                    last = eid.decode()
+                    yield entry_out(eid, fields)
+        finally:
+            await reader.aclose()
+
+    @app.get("/v1/streams/{stream}/evidence/sse", tags=["results"], dependencies=[Read])
+    async def evidence_sse(stream: str, request: Request, st: StoreDep, since: str | None = None):
+        await stream_config(stream, st)
+        start = check_id(since or request.headers.get("last-event-id"))
+
+        async def events():
+            async for item in follow(st, stream, start):
+                if await request.is_disconnected():
+                    return
+                if item is None:
+                    yield ": keep-alive\n\n"
+                else:
+                    yield f"id: {item['id']}\nevent: {item['kind']}\ndata: {json.dumps(item)}\n\n"
+
+        return StreamingResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+    async def reject(ws: WebSocket, reason: str) -> None:
+        await ws.accept()  # accept first so that the client sees the 1008 close code and reason
+        await ws.close(code=1008, reason=reason[:120])
+
+    async def ws_auth(ws: WebSocket, scope: str) -> bool:
+        key = ws.query_params.get("token") or ws.headers.get("x-api-key")
+        auth = ws.headers.get("authorization", "")
+        if not key and auth.lower().startswith("bearer "):
+            key = auth[7:].strip()
+        got = scope_for(key)
+        if got is None or (scope == "write" and got != "write"):
+            await reject(ws, "missing, unknown or read-only API key")
+            return False
+        return True
+
+    @app.websocket("/v1/streams/{stream}/evidence/ws")
+    async def evidence_ws(ws: WebSocket, stream: str, since: str | None = None):
+        st: Store = app.state.store
+        if not await ws_auth(ws, "read"):
+            return
+        if not keys.STREAM_NAME.match(stream) or not await st.r.exists(keys.config(stream)):
+            await reject(ws, f"no stream named {stream!r}")
+            return
+        try:
+            start = check_id(since)
+        except HTTPException as exc:
+            await reject(ws, str(exc.detail))
+            return
+        await ws.accept()
+        try:
+            async for item in follow(st, stream, start):
+                if item is not None:
+                    await ws.send_json(item)
+        except (WebSocketDisconnect, RuntimeError):
+            return
+        await ws.close(code=1000, reason="stream deleted")
+
+    @app.websocket("/v1/streams/{stream}/ingest")
+    async def ingest_ws(ws: WebSocket, stream: str):
+        st: Store = app.state.store
+        if not await ws_auth(ws, "write"):
+            return
+        if not keys.STREAM_NAME.match(stream) or not await st.r.exists(keys.config(stream)):
+            await reject(ws, f"no stream named {stream!r}")
+            return
+        await ws.accept()
+        cfg = StreamConfig.from_json(await st.r.get(keys.config(stream)))
+        try:
+            while True:
+                msg = await ws.receive()
+                if msg["type"] == "websocket.disconnect":
+                    return
+                raw = msg.get("text") if msg.get("text") is not None else msg.get("bytes")
+                seq = None
+                try:
+                    if raw is None or len(raw) > settings.max_body_bytes:
+                        raise C.ChunkError(f"message exceeds the limit of {settings.max_body_bytes} bytes", 413)
+                    try:  # lenient parse, only to echo the seq back with an error
+                        doc = json.loads(raw)
+                        seq = doc.get("seq") if isinstance(doc, dict) else None
+                    except (ValueError, RecursionError):
+                        pass
+                    s, data = C.parse_json_chunk(raw if isinstance(raw, bytes) else raw.encode(), cfg.columns)
+                    status, ack = await ingest(st, cfg, s, data, digest(data.astype("<f8").tobytes()))
+                    await ws.send_json(ack)
+                except C.ChunkError as exc:
+                    M.REJECTED.labels("invalid").inc()
+                    await ws.send_json({"seq": seq if isinstance(seq, int) else None, "status": "error",
+                                        "code": exc.status, "detail": str(exc)})
+                except (rexc.ConnectionError, rexc.TimeoutError) as exc:
+                    await ws.send_json({"seq": seq if isinstance(seq, int) else None, "status": "error", "code": 503,
+                                        "detail": f"Redis unavailable: {exc}; resend"})
+        except WebSocketDisconnect:
+            return
+
+    # --- live page --------------------------------------------------------------------------
+    @app.get("/", include_in_schema=False)
+    async def index():
+        return FileResponse(STATIC / "index.html", media_type="text/html")
+
+    return app

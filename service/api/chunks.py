@@ -1,0 +1,148 @@
+"""Parsing and validating ingest bodies into a float64 matrix [rows, columns].
+
+Accepted: JSON ``{"seq": 17, "rows": [[...], ...]}`` or ``{"seq": 17, "columns": {"x": [...]}}``;
+NDJSON (one JSON array or column object per line) and CSV (optional header naming the
+columns) with ``seq`` as a query parameter. Every failure is a ``ChunkError`` with a message
+naming the row and column at fault; nothing is stored before validation passed.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+
+import numpy as np
+
+
+class ChunkError(ValueError):
+    def __init__(self, message: str, status: int = 422):
+        super().__init__(message)
+        self.status = status
+
+
+def _reject_constant(name: str) -> float:
+    raise ChunkError(f"{name} is not accepted (only finite numbers)", 422)
+
+
+def loads(body: bytes | str) -> object:
+    try:
+        return json.loads(body, parse_constant=_reject_constant)
+    except ChunkError:
+        raise
+    except RecursionError:
+        raise ChunkError("JSON nested too deeply", 400) from None
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ChunkError(f"body is not valid JSON: {exc}", 400) from None
+
+
+def _number(v: object, where: str) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise ChunkError(f"{where}: {json.dumps(v)[:40]} is not a number")
+    f = float(v)
+    if not math.isfinite(f):
+        raise ChunkError(f"{where}: {v!r} is not finite")
+    return f
+
+
+def matrix_from_rows(rows: object, columns: list[str]) -> np.ndarray:
+    if not isinstance(rows, list):
+        raise ChunkError("'rows' must be a list of rows (lists of numbers)")
+    c = len(columns)
+    out = np.empty((len(rows), c), dtype=np.float64)
+    for i, row in enumerate(rows):
+        if not isinstance(row, list):
+            raise ChunkError(f"row {i}: must be a list of {c} numbers")
+        if len(row) != c:
+            raise ChunkError(f"row {i}: has {len(row)} values, the stream has {c} columns {columns}")
+        for j, v in enumerate(row):
+            out[i, j] = _number(v, f"row {i} column {columns[j]!r}")
+    return out
+
+
+def matrix_from_columns(cols: object, columns: list[str]) -> np.ndarray:
+    if not isinstance(cols, dict):
+        raise ChunkError("'columns' must be an object mapping column name -> list of numbers")
+    missing, extra = [c for c in columns if c not in cols], [c for c in cols if c not in columns]
+    if missing or extra:
+        raise ChunkError(f"columns must be exactly {columns}; missing {missing}, unknown {extra}")
+    lengths = {c: len(cols[c]) if isinstance(cols[c], list) else -1 for c in columns}
+    if any(v < 0 for v in lengths.values()):
+        bad = next(c for c, v in lengths.items() if v < 0)
+        raise ChunkError(f"column {bad!r}: must be a list of numbers")
+    if len(set(lengths.values())) != 1:
+        raise ChunkError(f"columns have different lengths: {lengths}")
+    n = lengths[columns[0]]
+    out = np.empty((n, len(columns)), dtype=np.float64)
+    for j, c in enumerate(columns):
+        for i, v in enumerate(cols[c]):
+            out[i, j] = _number(v, f"row {i} column {c!r}")
+    return out
+
+
+def parse_json_chunk(body: bytes, columns: list[str]) -> tuple[int, np.ndarray]:
+    doc = loads(body)
+    if not isinstance(doc, dict):
+        raise ChunkError("body must be a JSON object like {\"seq\": 0, \"rows\": [[...]]}", 400)
+    unknown = set(doc) - {"seq", "rows", "columns"}
+    if unknown:
+        raise ChunkError(f"unknown field(s) {sorted(unknown)}; expected seq and rows or columns")
+    seq = parse_seq(doc.get("seq"))
+    if ("rows" in doc) == ("columns" in doc):
+        raise ChunkError("give exactly one of 'rows' or 'columns'")
+    data = matrix_from_rows(doc["rows"], columns) if "rows" in doc else matrix_from_columns(doc["columns"], columns)
+    return seq, data
+
+
+def parse_seq(value: object) -> int:
+    if isinstance(value, str):
+        try:
+            value = int(value)
+        except ValueError:
+            raise ChunkError(f"seq must be a non-negative integer, got {value!r}") from None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0 or value > 2**53:
+        raise ChunkError(f"seq must be a non-negative integer, got {json.dumps(value)}")
+    return value
+
+
+def parse_ndjson(body: bytes, columns: list[str]) -> np.ndarray:
+    rows: list[list[float]] = []
+    try:
+        text = body.decode()
+    except UnicodeDecodeError:
+        raise ChunkError("NDJSON body is not UTF-8", 400) from None
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        item = loads(line)
+        if isinstance(item, dict):
+            if set(item) != set(columns):
+                raise ChunkError(f"line {lineno}: keys must be exactly {columns}")
+            item = [item[c] for c in columns]
+        rows.append(item)  # type: ignore[arg-type]
+    return matrix_from_rows(rows, columns)
+
+
+def parse_csv(body: bytes, columns: list[str]) -> np.ndarray:
+    try:
+        text = body.decode()
+    except UnicodeDecodeError:
+        raise ChunkError("CSV body is not UTF-8", 400) from None
+    reader = list(csv.reader(io.StringIO(text)))
+    reader = [r for r in reader if r and any(c.strip() for c in r)]
+    if reader and [c.strip() for c in reader[0]] == columns:
+        reader = reader[1:]
+    out = np.empty((len(reader), len(columns)), dtype=np.float64)
+    for i, row in enumerate(reader):
+        if len(row) != len(columns):
+            raise ChunkError(f"row {i}: has {len(row)} values, the stream has {len(columns)} columns {columns}")
+        for j, cell in enumerate(row):
+            try:
+                v = float(cell)
+            except ValueError:
+                raise ChunkError(f"row {i} column {columns[j]!r}: {cell.strip()[:40]!r} is not a number") from None
+            if not math.isfinite(v):
+                raise ChunkError(f"row {i} column {columns[j]!r}: {cell.strip()!r} is not finite")
+            out[i, j] = v
+    return out

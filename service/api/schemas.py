@@ -1,0 +1,77 @@
+"""Request and response schemas (never the engine's types)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class ModelIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    spec: str = Field(..., description="model spec, e.g. 'gmm:components=5'", examples=["gmm:components=5"])
+    name: str | None = Field(None, description="name of the model within the stream (default: derived from the spec)")
+    target: str | None = Field(None, description="target column for regression models (default: the last column)")
+    prior: float = Field(1.0, gt=0, description="prior weight of this model among the stream's models")
+
+
+class SamplerIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    preset: Literal["paper", "accurate"] = "paper"
+    overrides: dict[str, Any] = Field(default_factory=dict, description="SGAIS settings, e.g. {'particles': 20}")
+
+
+class StreamIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(..., description="stream name: letters, digits, '_', '.', '-' (max 64)")
+    columns: list[str] = Field(..., min_length=1, max_length=256)
+    models: list[ModelIn | str] = Field(..., min_length=1, max_length=16)
+    sampler: SamplerIn = Field(default_factory=SamplerIn)
+    seed: int = Field(0, ge=0, le=2**62)
+
+
+class ModelOut(BaseModel):
+    name: str
+    spec: str
+    target: str | None
+    observations: int
+    chunks: int
+    last_seq: int
+    log_evidence: float
+    log_evidence_per_observation: float | None
+    posterior_probability: float | None
+    lag_chunks: int
+    error: str | None
+
+
+class StreamOut(BaseModel):
+    name: str
+    columns: list[str]
+    sampler: dict[str, Any]
+    seed: int
+    last_seq: int
+    next_seq: int
+    dead_letters: int
+    models: list[ModelOut]
+
+
+class ChunkIn(BaseModel):
+    seq: int = Field(..., ge=0, le=2**53)
+    rows: list[list[float]] | None = None
+    columns: dict[str, list[float]] | None = None
+
+
+class ChunkAck(BaseModel):
+    seq: int
+    status: Literal["accepted", "duplicate"]
+    id: str
+    rows: int | None = None
+
+
+class Problem(BaseModel):
+    detail: str
+
+
+class EvidencePage(BaseModel):
+    results: list[dict[str, Any]]
+    next: str | None = Field(None, description="pass as since= to get the following page")

@@ -1,0 +1,189 @@
+"""``cusp serve``, ``cusp worker`` and ``cusp feed-demo``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import signal
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+
+log = logging.getLogger("cusp")
+
+
+def add_parsers(sub) -> None:
+    p = sub.add_parser("serve", help="run the API and CUSP_WORKERS in-process workers (embedded Redis unless CUSP_REDIS_URL)")
+    p.add_argument("--host", help="listen address (default CUSP_HOST)")
+    p.add_argument("--port", type=int, help="listen port (default CUSP_PORT)")
+    p.add_argument("--demo", action="store_true", help="also feed the paper's 3 -> 5 -> 7 cluster demo stream")
+    p.set_defaults(func=serve)
+
+    p = sub.add_parser("worker", help="run a worker process against CUSP_REDIS_URL")
+    p.add_argument("--metrics-port", type=int, default=9100, help="serve /metrics and /healthz here (0: off)")
+    p.add_argument("--burst", action="store_true", help="stop when there is nothing left to do")
+    p.set_defaults(func=worker)
+
+    p = sub.add_parser("feed-demo", help="create the demo stream and post the 3 -> 5 -> 7 cluster data to a running cusp")
+    p.add_argument("--url", default="http://127.0.0.1:8000")
+    p.add_argument("--stream", default="demo")
+    p.add_argument("--observations", type=int, default=100_000)
+    p.add_argument("--chunk-size", type=int, default=500)
+    p.add_argument("--rate", type=float, default=5000.0, help="observations per second to send (0: as fast as possible)")
+    p.add_argument("--api-key", help="API key, if the server requires one")
+    p.set_defaults(func=feed_demo)
+
+
+def _logging(level: str) -> None:
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from service.api.app import create_app
+    from service.settings import load_settings
+    from service.store import EmbeddedRedis
+    from service.worker import Worker
+
+    settings = load_settings(**{k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None})
+    _logging(settings.log_level)
+    embedded = None
+    url = settings.redis_url
+    if url is None:
+        embedded = EmbeddedRedis(settings.data_dir)
+        url = embedded.url
+        log.info("embedded Redis under %s", settings.data_dir.resolve())
+    stop = threading.Event()
+    threads = []
+    for i in range(settings.workers):
+        w = Worker(url, lease_seconds=settings.lease_seconds, max_attempts=settings.max_attempts,
+                   result_maxlen=settings.result_maxlen)
+        t = threading.Thread(target=w.run_forever, args=(stop,), name=f"cusp-worker-{i}", daemon=True)
+        t.start()
+        threads.append(t)
+    base = f"http://{settings.host}:{settings.port}"
+    if args.demo:
+        demo = argparse.Namespace(url=base, stream="demo", observations=100_000, chunk_size=500, rate=5000.0,
+                                  api_key=next(iter(settings.keys), None))
+        threading.Thread(target=_demo_when_up, args=(demo,), daemon=True).start()
+    print(f"cusp serving on {base}  (live page {base}/ , API docs {base}/docs)", flush=True)
+    try:
+        uvicorn.run(create_app(settings, url), host=settings.host, port=settings.port, log_level=settings.log_level.lower())
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=5)
+        if embedded:
+            embedded.close()
+    return 0
+
+
+def worker(args: argparse.Namespace) -> int:
+    from service.settings import load_settings
+    from service.worker import Worker
+
+    settings = load_settings()
+    _logging(settings.log_level)
+    if settings.redis_url is None:
+        raise SystemExit("cusp worker: set CUSP_REDIS_URL (a worker process shares the Redis of a running cusp)")
+    w = Worker(settings.redis_url, lease_seconds=settings.lease_seconds, max_attempts=settings.max_attempts,
+               result_maxlen=settings.result_maxlen)
+    if args.metrics_port:
+        _serve_metrics(args.metrics_port)
+    if args.burst:
+        print(f"applied {w.run_until_idle()} chunks", flush=True)
+        w.release_all()
+        return 0
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    log.info("worker %s started", w.id)
+    w.run_forever(stop)
+    return 0
+
+
+def _serve_metrics(port: int) -> None:
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+    from service.metrics import REGISTRY
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - http.server API
+            if self.path.startswith("/metrics"):
+                body, ctype, code = generate_latest(REGISTRY), CONTENT_TYPE_LATEST, 200
+            elif self.path.startswith("/healthz"):
+                body, ctype, code = b'{"status":"ok"}', "application/json", 200
+            else:
+                body, ctype, code = b"not found", "text/plain", 404
+            self.send_response(code)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a):
+            pass
+
+    server = ThreadingHTTPServer(("0.0.0.0", port), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+
+
+def _request(method: str, url: str, body: dict | None, key: str | None) -> tuple[int, dict]:
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
+    if key:
+        req.add_header("Authorization", f"Bearer {key}")
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return resp.status, json.loads(resp.read() or b"{}")
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read() or b"{}")
+
+
+def _demo_when_up(args: argparse.Namespace) -> None:
+    for _ in range(100):
+        try:
+            urllib.request.urlopen(args.url + "/healthz", timeout=2)
+            break
+        except OSError:
+            time.sleep(0.2)
+    feed_demo(args)
+
+
+def feed_demo(args: argparse.Namespace) -> int:
+    """Create the demo stream (GMMs with 3, 5, 7 components) and post the paper's data."""
+    from bench.data import distribution_shift_data
+
+    data, changes = distribution_shift_data(args.observations, seed=0)
+    spec = {"name": args.stream, "columns": ["x", "y"],
+            "models": [{"name": f"gmm{k}", "spec": f"gmm:components={k}"} for k in (3, 5, 7)], "seed": 0}
+    code, body = _request("POST", f"{args.url}/v1/streams", spec, args.api_key)
+    if code not in (201, 409):
+        print(f"feed-demo: could not create stream: {code} {body}", file=sys.stderr)
+        return 1
+    code, info = _request("GET", f"{args.url}/v1/streams/{args.stream}", None, args.api_key)
+    start_seq = info.get("next_seq", 0)
+    print(f"feed-demo: stream {args.stream!r}, change points at observations {changes}, posting from seq {start_seq}", flush=True)
+    t0 = time.monotonic()
+    for seq in range(start_seq, (data.shape[0] + args.chunk_size - 1) // args.chunk_size):
+        rows = data[seq * args.chunk_size : (seq + 1) * args.chunk_size].tolist()
+        for attempt in range(30):
+            code, body = _request("POST", f"{args.url}/v1/streams/{args.stream}/chunks", {"seq": seq, "rows": rows}, args.api_key)
+            if code in (200, 202):
+                break
+            time.sleep(min(2.0, 0.1 * 2**attempt))
+        else:
+            print(f"feed-demo: giving up at seq {seq}: {code} {body}", file=sys.stderr)
+            return 1
+        if args.rate > 0:
+            ahead = (seq + 1) * args.chunk_size / args.rate - (time.monotonic() - t0)
+            if ahead > 0:
+                time.sleep(ahead)
+    print(f"feed-demo: sent {data.shape[0]} observations", flush=True)
+    return 0

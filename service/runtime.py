@@ -1,0 +1,28 @@
+"""Building a stream's samplers from its config: shared by the API (validation, initial
+state) and the worker (processing), so both agree on models, settings and seeds."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from models import build_model
+from service.sgais import SGAISConfig, Sampler, build_sampler
+from service.store import ModelEntry, StreamConfig
+
+
+def sampler_config(cfg: StreamConfig) -> SGAISConfig:
+    return SGAISConfig.preset(cfg.sampler.get("preset", "paper"), **cfg.sampler.get("overrides", {}))
+
+
+def build(cfg: StreamConfig, entry: ModelEntry) -> Sampler:
+    return build_sampler(build_model(entry.spec, len(cfg.columns), entry.target), sampler_config(cfg))
+
+
+def model_seed(cfg: StreamConfig, entry: ModelEntry) -> int:
+    """Each model of a stream gets its own generator, derived from the stream's seed."""
+    return (cfg.seed * 1_000_003 + cfg.models.index(entry)) % (2**63)
+
+
+def rows_from_bytes(raw: bytes, n: int, width: int) -> torch.Tensor:
+    return torch.from_numpy(np.frombuffer(raw, dtype="<f8").reshape(n, width).astype(np.float64))

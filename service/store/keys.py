@@ -1,0 +1,91 @@
+"""The Redis key schema: every key cusp uses is built here.
+
+Every per-stream key carries the hash tag ``{stream}`` so that a Redis Cluster keeps one
+stream's keys on one shard (the Lua scripts touch several of them atomically).
+
+| key | type | what |
+|---|---|---|
+| ``cusp:streams`` | set | names of existing streams |
+| ``cusp:workers`` | zset | worker id -> last heartbeat (unix seconds); used to share leases |
+| ``cusp:{s}:config`` | string | the stream's JSON config: columns, models, sampler, seed, limits |
+| ``cusp:{s}:in`` | stream | ingested chunks; entry id ``<seq+1>-0``; fields ``rows`` (float64 bytes), ``n``, ``digest`` |
+| ``cusp:{s}:seq`` | string | last accepted sequence number |
+| ``cusp:{s}:out`` | stream | results of every model and change-point events, in apply order; fields ``model``, ``kind``, ``data`` (JSON) |
+| ``cusp:{s}:{m}:state`` | hash | ``state`` (SGAIS state bytes), ``last_seq``, ``n``, ``log_evidence``, ``chunks``, ``detector``, ``error`` |
+| ``cusp:{s}:{m}:res`` | string | reservoir rows, float64, slot i at byte offset i * row_bytes (SETRANGE) |
+| ``cusp:{s}:{m}:lease`` | string | worker id holding the lease; expires (PX) unless renewed |
+| ``cusp:{s}:{m}:fence`` | string | fencing token, incremented on every lease acquisition |
+| ``cusp:{s}:{m}:attempts`` | hash | seq -> failed attempts (survives worker crashes) |
+| ``cusp:{s}:dead`` | stream | dead-lettered chunks: model, seq, error |
+"""
+
+from __future__ import annotations
+
+import re
+
+STREAM_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+STREAMS = "cusp:streams"
+WORKERS = "cusp:workers"
+
+
+def config(s: str) -> str:
+    return f"cusp:{{{s}}}:config"
+
+
+def inbox(s: str) -> str:
+    return f"cusp:{{{s}}}:in"
+
+
+def seq(s: str) -> str:
+    return f"cusp:{{{s}}}:seq"
+
+
+def out(s: str) -> str:
+    return f"cusp:{{{s}}}:out"
+
+
+def dead(s: str) -> str:
+    return f"cusp:{{{s}}}:dead"
+
+
+def state(s: str, m: str) -> str:
+    return f"cusp:{{{s}}}:{m}:state"
+
+
+def reservoir(s: str, m: str) -> str:
+    return f"cusp:{{{s}}}:{m}:res"
+
+
+def lease(s: str, m: str) -> str:
+    return f"cusp:{{{s}}}:{m}:lease"
+
+
+def fence(s: str, m: str) -> str:
+    return f"cusp:{{{s}}}:{m}:fence"
+
+
+def attempts(s: str, m: str) -> str:
+    return f"cusp:{{{s}}}:{m}:attempts"
+
+
+def model_keys(s: str, m: str) -> list[str]:
+    return [state(s, m), reservoir(s, m), lease(s, m), fence(s, m), attempts(s, m)]
+
+
+def stream_keys(s: str, models: list[str]) -> list[str]:
+    keys = [config(s), inbox(s), seq(s), out(s), dead(s)]
+    for m in models:
+        keys += model_keys(s, m)
+    return keys
+
+
+def entry_id(seq_no: int) -> str:
+    """Input entry id for a sequence number (ids must be > 0-0, so seq 0 is 1-0)."""
+    return f"{seq_no + 1}-0"
+
+
+def seq_of(entry: str | bytes) -> int:
+    e = entry.decode() if isinstance(entry, bytes) else entry
+    return int(e.split("-", 1)[0]) - 1

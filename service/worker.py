@@ -1,0 +1,296 @@
+"""The worker loop: lease stream x model pairs, process their chunks in seq order with the
+SGAIS engine, and apply each result atomically (state, reservoir slots, last_seq, result
+entry) under a fencing token, so a crash at any point neither loses nor double-applies a
+chunk. One process runs any number of pairs; any number of processes share one Redis.
+
+Leases: ``SET NX PX`` plus a fencing token (INCR) per acquisition; the owner renews while it
+works. Every write checks the token and ``last_seq`` inside one Lua script, so a worker that
+was paused past its lease has its late writes refused (counted in cusp_fenced_writes_total).
+Load sharing: each worker takes at most its share, ceil(pairs / live workers).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import socket
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+
+import torch
+
+from models import ModelError
+from service import metrics as M
+from service.runtime import build, rows_from_bytes
+from service.sgais import EngineError, Reservoir, Sampler, SGAISState
+from service.store import StreamConfig, connect, keys, scripts
+
+log = logging.getLogger("cusp.worker")
+
+
+@dataclass
+class Hot:
+    """A leased pair kept in memory."""
+
+    stream: str
+    model: str
+    token: bytes
+    sampler: Sampler
+    state: SGAISState
+    reservoir: Reservoir
+    last_seq: int
+    width: int
+    renewed: float
+
+
+class Worker:
+    def __init__(self, redis_url: str, *, lease_seconds: float = 10.0, max_attempts: int = 3,
+                 result_maxlen: int = 200_000, worker_id: str | None = None, batch: int = 16):
+        torch.set_num_threads(1)
+        self.r = connect(redis_url)
+        self.id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.lease_ms = int(lease_seconds * 1000)
+        self.max_attempts = max_attempts
+        self.result_maxlen = result_maxlen
+        self.batch = batch
+        self.hot: dict[tuple[str, str], Hot] = {}
+        self._configs: dict[str, tuple[bytes, StreamConfig]] = {}
+        self._acquire = self.r.register_script(scripts.ACQUIRE)
+        self._renew = self.r.register_script(scripts.RENEW)
+        self._release = self.r.register_script(scripts.RELEASE)
+        self._apply = self.r.register_script(scripts.APPLY)
+        self._dead = self.r.register_script(scripts.DEAD_LETTER)
+
+    # --- loop -------------------------------------------------------------------------------
+    def run_forever(self, stop: threading.Event, idle_sleep: float = 0.05) -> None:
+        M.WORKERS.inc()
+        try:
+            while not stop.is_set():
+                try:
+                    done = self.poll_once()
+                    M.REDIS_UP.set(1)
+                except (ConnectionError, OSError, TimeoutError) as exc:  # redis-py errors subclass these
+                    M.REDIS_UP.set(0)
+                    log.warning("redis unavailable (%s); retrying", exc)
+                    self.hot.clear()
+                    stop.wait(1.0)
+                    continue
+                except Exception:  # noqa: BLE001 - a worker must survive anything and retry
+                    log.exception("worker poll failed")
+                    self.hot.clear()
+                    stop.wait(1.0)
+                    continue
+                if not done:
+                    stop.wait(idle_sleep)
+        finally:
+            M.WORKERS.dec()
+            self.release_all()
+
+    def run_until_idle(self, timeout: float = 120.0) -> int:
+        """Burst mode: process until no pair has pending chunks; returns chunks applied."""
+        total, deadline = 0, time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            done = self.poll_once()
+            total += done
+            if not done and not self._pending_anywhere():
+                return total
+            if not done:
+                time.sleep(0.02)
+        raise TimeoutError("worker still busy after burst timeout")
+
+    def release_all(self) -> None:
+        for (s, m) in list(self.hot):
+            try:
+                self._release(keys=[keys.lease(s, m)], args=[self.id])
+            except Exception:  # noqa: BLE001
+                pass
+        self.hot.clear()
+        M.WORKER_LEASES.set(0)
+
+    # --- one pass ---------------------------------------------------------------------------
+    def poll_once(self) -> int:
+        now = time.time()
+        self.r.zadd(keys.WORKERS, {self.id: now})
+        alive = max(1, self.r.zcount(keys.WORKERS, now - 3 * self.lease_ms / 1000, "+inf"))
+        streams = sorted(s.decode() for s in self.r.smembers(keys.STREAMS))
+        pairs = []
+        for s in streams:
+            cfg = self._config(s)
+            if cfg is not None:
+                pairs += [(s, m.name) for m in cfg.models]
+        for key in list(self.hot):
+            if key[0] not in streams:
+                self._drop(key)
+        share = math.ceil(len(pairs) / alive)
+        done = 0
+        for s, m in pairs:
+            key = (s, m)
+            if key in self.hot:
+                if not self._keep(self.hot[key]):
+                    continue
+            elif len(self.hot) < share and self._has_pending(s, m):
+                if not self._take(s, m):
+                    continue
+            else:
+                continue
+            done += self._process(self.hot[key])
+        M.WORKER_LEASES.set(len(self.hot))
+        return done
+
+    def _config(self, s: str) -> StreamConfig | None:
+        raw = self.r.get(keys.config(s))
+        if raw is None:
+            return None
+        cached = self._configs.get(s)
+        if cached is None or cached[0] != raw:
+            self._configs[s] = (raw, StreamConfig.from_json(raw))
+        return self._configs[s][1]
+
+    def _has_pending(self, s: str, m: str) -> bool:
+        last_in, last_done = self.r.get(keys.seq(s)), self.r.hget(keys.state(s, m), "last_seq")
+        return last_in is not None and last_done is not None and int(last_in) > int(last_done)
+
+    def _pending_anywhere(self) -> bool:
+        for s in (x.decode() for x in self.r.smembers(keys.STREAMS)):
+            cfg = self._config(s)
+            if cfg and any(self._has_pending(s, m.name) for m in cfg.models):
+                return True
+        return False
+
+    def _take(self, s: str, m: str) -> bool:
+        token = self._acquire(keys=[keys.lease(s, m), keys.fence(s, m)], args=[self.id, self.lease_ms])
+        if not token:
+            return False
+        try:
+            hot = self._load(s, m, str(token).encode())
+        except Exception:
+            self._release(keys=[keys.lease(s, m)], args=[self.id])
+            raise
+        if hot is None:
+            self._release(keys=[keys.lease(s, m)], args=[self.id])
+            return False
+        self.hot[(s, m)] = hot
+        return True
+
+    def _load(self, s: str, m: str, token: bytes) -> Hot | None:
+        cfg = self._config(s)
+        entry = cfg.model(m) if cfg else None
+        if entry is None:
+            return None
+        pipe = self.r.pipeline(transaction=True)
+        pipe.hgetall(keys.state(s, m))
+        pipe.get(keys.reservoir(s, m))
+        h, res_raw = pipe.execute()
+        if not h:
+            return None
+        sampler = build(cfg, entry)
+        state = SGAISState.from_bytes(h[b"state"])
+        width = sampler.model.feature_width
+        size = min(state.n, sampler.config.reservoir_capacity)
+        reservoir = Reservoir.from_bytes(sampler.config.reservoir_capacity, width, (res_raw or b"")[: size * width * 8])
+        return Hot(s, m, token, sampler, state, reservoir, int(h[b"last_seq"]), len(cfg.columns), time.monotonic())
+
+    def _keep(self, hot: Hot) -> bool:
+        """Renew the lease when a third of it has passed; False (and dropped) if it was lost."""
+        if time.monotonic() - hot.renewed < self.lease_ms / 3000:
+            return True
+        ok = self._renew(keys=[keys.lease(hot.stream, hot.model), keys.fence(hot.stream, hot.model)],
+                         args=[self.id, self.lease_ms, hot.token])
+        if ok:
+            hot.renewed = time.monotonic()
+            return True
+        self._drop((hot.stream, hot.model))
+        return False
+
+    def _drop(self, key: tuple[str, str]) -> None:
+        self.hot.pop(key, None)
+
+    # --- processing -------------------------------------------------------------------------
+    def _process(self, hot: Hot) -> int:
+        s, m = hot.stream, hot.model
+        entries = self.r.xrange(keys.inbox(s), min=keys.entry_id(hot.last_seq + 1), count=self.batch)
+        last_in = self.r.get(keys.seq(s))
+        done = 0
+        for eid, fields in entries:
+            seq = keys.seq_of(eid)
+            if seq != hot.last_seq + 1:
+                log.error("stream %s model %s: expected seq %d, found %d", s, m, hot.last_seq + 1, seq)
+                break
+            if not self._keep(hot):
+                break
+            outcome = self._one(hot, seq, fields)
+            if outcome != "ok":
+                break
+            done += 1
+        if last_in is not None:
+            M.INGEST_LAG.labels(s, m).set(max(0, int(last_in) - hot.last_seq))
+        return done
+
+    def _one(self, hot: Hot, seq: int, fields: dict) -> str:
+        s, m = hot.stream, hot.model
+        t0 = time.perf_counter()
+        rows = rows_from_bytes(fields[b"rows"], int(fields[b"n"]), hot.width)
+        try:
+            state, result, writes = hot.sampler.update(hot.state, rows, hot.reservoir)
+        except (ModelError, EngineError, ValueError, FloatingPointError) as exc:
+            return self._failed(hot, seq, exc)
+        data = {"seq": seq, "chunk": state.chunks - 1, **result.to_dict()}
+        outs = [m, "result", json.dumps(data)]
+        slot_args: list = []
+        row_bytes = hot.reservoir.width * 8
+        for slot, row in zip(writes.slots.tolist(), writes.rows):
+            slot_args += [slot, row.numpy().astype("<f8").tobytes()]
+        status = self._apply(
+            keys=[keys.state(s, m), keys.reservoir(s, m), keys.fence(s, m), keys.out(s), keys.attempts(s, m)],
+            args=[hot.token, seq, state.to_bytes(), state.n, repr(state.log_evidence), state.chunks, b"",
+                  row_bytes, self.result_maxlen, 1, *outs, *slot_args],
+        )
+        status = status.decode() if isinstance(status, bytes) else status
+        if status != "ok":
+            if status == "fenced":
+                M.FENCED_WRITES.labels(s, m).inc()
+                log.warning("stream %s model %s: write for seq %d fenced off (lease lost)", s, m, seq)
+            self._drop((s, m))
+            return status
+        hot.state, hot.last_seq = state, seq
+        hot.reservoir.apply(writes)
+        self._observe(s, m, result, time.perf_counter() - t0)
+        return "ok"
+
+    def _failed(self, hot: Hot, seq: int, exc: Exception) -> str:
+        s, m = hot.stream, hot.model
+        n = self.r.hincrby(keys.attempts(s, m), str(seq), 1)
+        err = f"{type(exc).__name__}: {exc}"
+        if n < self.max_attempts:
+            M.REDELIVERIES.labels(s, m).inc()
+            log.warning("stream %s model %s seq %d failed (attempt %d/%d): %s", s, m, seq, n, self.max_attempts, err)
+            return "retry"
+        status = self._dead(
+            keys=[keys.state(s, m), keys.fence(s, m), keys.out(s), keys.dead(s), keys.attempts(s, m)],
+            args=[hot.token, seq, m, err, self.result_maxlen, json.dumps({"seq": seq, "error": err})],
+        )
+        if (status.decode() if isinstance(status, bytes) else status) == "ok":
+            hot.last_seq = seq
+            M.DEAD_LETTERS.labels(s, m).inc()
+            log.error("stream %s model %s seq %d dead-lettered after %d attempts: %s", s, m, seq, n, err)
+            return "ok"
+        self._drop((s, m))
+        return "fenced"
+
+    @staticmethod
+    def _observe(s: str, m: str, r, seconds: float) -> None:
+        M.LOG_EVIDENCE.labels(s, m).set(r.log_evidence)
+        M.LOG_EVIDENCE_PER_OBS.labels(s, m).set(r.log_evidence_per_observation)
+        M.CHUNK_LOG_PREDICTIVE.labels(s, m).set(r.log_predictive_per_observation)
+        M.ANNEALING_STEPS.labels(s, m).observe(r.annealing_steps)
+        M.ANNEALING_STEPS_LAST.labels(s, m).set(r.annealing_steps)
+        M.ESS.labels(s, m).set(r.ess_after)
+        M.RESAMPLES.labels(s, m).inc(r.resamples)
+        M.CHUNKS.labels(s, m).inc()
+        M.OBSERVATIONS.labels(s, m).inc(r.rows)
+        M.OBSERVATIONS_SEEN.labels(s, m).set(r.n)
+        M.CHUNK_SECONDS.labels(s, m).observe(seconds)

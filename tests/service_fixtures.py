@@ -1,0 +1,40 @@
+"""A real cusp API (uvicorn in a thread) on an embedded redis-server, for service tests."""
+
+import socket
+import threading
+import time
+
+import httpx
+import uvicorn
+
+from service.api.app import create_app
+from service.settings import Settings
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class LiveServer:
+    def __init__(self, redis_url: str, **settings):
+        self.port = free_port()
+        self.settings = Settings(port=self.port, workers=0, **settings)
+        self.app = create_app(self.settings, redis_url)
+        self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning", ws="websockets-sansio"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 20
+        while not self.server.started:
+            if time.monotonic() > deadline:
+                raise RuntimeError("server did not start")
+            time.sleep(0.02)
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.ws_url = f"ws://127.0.0.1:{self.port}"
+        self.client = httpx.Client(base_url=self.url, timeout=30)
+
+    def stop(self) -> None:
+        self.client.close()
+        self.server.should_exit = True
+        self.thread.join(timeout=10)

@@ -1,0 +1,70 @@
+"""bench: data generators, the markdown writer, the exact-evidence trace and the command line
+(the benchmark itself is run by ``cusp bench``; these are its quick building blocks)."""
+
+import numpy as np
+import pytest
+import torch
+
+import bench
+from bench import data as D
+from bench.paper import linear_exact_trace
+from bench.report import fmt_n, markdown_table
+from models import build_model
+
+
+def test_generators_shapes_dtypes_and_prefix_consistency():
+    for fn, cols in ((D.linear_regression_data, 6), (D.logistic_regression_data, 11), (D.gmm_data, 2)):
+        big, small = fn(20_000, seed=3), fn(9_001, seed=3)
+        assert big.shape == (20_000, cols) and big.dtype == torch.float64
+        assert torch.equal(big[:9_001], small)  # the first n rows of the larger set
+        assert not torch.equal(fn(100, seed=4), big[:100])  # another seed, other data
+        assert bool(torch.isfinite(big).all())
+    labels = D.logistic_regression_data(5_000, seed=0)[:, -1]
+    assert set(labels.unique().tolist()) == {0.0, 1.0, 2.0, 3.0}
+    # the models take the generated rows as they are
+    build_model("logistic-regression:classes=4", n_columns=11).featurize(D.logistic_regression_data(10))
+    assert D.linear_regression_data(0).shape == (0, 6)
+
+
+def test_distribution_shift_phases_and_change_indices():
+    x, changes = D.distribution_shift_data(20_000, seed=1)
+    assert x.shape == (20_000, 2) and x.dtype == torch.float64
+    assert changes == [1_000, 10_000]
+    assert D.distribution_shift_data(5_000, seed=1)[1] == [1_000]
+    # rows close to the centre of a well separated cluster only appear once its phase began
+    def near(rows, k):
+        return int((((rows.numpy() - D.SHIFT_MEANS[k]) ** 2).sum(1) < 1.0).sum())
+
+    assert near(x[:1_000], 3) == 0 and near(x[1_000:10_000], 3) > 500  # phase 2 adds cluster 3
+    assert near(x[:10_000], 5) == 0 and near(x[10_000:], 5) > 500  # phase 3 adds cluster 5
+    assert near(x[:1_000], 0) > 100  # phase 1 clusters stay
+    assert torch.equal(D.distribution_shift_data(3_000, seed=1)[0], x[:3_000])
+    s = D.shuffled(x, seed=0)
+    assert torch.equal(s.sort(0).values, x.sort(0).values) and not torch.equal(s, x)
+
+
+def test_markdown_table():
+    md = markdown_table(["n", "log Z", "note"], [[fmt_n(1000), -1.5, "a|b"], [fmt_n(12345), 2, ""]])
+    lines = md.strip().split("\n")
+    assert lines[0] == "| n | log Z | note |"
+    assert lines[1] == "| :--- | ---: | ---: |"
+    assert lines[2] == "| 1e3 | -1.5 | a\\|b |" and lines[3].startswith("| 12,345 |")
+    with pytest.raises(ValueError):
+        markdown_table(["a", "b"], [[1]])
+
+
+def test_linear_exact_trace_matches_the_model():
+    ends, z = linear_exact_trace(3_000, chunk=500)
+    assert list(ends) == [500, 1000, 1500, 2000, 2500, 3000]
+    model = build_model("linear-regression", n_columns=6)
+    data = D.linear_regression_data(3_000, 0)
+    for e, v in zip(ends, z):
+        assert v == pytest.approx(model.exact_log_evidence(model.featurize(data[:e])), rel=1e-10)
+
+
+def test_command_line_errors(capsys):
+    assert bench.main(["no-such-bench"]) == 2
+    assert "unknown benchmark 'no-such-bench'" in capsys.readouterr().err
+    assert bench.main(["paper", "--no-such-flag"]) == 2
+    assert bench.main(["--help"]) == 0
+    assert "paper" in capsys.readouterr().out

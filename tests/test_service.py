@@ -1,0 +1,361 @@
+"""The service over real HTTP and WebSocket clients, an embedded redis-server and workers in
+burst mode."""
+
+import json
+import threading
+import time
+import uuid
+
+import numpy as np
+import pytest
+import torch
+from websockets.sync.client import connect as ws_connect
+
+from service import metrics as M
+from service.store import EmbeddedRedis, connect, keys
+from service.worker import Worker
+from tests.service_fixtures import LiveServer
+
+
+@pytest.fixture(scope="module")
+def redis_url(tmp_path_factory):
+    r = EmbeddedRedis(tmp_path_factory.mktemp("redis"))
+    yield r.url
+    r.close()
+
+
+@pytest.fixture(scope="module")
+def live(redis_url):
+    server = LiveServer(redis_url, max_chunk_rows=2000, max_body_bytes=200_000)
+    yield server
+    server.stop()
+
+
+def name():
+    return "t" + uuid.uuid4().hex[:10]
+
+
+def gauss_rows(n, seed=0, shift=0.0):
+    rng = np.random.default_rng(seed)
+    return (rng.normal(size=(n, 2)) + shift).round(6).tolist()
+
+
+def make_stream(live, models=("gaussian", "gmm:components=2"), columns=("a", "b"), **extra):
+    s = name()
+    r = live.client.post("/v1/streams", json={"name": s, "columns": list(columns), "models": list(models), "seed": 3, **extra})
+    assert r.status_code == 201, r.text
+    return s, r.json()
+
+
+def post(live, s, seq, rows, **kw):
+    return live.client.post(f"/v1/streams/{s}/chunks", json={"seq": seq, "rows": rows}, **kw)
+
+
+def burst(redis_url, **kw):
+    w = Worker(redis_url, **kw)
+    try:
+        return w.run_until_idle()
+    finally:
+        w.release_all()
+
+
+def results(live, s):
+    out, since = [], None
+    while True:
+        page = live.client.get(f"/v1/streams/{s}/evidence", params={"since": since} if since else {}).json()
+        out += page["results"]
+        if not page["results"]:
+            return out
+        since = page["next"]
+
+
+def test_create_ingest_process_and_read(live, redis_url):
+    s, info = make_stream(live)
+    assert [m["name"] for m in info["models"]] == ["gaussian", "gmm_components2"]
+    assert info["next_seq"] == 0
+    for seq in range(3):
+        r = post(live, s, seq, gauss_rows(200, seq))
+        assert r.status_code == 202 and r.json()["status"] == "accepted", r.text
+    burst(redis_url)
+    res = results(live, s)
+    assert sorted((r["model"], r["seq"]) for r in res) == sorted((m, q) for m in ("gaussian", "gmm_components2") for q in range(3))
+    st = live.client.get(f"/v1/streams/{s}").json()
+    assert all(m["observations"] == 600 and m["lag_chunks"] == 0 for m in st["models"])
+    probs = [m["posterior_probability"] for m in st["models"]]
+    assert sum(probs) == pytest.approx(1.0)
+    # the results equal the offline engine's numbers on the same data and seed
+    from service.runtime import build, model_seed
+    from service.store import StreamConfig
+
+    cfg = StreamConfig.from_json(connect(redis_url).get(keys.config(s)))
+    sampler = build(cfg, cfg.models[0])
+    data = torch.tensor(sum((gauss_rows(200, q) for q in range(3)), []), dtype=torch.float64)
+    offline = [r.log_evidence for _, r, _ in sampler.run(data, 200, model_seed(cfg, cfg.models[0]))]
+    assert [r["log_evidence"] for r in res if r["model"] == "gaussian"] == offline
+    assert s in live.client.get("/v1/streams").json()["streams"]
+
+
+def test_idempotent_repeat_conflict_and_gap(live, redis_url):
+    s, _ = make_stream(live)
+    rows = gauss_rows(50)
+    assert post(live, s, 0, rows).status_code == 202
+    again = post(live, s, 0, rows)
+    assert again.status_code == 200 and again.json()["status"] == "duplicate"
+    conflict = post(live, s, 0, gauss_rows(50, 9))
+    assert conflict.status_code == 409 and "different data" in conflict.json()["detail"]
+    gap = post(live, s, 5, rows)
+    assert gap.status_code == 409 and "expected seq 1" in gap.json()["detail"]
+    assert burst(redis_url) == 2
+    assert len(results(live, s)) == 2
+
+
+BAD = [
+    ({"seq": 0, "rows": [[1.0, float("nan")]]}, 422, "NaN is not accepted"),
+    ('{"seq": 0, "rows": [[1.0, Infinity]]}', 422, "Infinity is not accepted"),
+    ({"seq": 0, "rows": [[1.0, 2.0, 3.0]]}, 422, "has 3 values"),
+    ({"seq": 0, "rows": [[1.0], [2.0, 3.0]]}, 422, "row 0: has 1 values"),
+    ({"seq": 0, "rows": [[1.0, "x"]]}, 422, "is not a number"),
+    ({"seq": 0, "rows": [[1.0, True]]}, 422, "is not a number"),
+    ({"seq": 0, "rows": []}, 422, "empty chunk"),
+    ({"seq": 0, "rows": [[1.0, 2.0]] * 2001}, 413, "limit is CUSP_MAX_CHUNK_ROWS"),
+    ({"seq": 0, "rows": [[1e200, 2.0]]}, 422, "too large"),
+    ({"seq": -1, "rows": [[1.0, 2.0]]}, 422, "seq must be"),
+    ({"seq": "x", "rows": [[1.0, 2.0]]}, 422, "seq must be"),
+    ({"seq": 0}, 422, "exactly one of"),
+    ({"seq": 0, "rows": [[1, 2]], "extra": 1}, 422, "unknown field"),
+    ({"seq": 0, "columns": {"a": [1.0], "c": [2.0]}}, 422, "columns must be exactly"),
+    ({"seq": 0, "columns": {"a": [1.0], "b": [2.0, 3.0]}}, 422, "different lengths"),
+    ("[" * 110_000 + "]" * 110_000, 413, "exceeds the limit"),
+    ("[" * 5000 + "]" * 5000, 400, "nested too deeply"),
+    ("not json", 400, "not valid JSON"),
+    ("", 400, "empty body"),
+    ([1, 2], 400, "must be a JSON object"),
+]
+
+
+@pytest.mark.parametrize("body,status,message", BAD)
+def test_bad_chunks_get_a_clear_4xx_and_change_nothing(live, redis_url, body, status, message):
+    s, _ = make_stream(live)
+    assert post(live, s, 0, gauss_rows(10)).status_code == 202
+    r0 = connect(redis_url)
+    before = (r0.get(keys.seq(s)), r0.xlen(keys.inbox(s)))
+    content = body if isinstance(body, str) else json.dumps(body)
+    if isinstance(body, dict) and body.get("seq") == 0:
+        content = content.replace('"seq": 0', '"seq": 1')
+    r = live.client.post(f"/v1/streams/{s}/chunks", content=content, headers={"Content-Type": "application/json"})
+    assert r.status_code == status, r.text
+    assert message in r.json()["detail"]
+    assert (r0.get(keys.seq(s)), r0.xlen(keys.inbox(s))) == before
+
+
+def test_unknown_stream_model_and_bad_settings(live):
+    assert live.client.post("/v1/streams/nope/chunks", json={"seq": 0, "rows": [[1, 2]]}).status_code == 404
+    assert live.client.get("/v1/streams/nope").status_code == 404
+    assert live.client.get("/v1/streams/nope/evidence").status_code == 404
+    s, _ = make_stream(live)
+    r = live.client.get(f"/v1/streams/{s}/evidence", params={"model": "zzz"})
+    assert r.status_code == 404 and "no model 'zzz'" in r.json()["detail"]
+    cases = [
+        ({"name": "bad name!", "columns": ["a"], "models": ["gaussian"]}, "stream name"),
+        ({"name": name(), "columns": ["a", "a"], "models": ["gaussian"]}, "distinct"),
+        ({"name": name(), "columns": ["a"], "models": ["nope"]}, "unknown model 'nope'"),
+        ({"name": name(), "columns": ["a"], "models": ["gmm:components=0"]}, "components"),
+        ({"name": name(), "columns": ["a"], "models": ["linear-regression"]}, "at least 2 columns"),
+        ({"name": name(), "columns": ["a", "b"], "models": [{"spec": "linear-regression", "target": "c"}]}, "target column 'c'"),
+        ({"name": name(), "columns": ["a"], "models": ["gaussian", "gaussian"]}, "used twice"),
+        ({"name": name(), "columns": ["a"], "models": ["gaussian"], "sampler": {"overrides": {"particles": 1}}}, "particles"),
+        ({"name": name(), "columns": ["a"], "models": ["gaussian"], "sampler": {"overrides": {"nope": 1}}}, "unknown sampler setting"),
+    ]
+    for body, message in cases:
+        r = live.client.post("/v1/streams", json=body)
+        assert r.status_code == 422, (body, r.text)
+        assert message in json.dumps(r.json()), (message, r.text)
+    dup = live.client.post("/v1/streams", json={"name": s, "columns": ["a"], "models": ["gaussian"]})
+    assert dup.status_code == 409
+
+
+def test_ndjson_and_csv_bodies(live, redis_url):
+    s, _ = make_stream(live, models=("gaussian",))
+    nd = "\n".join(json.dumps(r) for r in gauss_rows(20))
+    r = live.client.post(f"/v1/streams/{s}/chunks", params={"seq": 0}, content=nd, headers={"Content-Type": "application/x-ndjson"})
+    assert r.status_code == 202, r.text
+    csv_body = "a,b\n" + "\n".join(f"{x},{y}" for x, y in gauss_rows(20, 1))
+    r = live.client.post(f"/v1/streams/{s}/chunks", params={"seq": 1}, content=csv_body, headers={"Content-Type": "text/csv"})
+    assert r.status_code == 202, r.text
+    r = live.client.post(f"/v1/streams/{s}/chunks", params={"seq": 2}, content="a,b\n1,zz\n", headers={"Content-Type": "text/csv"})
+    assert r.status_code == 422 and "'zz' is not a number" in r.json()["detail"]
+    r = live.client.post(f"/v1/streams/{s}/chunks", content="1,2\n", headers={"Content-Type": "text/csv"})
+    assert r.status_code == 422 and "?seq=N" in r.json()["detail"]
+    burst(redis_url)
+    assert [x["n"] for x in results(live, s)] == [20, 40]
+
+
+def test_websocket_ingest_acks_and_errors(live, redis_url):
+    s, _ = make_stream(live, models=("gaussian",))
+    with ws_connect(f"{live.ws_url}/v1/streams/{s}/ingest") as ws:
+        ws.send(json.dumps({"seq": 0, "rows": gauss_rows(30)}))
+        assert json.loads(ws.recv()) == {"seq": 0, "status": "accepted", "id": "1-0", "rows": 30}
+        ws.send("{broken")
+        err = json.loads(ws.recv())
+        assert err["status"] == "error" and err["code"] == 400
+        ws.send(json.dumps({"seq": 1, "rows": [[1.0, float("nan")]]}))
+        err = json.loads(ws.recv())
+        assert err["seq"] == 1 and "NaN" in err["detail"]
+        ws.send(json.dumps({"seq": 3, "rows": gauss_rows(3)}))
+        assert "expected seq 1" in json.loads(ws.recv())["detail"]
+        ws.send(json.dumps({"seq": 1, "rows": gauss_rows(30, 1)}))  # the connection was kept
+        assert json.loads(ws.recv())["status"] == "accepted"
+    burst(redis_url)
+    assert [x["seq"] for x in results(live, s)] == [0, 1]
+
+
+def test_live_evidence_websocket_and_sse_resume_without_gaps(live, redis_url):
+    s, _ = make_stream(live)
+    for seq in range(2):
+        post(live, s, seq, gauss_rows(100, seq))
+    burst(redis_url)
+    first = results(live, s)
+    with ws_connect(f"{live.ws_url}/v1/streams/{s}/evidence/ws?since={first[1]['id']}") as ws:
+        got = [json.loads(ws.recv(timeout=10)) for _ in range(2)]  # the two after the resume point
+        assert [g["id"] for g in got] == [r["id"] for r in first[2:4]]
+        post(live, s, 2, gauss_rows(100, 2))
+        burst(redis_url)
+        live_items = [json.loads(ws.recv(timeout=10)) for _ in range(2)]
+    assert {i["seq"] for i in live_items} == {2}
+    ids = [g["id"] for g in got + live_items]
+    assert len(ids) == len(set(ids)) and ids == sorted(ids, key=lambda i: tuple(map(int, i.split("-"))))
+    # SSE from the same point, with Last-Event-ID
+    with live.client.stream("GET", f"/v1/streams/{s}/evidence/sse", headers={"Last-Event-ID": first[1]["id"]}) as resp:
+        seen = []
+        for line in resp.iter_lines():
+            if line.startswith("id: "):
+                seen.append(line[4:])
+            if len(seen) == 4:
+                break
+    assert seen == [r["id"] for r in results(live, s)[2:6]]
+    bad = live.client.get(f"/v1/streams/{s}/evidence", params={"since": "abc"})
+    assert bad.status_code == 422
+
+
+def test_two_workers_share_streams_without_double_applying(live, redis_url):
+    streams = [make_stream(live, models=("gaussian",))[0] for _ in range(4)]
+    for s in streams:
+        for seq in range(6):
+            post(live, s, seq, gauss_rows(100, seq))
+    workers = [Worker(redis_url, lease_seconds=5, worker_id=f"w{i}") for i in range(2)]
+    threads = [threading.Thread(target=w.run_until_idle) for w in workers]
+    [t.start() for t in threads]
+    [t.join(60) for t in threads]
+    [w.release_all() for w in workers]
+    for s in streams:
+        seqs = [r["seq"] for r in results(live, s)]
+        assert seqs == list(range(6)), (s, seqs)
+
+
+class CrashBeforeApply(Exception):
+    pass
+
+
+def test_worker_killed_between_processing_and_applying(live, redis_url):
+    s, _ = make_stream(live, models=("gaussian",))
+    for seq in range(4):
+        post(live, s, seq, gauss_rows(100, seq))
+    w1 = Worker(redis_url, lease_seconds=1, worker_id="doomed")
+    real_apply, calls = w1._apply, []
+
+    def dying_apply(*a, **kw):
+        calls.append(1)
+        if len(calls) == 3:  # processed seq 2, dies before its apply
+            raise CrashBeforeApply()
+        return real_apply(*a, **kw)
+
+    w1._apply = dying_apply
+    with pytest.raises(CrashBeforeApply):
+        w1.run_until_idle()
+    # w1 is gone without releasing its lease; the next owner takes over after expiry
+    time.sleep(1.2)
+    burst(redis_url, lease_seconds=1, worker_id="heir")
+    res = [r for r in results(live, s) if r["kind"] == "result"]
+    assert [r["seq"] for r in res] == [0, 1, 2, 3]
+    # identical to an uninterrupted run of the same stream
+    s2, _ = make_stream(live, models=("gaussian",))
+    for seq in range(4):
+        post(live, s2, seq, gauss_rows(100, seq))
+    burst(redis_url)
+    assert [r["log_evidence"] for r in res] == [r["log_evidence"] for r in results(live, s2)]
+
+
+def test_late_write_after_lost_lease_is_fenced(live, redis_url):
+    s, _ = make_stream(live, models=("gaussian",))
+    post(live, s, 0, gauss_rows(100))
+    w1 = Worker(redis_url, lease_seconds=1, worker_id="slow")
+    assert w1._take(s, "gaussian")
+    time.sleep(1.2)  # lease expires while w1 "pauses"
+    w2 = Worker(redis_url, lease_seconds=5, worker_id="fast")
+    assert w2._take(s, "gaussian")
+    before = M.FENCED_WRITES.labels(s, "gaussian")._value.get()
+    w1.hot[(s, "gaussian")].renewed = time.monotonic()  # it believes its lease is fresh
+    assert w1._process(w1.hot[(s, "gaussian")]) == 0
+    assert M.FENCED_WRITES.labels(s, "gaussian")._value.get() == before + 1
+    assert w2._process(w2.hot[(s, "gaussian")]) == 1
+    w2.release_all()
+    assert [r["seq"] for r in results(live, s)] == [0]
+
+
+def test_poison_chunk_is_dead_lettered_and_others_go_on(live, redis_url):
+    s, _ = make_stream(live, models=("gaussian", "gmm:components=2"))
+    post(live, s, 0, gauss_rows(50))
+    # bypass the API's validation to plant a chunk the engine cannot take
+    r = connect(redis_url)
+    r.xadd(keys.inbox(s), {"rows": np.array([[1e160, 0.0]]).astype("<f8").tobytes(), "n": 1, "digest": "x"}, id=keys.entry_id(1))
+    r.set(keys.seq(s), 1)
+    post(live, s, 2, gauss_rows(50, 2))
+    burst(redis_url, max_attempts=2)
+    info = live.client.get(f"/v1/streams/{s}").json()
+    assert info["dead_letters"] == 2 and all(m["last_seq"] == 2 for m in info["models"])
+    dead = live.client.get(f"/v1/streams/{s}/dead-letters").json()["dead_letters"]
+    assert {d["seq"] for d in dead} == {"1"} and all("NaN or infinite" in d["error"] for d in dead)
+    kinds = [(x["model"], x["seq"], x["kind"]) for x in results(live, s)]
+    assert ("gaussian", 2, "result") in kinds and ("gaussian", 1, "dead_letter") in kinds
+
+
+def test_metrics_health_docs_and_delete(live, redis_url):
+    s, _ = make_stream(live)
+    post(live, s, 0, gauss_rows(100))
+    burst(redis_url)
+    text = live.client.get("/metrics").text
+    for metric in ("cusp_log_evidence_nats", "cusp_chunk_log_predictive_nats_per_observation", "cusp_annealing_steps_bucket",
+                   "cusp_annealing_steps_last", "cusp_effective_sample_size", "cusp_resamples_total", "cusp_chunks_processed_total",
+                   "cusp_observations_processed_total", "cusp_model_posterior_probability", "cusp_chunk_processing_seconds_bucket",
+                   "cusp_ingest_lag_chunks", "cusp_workers"):
+        assert f"\n{metric}" in text, metric
+    assert f'cusp_log_evidence_nats{{model="gaussian",stream="{s}"}}' in text
+    assert live.client.get("/healthz").json() == {"status": "ok"}
+    assert live.client.get("/readyz").json()["status"] == "ready"
+    assert live.client.get("/openapi.json").status_code == 200 and live.client.get("/docs").status_code == 200
+    assert "<canvas" in live.client.get("/").text
+    assert live.client.delete(f"/v1/streams/{s}").status_code == 204
+    assert live.client.get(f"/v1/streams/{s}").status_code == 404
+    assert connect(redis_url).keys(f"cusp:{{{s}}}:*") == []
+
+
+def test_auth_scopes(redis_url):
+    server = LiveServer(redis_url, api_keys="writer-key-123,reader-key-123:read")
+    try:
+        c = server.client
+        assert c.get("/healthz").status_code == 200
+        assert c.get("/v1/streams").status_code == 401
+        assert c.get("/v1/streams", headers={"Authorization": "Bearer wrong-key-000"}).status_code == 401
+        assert c.get("/v1/streams", headers={"Authorization": "Bearer reader-key-123"}).status_code == 200
+        body = {"name": name(), "columns": ["a"], "models": ["gaussian"]}
+        assert c.post("/v1/streams", json=body, headers={"Authorization": "Bearer reader-key-123"}).status_code == 403
+        assert c.post("/v1/streams", json=body, headers={"X-API-Key": "writer-key-123"}).status_code == 201
+        assert c.get("/metrics").status_code == 401
+        from websockets.exceptions import ConnectionClosed
+
+        with ws_connect(f"{server.ws_url}/v1/streams/{body['name']}/ingest?token=reader-key-123") as ws:
+            with pytest.raises(ConnectionClosed) as info:
+                ws.recv(timeout=5)
+            assert info.value.rcvd.code == 1008
+    finally:
+        server.stop()
