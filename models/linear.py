@@ -17,8 +17,25 @@ def _split_target(model: Model, data: torch.Tensor, target: int) -> tuple[torch.
     return data[:, cols].to(torch.float64), data[:, t].to(torch.float64)
 
 
+class _IsotropicGaussianPrior:
+    """theta ~ N(0, prior_scale^2 I): shared by the regression models."""
+
+    prior_scale: float
+    dim: int
+
+    def sample_prior(self, generator: torch.Generator, n: int) -> torch.Tensor:
+        return self.prior_scale * torch.randn(n, self.dim, generator=generator, dtype=torch.float64)
+
+    def log_prior(self, theta: torch.Tensor) -> torch.Tensor:
+        s2 = self.prior_scale**2
+        return -0.5 * (self.dim * (LOG_2PI + math.log(s2)) + (theta * theta).sum(-1) / s2)
+
+    def grad_log_prior(self, theta: torch.Tensor) -> torch.Tensor:
+        return theta * (-1.0 / self.prior_scale**2)
+
+
 @dataclass(frozen=True)
-class LinearRegression(Model):
+class LinearRegression(_IsotropicGaussianPrior, Model):
     """y = w.x + b + e, e ~ N(0, noise^2) with known noise; w, b ~ N(0, prior_scale^2).
 
     Columns: every column but ``target`` is a feature. ``theta [M, D]`` = (w_1..w_{D-1}, b).
@@ -54,16 +71,6 @@ class LinearRegression(Model):
     def featurize(self, data: torch.Tensor) -> torch.Tensor:
         x, y = _split_target(self, data, self.target)
         return torch.cat([x, torch.ones_like(y)[:, None], y[:, None]], dim=1)
-
-    def sample_prior(self, generator: torch.Generator, n: int) -> torch.Tensor:
-        return self.prior_scale * torch.randn(n, self.dim, generator=generator, dtype=torch.float64)
-
-    def log_prior(self, theta: torch.Tensor) -> torch.Tensor:
-        s2 = self.prior_scale**2
-        return -0.5 * (self.dim * (LOG_2PI + math.log(s2)) + (theta * theta).sum(-1) / s2)
-
-    def grad_log_prior(self, theta: torch.Tensor) -> torch.Tensor:
-        return theta * (-1.0 / self.prior_scale**2)
 
     def log_likelihood(self, theta: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         d = self.dim
@@ -105,7 +112,7 @@ class LinearRegression(Model):
 
 
 @dataclass(frozen=True)
-class LogisticRegression(Model):
+class LogisticRegression(_IsotropicGaussianPrior, Model):
     """Softmax regression over ``classes`` classes; all weights and biases ~ N(0, prior_scale^2).
 
     The target column holds class labels 0..classes-1. ``theta [M, classes*(F+1)]`` holds, per
@@ -146,16 +153,6 @@ class LogisticRegression(Model):
                 f"logistic-regression: target must be a class label 0..{self.classes - 1}, row {i} has {float(y[i])!r}"
             )
         return torch.cat([x, torch.ones_like(y)[:, None], y[:, None]], dim=1)
-
-    def sample_prior(self, generator: torch.Generator, n: int) -> torch.Tensor:
-        return self.prior_scale * torch.randn(n, self.dim, generator=generator, dtype=torch.float64)
-
-    def log_prior(self, theta: torch.Tensor) -> torch.Tensor:
-        s2 = self.prior_scale**2
-        return -0.5 * (self.dim * (LOG_2PI + math.log(s2)) + (theta * theta).sum(-1) / s2)
-
-    def grad_log_prior(self, theta: torch.Tensor) -> torch.Tensor:
-        return theta * (-1.0 / self.prior_scale**2)
 
     def _logits(self, theta: torch.Tensor, xa: torch.Tensor) -> torch.Tensor:
         m, k = theta.shape[0], self.classes

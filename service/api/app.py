@@ -411,13 +411,19 @@ def create_app(settings: Settings, redis_url: str) -> FastAPI:
             return False
         return True
 
+    async def ws_open(ws: WebSocket, st: Store, stream: str, scope: str) -> bool:
+        """Authenticate and check the stream; on failure the socket is closed with 1008."""
+        if not await ws_auth(ws, scope):
+            return False
+        if not keys.STREAM_NAME.match(stream) or not await st.r.exists(keys.config(stream)):
+            await reject(ws, f"no stream named {stream!r}")
+            return False
+        return True
+
     @app.websocket("/v1/streams/{stream}/evidence/ws")
     async def evidence_ws(ws: WebSocket, stream: str, since: str | None = None):
         st: Store = app.state.store
-        if not await ws_auth(ws, "read"):
-            return
-        if not keys.STREAM_NAME.match(stream) or not await st.r.exists(keys.config(stream)):
-            await reject(ws, f"no stream named {stream!r}")
+        if not await ws_open(ws, st, stream, "read"):
             return
         try:
             start = check_id(since)
@@ -436,10 +442,7 @@ def create_app(settings: Settings, redis_url: str) -> FastAPI:
     @app.websocket("/v1/streams/{stream}/ingest")
     async def ingest_ws(ws: WebSocket, stream: str):
         st: Store = app.state.store
-        if not await ws_auth(ws, "write"):
-            return
-        if not keys.STREAM_NAME.match(stream) or not await st.r.exists(keys.config(stream)):
-            await reject(ws, f"no stream named {stream!r}")
+        if not await ws_open(ws, st, stream, "write"):
             return
         await ws.accept()
         cfg = StreamConfig.from_json(await st.r.get(keys.config(stream)))
