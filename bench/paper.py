@@ -417,17 +417,23 @@ class PaperBench:
     # 3 -----------------------------------------------------------------------------------------
     def speed(self) -> str:
         p = self.plan
-        lin = self.lin_runs["paper"][0]
+        # linear: the run with the median time of section 1's paper-preset seeds; mixture: section 2's in-order run
+        lin_runs = sorted(self.lin_runs["paper"], key=lambda r: r["seconds"])
+        lin = lin_runs[len(lin_runs) // 2]
+        self.speed_lin = lin
         gmm = self.sgais_other["gmm"]["in-order"]
         rows, mem_rows, chunk_rows = [], [], []
         for key, run, target in (("linear", lin, TARGET_LINEAR_RATE), ("gmm", gmm, TARGET_GMM_RATE)):
             tr = run["trace"]
             n = int(tr["n"][-1])
             rate = n / run["seconds"]
-            rows.append([T.DATASETS[key].title, fmt_n(n), fmt_seconds(run["seconds"]), f"{rate:,.0f}", f"{target:,}",
+            spread = ""
+            if key == "linear" and len(lin_runs) > 1:
+                spread = f" (median of {len(lin_runs)} seeds; {n / lin_runs[-1]['seconds']:,.0f} – {n / lin_runs[0]['seconds']:,.0f})"
+            rows.append([T.DATASETS[key].title, fmt_n(n), fmt_seconds(run["seconds"]), f"{rate:,.0f}{spread}", f"{target:,}",
                          f"{rate / target:.2f}", verdict(rate >= target) if n >= 1_000_000 else "n/a (quick: n < 1e6)"])
             self.summary.append([f"{key} throughput >= {target:,} obs/s over 1e6 (paper preset)",
-                                 f"{rate:,.0f} obs/s over {fmt_n(n)}", verdict(rate >= target) if n >= 1_000_000 else "n/a"])
+                                 f"{rate:,.0f} obs/s over {fmt_n(n)}{spread}", verdict(rate >= target) if n >= 1_000_000 else "n/a"])
             sec, steps, ns = tr["seconds"], tr["steps"], tr["n"]
             early = (ns > 5_000) & (ns <= 20_000)
             late = ns > n // 2
@@ -444,19 +450,29 @@ class PaperBench:
                 mem_rows.append([T.DATASETS[key].title, fmt_n(m["n"]), f"{m['rss_mib']:.1f}", f"{m['maxrss_mib']:.1f}"])
             after = [m for m in mem if m["n"] >= 100_000]
             if len(after) >= 2:
-                grow = after[-1]["maxrss_mib"] - after[0]["maxrss_mib"]
-                self.summary.append([f"{key}: peak memory flat beyond the reservoir (growth 1e5 -> {fmt_n(after[-1]['n'])} <= {MEMORY_FLAT_MIB:g} MiB)",
+                grow = max(after[-1]["maxrss_mib"] - after[0]["maxrss_mib"], after[-1]["rss_mib"] - after[0]["rss_mib"])
+                self.summary.append([f"{key}: memory flat beyond the reservoir (peak and current RSS growth 1e5 -> {fmt_n(after[-1]['n'])} <= {MEMORY_FLAT_MIB:g} MiB)",
                                      f"{grow:+.1f} MiB", verdict(grow <= MEMORY_FLAT_MIB)])
-        _log(f"profile gmm n={p.profile_n}")
-        prof = _checked(T.isolated("profile_run", key="gmm", n=p.profile_n, warm=min(20_000, p.profile_n // 2)), "profile")
-        prof_rows = [[f"`{r['function']}`", f"{r['calls']:,}", fmt_seconds(r["own"]), fmt_seconds(r["cumulative"]),
-                      f"{100 * r['share']:.0f}%"] for r in prof["rows"]]
+        profiles = []
+        for key, n in (("linear", 5 * p.profile_n), ("gmm", p.profile_n)):
+            warm = min(20_000, n // 2)
+            _log(f"profile {key} n={n}")
+            prof = _checked(T.isolated("profile_run", key=key, n=n, warm=warm), "profile")
+            rows_p = [[f"`{r['function']}`", f"{r['calls']:,}", fmt_seconds(r["own"]), fmt_seconds(r["cumulative"]),
+                       f"{100 * r['share']:.0f}%"] for r in prof["rows"]]
+            profiles += [
+                f"Profile (cProfile) of {T.DATASETS[key].title}, `paper` preset, rows {fmt_n(warm)} to {fmt_n(n)} "
+                f"({prof['total']:.1f} s profiled, profiler overhead included); the functions with the most own time:",
+                "",
+                markdown_table(["function", "calls", "own time", "cumulative", "share of own time"], rows_p),
+            ]
         self._fig_speed()
         return "\n".join([
             "## 3. Speed and memory",
             "",
             "Throughput is observations / the sampler's wall time for one `paper`-preset pass (chunks of 500, one thread; "
-            "data generation excluded); the linear run is section 1's seed 0, the mixture run section 2's in-order run.",
+            "data generation excluded); the linear run is the median-time one of section 1's `paper` seeds, the mixture run "
+            "section 2's in-order run; the per-chunk, memory and figure rows below come from the same two runs.",
             "",
             markdown_table(["model", "n", "time", "obs/s", "target obs/s", "measured / target", "target"], rows),
             "Time per chunk early against late (median of many chunks, from the same runs). Chunks early in a stream need "
@@ -466,16 +482,13 @@ class PaperBench:
             markdown_table(["model", "early window", "median s/chunk", "mean steps/chunk", "late window", "median s/chunk",
                             "mean steps/chunk", "late / early (chunk)", "late / early (step)"], chunk_rows),
             "Memory: resident set size growth in MiB over the process's state after building the data and the sampler, "
-            "at each n (rss: current; peak: high-water mark). The reservoir holds at most 100,000 featurized rows "
+            "at each n (rss: current; peak: high-water mark, reset at that point). The reservoir holds at most 100,000 featurized rows "
             "(linear: 7 columns, 5.3 MiB; mixture: 4 columns, 3.1 MiB), so growth should stop at n = 1e5.",
             "",
             markdown_table(["model", "n", "rss growth MiB", "peak growth MiB"], mem_rows),
             f"![time per chunk and annealing steps](img/{self.figs['speed']})",
             "",
-            f"Profile (cProfile) of the mixture model, `paper` preset, over rows {fmt_n(min(20_000, p.profile_n // 2))} to "
-            f"{fmt_n(p.profile_n)} ({prof['total']:.1f} s profiled, profiler overhead included); the functions with the most own time:",
-            "",
-            markdown_table(["function", "calls", "own time", "cumulative", "share of own time"], prof_rows),
+            *profiles,
         ])
 
     # 4 -----------------------------------------------------------------------------------------
@@ -499,6 +512,9 @@ class PaperBench:
                          f"{abs(d) / abs(zs.mean()):.1e}",
                          f"{np.mean([runs[(k, 'in-order', s)]['trace']['steps'].sum() for s in range(p.shift_seeds)]):.0f}",
                          f"{np.mean([runs[(k, 'shuffled', s)]['trace']['steps'].sum() for s in range(p.shift_seeds)]):.0f}"])
+        seed_rows = [[f"K = {k}"] + [
+            f"{fmt_num(runs[(k, 'in-order', s)]['trace']['log_evidence'][-1], 8)} / {fmt_num(runs[(k, 'shuffled', s)]['trace']['log_evidence'][-1], 8)}"
+            for s in range(p.shift_seeds)] for k in SHIFT_PHASES]
         # the change-point signal: steps and log predictive per observation around each change (seed 0)
         cp_rows = []
         for k in SHIFT_PHASES:
@@ -508,7 +524,7 @@ class PaperBench:
                 if c >= p.shift_n:
                     continue
                 j = int(np.searchsorted(tr["n"], c, side="right"))  # first chunk holding rows >= c
-                before = slice(max(0, j - 4), j)
+                before = slice(max(1, j - 4), j)  # not the first chunk (prior -> first posterior)
                 cp_rows.append([f"K = {k}", f"{c:,}", f"{tr['steps'][before].mean():.1f}", f"{tr['steps'][j]}",
                                 f"{lp[before].mean():.3f}", f"{lp[j]:.3f}"])
         self._fig_shift()
@@ -528,8 +544,12 @@ class PaperBench:
             "",
             markdown_table(["model", "log Z in order", "log Z shuffled", "difference", "rel. difference",
                             "annealing steps in order", "annealing steps shuffled"], rows),
+            "Per seed (in order / shuffled):",
+            "",
+            markdown_table(["model"] + [f"seed {s}" for s in range(p.shift_seeds)], seed_rows),
             "The change-point signal in the in-order runs (seed 0): annealing steps and log predictive per observation of "
-            "the first chunk holding post-change rows against the mean of the (up to) 4 chunks before it.",
+            "the first chunk holding post-change rows against the mean of the (up to) 4 chunks before it (the first "
+            "chunk, which starts from the prior, left out).",
             "",
             markdown_table(["model", "change at", "steps before", "steps at change", "log pred./obs before",
                             "log pred./obs at change"], cp_rows),
@@ -599,15 +619,18 @@ class PaperBench:
         import matplotlib.pyplot as plt
 
         fig, axes = plt.subplots(1, 2, figsize=(12, 4))
-        for key, run in (("linear", self.lin_runs["paper"][0]), ("gmm", self.sgais_other["gmm"]["in-order"])):
+        for key, run in (("linear", self.speed_lin), ("gmm", self.sgais_other["gmm"]["in-order"])):
             tr = run["trace"]
-            w = 25
-            med = np.array([np.median(tr["seconds"][max(0, i - w): i + 1]) for i in range(len(tr["n"]))])
-            stp = np.convolve(tr["steps"], np.ones(w) / w, mode="full")[: len(tr["n"])]
+            w = 25  # trailing windows of up to w chunks (fewer at the start)
+            med = np.array([np.median(tr["seconds"][max(0, i - w + 1): i + 1]) for i in range(len(tr["n"]))])
+            c = np.concatenate([[0.0], np.cumsum(tr["steps"], dtype=np.float64)])
+            i = np.arange(1, len(c))
+            stp = (c[i] - c[np.maximum(i - w, 0)]) / np.minimum(i, w)
             axes[0].plot(tr["n"], med * 1000, lw=1, label=T.DATASETS[key].title)
             axes[1].plot(tr["n"], stp, lw=1, label=T.DATASETS[key].title)
-        axes[0].set(xscale="log", xlabel="n", ylabel="ms per chunk (rolling median of 25)", title="time per chunk of 500")
-        axes[1].set(xscale="log", xlabel="n", ylabel="annealing steps per chunk (rolling mean of 25)", title="annealing steps")
+        axes[0].set(xscale="log", yscale="log", xlabel="n", ylabel="ms per chunk (trailing median of 25)",
+                    title="time per chunk of 500")
+        axes[1].set(xscale="log", xlabel="n", ylabel="annealing steps per chunk (trailing mean of 25)", title="annealing steps")
         for a in axes:
             a.legend(fontsize=8)
         fig.tight_layout()
@@ -633,7 +656,10 @@ class PaperBench:
         for i, k in enumerate(SHIFT_PHASES):
             for order, ls in (("in-order", "-"), ("shuffled", "--")):
                 tr = self.shift_runs[(k, order, 0)]["trace"]
-                axes[0].plot(tr["n"], tr["log_evidence"] / tr["n"], ls=ls, color=f"C{i}", lw=1, label=f"K={k} {order}")
+                axes[0].plot(tr["n"], tr["log_evidence"] / tr["n"], ls=ls, color=f"C{i}", lw=1.2, label=f"K={k} {order}")
+                for seed in range(1, self.plan.shift_seeds):  # other seeds, faint
+                    tr = self.shift_runs[(k, order, seed)]["trace"]
+                    axes[0].plot(tr["n"], tr["log_evidence"] / tr["n"], ls=ls, color=f"C{i}", lw=0.6, alpha=0.35)
             tr = self.shift_runs[(k, "in-order", 0)]["trace"]
             axes[1].plot(tr["n"], tr["steps"], color=f"C{i}", lw=0.8, label=f"K={k} in order")
         for a in axes:
@@ -642,7 +668,7 @@ class PaperBench:
             a.set_xscale("log")
             a.set_xlabel("n (observations)")
             a.legend(fontsize=8)
-        axes[0].set(ylabel="log Z / n", title="log-evidence per observation (dotted: change points)")
+        axes[0].set(ylabel="log Z / n", title="log Z / n, seed 0 (faint: other seeds; dotted: change points)")
         axes[1].set(ylabel="annealing steps per chunk", title="annealing steps, in-order data")
         fig.tight_layout()
         self._save(fig, "shift")

@@ -126,9 +126,33 @@ def isolated(name: str, timeout: float | None = None, **kwargs: Any) -> dict:
 
 # --- memory ---------------------------------------------------------------------------------
 
+def _status_kib(field_name: str) -> float | None:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field_name + ":"):
+                    return float(line.split()[1])
+    except OSError:  # pragma: no cover - not Linux
+        pass
+    return None
+
+
+def reset_peak() -> None:
+    """Reset this process's peak-RSS mark (Linux >= 4.0: ``clear_refs`` 5), so a forked child
+    does not report its parent's peak."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:  # pragma: no cover - not Linux or not permitted
+        pass
+
+
 def maxrss_mib() -> float:
-    """Peak resident memory of this process (Linux reports KiB)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+    """Peak resident memory of this process since ``reset_peak`` (VmHWM; ru_maxrss elsewhere)."""
+    hwm = _status_kib("VmHWM")
+    if hwm is not None:
+        return hwm / 1024.0
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # pragma: no cover
 
 
 def rss_mib() -> float:
@@ -151,6 +175,7 @@ def sgais_run(key: str, n: int, seed: int = 0, preset: str = "paper", order: str
     x = make_data(key, n, data_seed, order)
     model = make_model(key)
     sampler = build_sampler(model, SGAISConfig.preset(preset, **(overrides or {})))
+    reset_peak()
     base_maxrss, base_rss = maxrss_mib(), rss_mib()
     cps = set(checkpoints)
     cols = {k: [] for k in ("n", "log_evidence", "steps", "seconds", "wall", "capped", "resamples", "ess_min")}
