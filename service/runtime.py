@@ -3,12 +3,21 @@ state) and the worker (processing), so both agree on models, settings and seeds.
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 import torch
 
-from models import build_model
+from models import Model, build_model
 from service.sgais import SGAISConfig, Sampler, build_sampler
 from service.store import ModelEntry, StreamConfig
+
+
+@lru_cache(maxsize=4096)
+def cached_model(spec: str, n_columns: int, target: int | None) -> Model:
+    """``build_model`` memoised: models are frozen, and ingest validates every chunk against
+    every model of its stream, so the spec is parsed once rather than per request."""
+    return build_model(spec, n_columns, target)
 
 
 def sampler_config(cfg: StreamConfig) -> SGAISConfig:

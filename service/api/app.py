@@ -23,7 +23,7 @@ from service import metrics as M
 from service.api import chunks as C
 from service.api.schemas import ChunkAck, EvidencePage, ModelIn, ModelOut, Problem, StreamIn, StreamOut
 from service.data import log_model_probabilities
-from service.runtime import build, model_seed
+from service.runtime import build, cached_model, model_seed
 from service.settings import Settings
 from service.sgais import ConfigError
 from service.store import ModelEntry, StreamConfig, connect_async, digest, keys, scripts
@@ -271,7 +271,7 @@ def create_app(settings: Settings, redis_url: str) -> FastAPI:
             raise C.ChunkError(f"chunk has {data.shape[0]} rows, the limit is CUSP_MAX_CHUNK_ROWS={settings.max_chunk_rows}", 413)
         tensor = torch.from_numpy(data)
         for m in cfg.models:  # the data must be usable by every model of the stream
-            model = build_model(m.spec, len(cfg.columns), m.target)
+            model = cached_model(m.spec, len(cfg.columns), m.target)
             try:
                 feats = model.featurize(tensor)
             except ModelError as exc:
