@@ -12,6 +12,7 @@ import torch
 
 from models import ModelError, build_model
 from service.data import DataError, log_model_probabilities, read_table, resolve_target
+from service.detect import DetectorConfig, OfflineRun
 from service.sgais import ConfigError, EngineError, SGAISConfig, build_sampler
 
 
@@ -26,6 +27,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", help="write the trace as JSON lines here (default: stdout)")
     p.add_argument("--plot", help="draw log-evidence per observation and annealing steps against n into this PNG")
+    p.add_argument("--detect", action="store_true",
+                   help="detect change points (printed to stderr, 'changepoint' lines in the trace, marks on the plot)")
+    p.add_argument("--detector", action="append", default=[], metavar="KEY=VALUE",
+                   help="detector setting, e.g. threshold=0.999 (repeatable; see README)")
 
 
 class Progress:
@@ -57,19 +62,27 @@ def run(args: argparse.Namespace) -> int:
     overrides = {} if args.particles is None else {"particles": args.particles}
     config = SGAISConfig.preset(args.sampler, **overrides)
     labels = list(dict.fromkeys(args.model))
+    dcfg = DetectorConfig.from_dict({**parse_settings(args.detector), **({} if args.detect else {"enabled": False})})
     samplers = {label: build_sampler(build_model(label, data.shape[1], target), config) for label in labels}
     out = open(args.out, "w") if args.out else sys.stdout  # noqa: SIM115 - closed below
     progress = Progress(data.shape[0], sys.stderr.isatty())
     traces: dict[str, list[dict]] = {label: [] for label in labels}
+    found: dict[str, list[int]] = {label: [] for label in labels}
     try:
-        runs = {label: s.run(data, args.chunk_size, args.seed) for label, s in samplers.items()}
-        for chunk in range((data.shape[0] + args.chunk_size - 1) // args.chunk_size):
-            for label, it in runs.items():
-                _, result, _ = next(it)
+        runs = {label: OfflineRun(s, args.seed, dcfg) for label, s in samplers.items()}
+        for chunk, lo in enumerate(range(0, data.shape[0], args.chunk_size)):
+            for label, run in runs.items():
+                result, events = run.step(data[lo : lo + args.chunk_size])
                 line = {"model": label, "chunk": chunk, **result.to_dict()}
                 traces[label].append(line)
                 out.write(json.dumps(line) + "\n")
-            progress(min((chunk + 1) * args.chunk_size, data.shape[0]))
+                for ev in events:
+                    found[label].append(ev.location)
+                    out.write(json.dumps({"model": label, "kind": "changepoint", **ev.to_dict()}) + "\n")
+                    print(f"{label}: change point at observation {ev.location} (chunk {ev.chunk}), confidence "
+                          f"{ev.confidence:.4f}, log Bayes factor {ev.log_bayes_factor:.1f}, detected at {ev.detected_at}",
+                          file=sys.stderr)
+            progress(min(lo + args.chunk_size, data.shape[0]))
     finally:
         if out is not sys.stdout:
             out.close()
@@ -79,8 +92,22 @@ def run(args: argparse.Namespace) -> int:
         print(f"{label}: log-evidence {final[label]:.3f} nats over {data.shape[0]} observations, "
               f"posterior probability {probs[label]:.4f}", file=sys.stderr)
     if args.plot:
-        plot_traces(traces, args.plot)
+        plot_traces(traces, args.plot, found if args.detect else None)
     return 0
+
+
+def parse_settings(items: list[str]) -> dict:
+    """``key=value`` strings into a dict of JSON values (numbers, true/false) or strings."""
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"detector setting {item!r} is not key=value")
+        try:
+            out[key] = json.loads(value)
+        except ValueError:
+            out[key] = value
+    return out
 
 
 def plot_traces(traces: dict[str, list[dict]], path: str, changepoints: dict[str, list[int]] | None = None) -> None:

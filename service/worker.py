@@ -21,11 +21,13 @@ import time
 import uuid
 from dataclasses import dataclass
 
+import redis.exceptions as rexc
 import torch
 
 from models import ModelError
 from service import metrics as M
-from service.runtime import build, rows_from_bytes
+from service.detect import Detector, DetectorConfig, DetectorState, detector_seed
+from service.runtime import build, model_seed, rows_from_bytes
 from service.sgais import EngineError, Reservoir, Sampler, SGAISState
 from service.store import StreamConfig, connect, keys, scripts
 
@@ -45,6 +47,8 @@ class Hot:
     last_seq: int
     width: int
     renewed: float
+    detector: Detector | None = None
+    dstate: DetectorState | None = None
 
 
 class Worker:
@@ -73,7 +77,7 @@ class Worker:
                 try:
                     done = self.poll_once()
                     M.REDIS_UP.set(1)
-                except (ConnectionError, OSError, TimeoutError) as exc:  # redis-py errors subclass these
+                except (rexc.ConnectionError, rexc.TimeoutError, OSError) as exc:
                     M.REDIS_UP.set(0)
                     log.warning("redis unavailable (%s); retrying", exc)
                     self.hot.clear()
@@ -174,6 +178,8 @@ class Worker:
             self._release(keys=[keys.lease(s, m)], args=[self.id])
             return False
         self.hot[(s, m)] = hot
+        for counter in (M.CHANGEPOINTS, M.DEAD_LETTERS, M.REDELIVERIES, M.FENCED_WRITES):
+            counter.labels(s, m)  # series exist from 0, so increase() sees the first event
         return True
 
     def _load(self, s: str, m: str, token: bytes) -> Hot | None:
@@ -192,7 +198,27 @@ class Worker:
         width = sampler.model.feature_width
         size = min(state.n, sampler.config.reservoir_capacity)
         reservoir = Reservoir.from_bytes(sampler.config.reservoir_capacity, width, (res_raw or b"")[: size * width * 8])
-        return Hot(s, m, token, sampler, state, reservoir, int(h[b"last_seq"]), len(cfg.columns), time.monotonic())
+        hot = Hot(s, m, token, sampler, state, reservoir, int(h[b"last_seq"]), len(cfg.columns), time.monotonic())
+        dcfg = DetectorConfig.from_dict(cfg.detector)
+        if dcfg.enabled:
+            hot.detector = Detector(sampler, dcfg)
+            raw = h.get(b"detector") or b""
+            if raw:
+                hot.dstate = hot.detector.restore(DetectorState.from_bytes(raw), lambda seqs: self._rows(s, seqs, hot.width))
+            else:
+                hot.dstate = hot.detector.init(detector_seed(model_seed(cfg, entry)))
+        return hot
+
+    def _rows(self, s: str, seqs: list[int], width: int) -> torch.Tensor:
+        """The raw rows of input chunks ``seqs`` (a detector's challengers' history)."""
+        out = []
+        for seq in seqs:
+            got = self.r.xrange(keys.inbox(s), min=keys.entry_id(seq), max=keys.entry_id(seq))
+            if not got:
+                raise RuntimeError(f"stream {s}: input chunk {seq} is gone; cannot restore the detector")
+            f = got[0][1]
+            out.append(rows_from_bytes(f[b"rows"], int(f[b"n"]), width))
+        return torch.cat(out)
 
     def _keep(self, hot: Hot) -> bool:
         """Renew the lease when a third of it has passed; False (and dropped) if it was lost."""
@@ -238,16 +264,25 @@ class Worker:
             state, result, writes = hot.sampler.update(hot.state, rows, hot.reservoir)
         except (ModelError, EngineError, ValueError, FloatingPointError) as exc:
             return self._failed(hot, seq, exc)
+        reservoir, events, dstate, det_bytes = None, [], None, b""
+        if hot.detector is not None:
+            step = hot.detector.update(hot.dstate, seq, rows, hot.state, state, result)
+            dstate, result, events = step.state, step.result, step.events
+            if step.promoted is not None:  # the model restarts at the change: its state and history
+                state, writes, reservoir = step.promoted, step.writes, step.reservoir
+            det_bytes = dstate.to_bytes()
         data = {"seq": seq, "chunk": state.chunks - 1, **result.to_dict()}
         outs = [m, "result", json.dumps(data)]
+        for ev in events:
+            outs += [m, "changepoint", json.dumps({"seq": seq, **ev.to_dict()})]
         slot_args: list = []
         row_bytes = hot.reservoir.width * 8
         for slot, row in zip(writes.slots.tolist(), writes.rows):
             slot_args += [slot, row.numpy().astype("<f8").tobytes()]
         status = self._apply(
             keys=[keys.state(s, m), keys.reservoir(s, m), keys.fence(s, m), keys.out(s), keys.attempts(s, m)],
-            args=[hot.token, seq, state.to_bytes(), state.n, repr(state.log_evidence), state.chunks, b"",
-                  row_bytes, self.result_maxlen, 1, *outs, *slot_args],
+            args=[hot.token, seq, state.to_bytes(), result.n, repr(result.log_evidence), state.chunks, det_bytes,
+                  row_bytes, self.result_maxlen, len(outs) // 3, *outs, *slot_args],
         )
         status = status.decode() if isinstance(status, bytes) else status
         if status != "ok":
@@ -256,9 +291,18 @@ class Worker:
                 log.warning("stream %s model %s: write for seq %d fenced off (lease lost)", s, m, seq)
             self._drop((s, m))
             return status
-        hot.state, hot.last_seq = state, seq
-        hot.reservoir.apply(writes)
+        hot.state, hot.last_seq, hot.dstate = state, seq, dstate
+        if reservoir is not None:
+            hot.reservoir = reservoir.copy()
+        else:
+            hot.reservoir.apply(writes)
         self._observe(s, m, result, time.perf_counter() - t0)
+        for ev in events:
+            M.CHANGEPOINTS.labels(s, m).inc()
+            M.CHANGEPOINT_CONFIDENCE.labels(s, m).set(ev.confidence)
+            M.CHANGEPOINT_LAST_OBSERVATION.labels(s, m).set(ev.location)
+            log.info("stream %s model %s: change point at observation %d (confidence %.4f, log BF %.1f)",
+                     s, m, ev.location, ev.confidence, ev.log_bayes_factor)
         return "ok"
 
     def _failed(self, hot: Hot, seq: int, exc: Exception) -> str:

@@ -60,8 +60,14 @@ redis.call('HDEL', KEYS[5], ARGV[2])
 return 'ok'
 """
 
-# Acquire a lease. KEYS: lease, fence. ARGV: worker_id, ttl_ms. Returns the new fence token or false.
+# Acquire a lease (or retake one this worker still holds, e.g. after Redis restarted and the
+# worker dropped its in-memory pairs). KEYS: lease, fence. ARGV: worker_id, ttl_ms.
+# Returns the new fence token or false.
 ACQUIRE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return redis.call('INCR', KEYS[2])
+end
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   return redis.call('INCR', KEYS[2])
 end

@@ -1,0 +1,529 @@
+"""Change-point detection from SGAIS evidence: a Bayes-factor test between "the model
+continues" and "the model restarted at candidate time t".
+
+Per chunk the incumbent SGAIS instance gives log p(chunk | history) (its log predictive).
+Cheap signals nominate candidate change points: a chunk whose log predictive per
+observation is far from its running level (|z| >= ``surprise``, both directions: a
+variance drop makes data *more* likely) or whose annealing-step count spikes. A candidate
+starts a **challenger**: a fresh SGAIS instance of the same model, from the prior, fed the
+same chunks from t on. After a short training sample (``train`` observations, so that the
+comparison does not hinge on how vague the prior is: a partial / intrinsic Bayes factor),
+
+    log BF(t) = [log Z_challenger(t..now) - log Z_challenger(t..t+train)]
+                - sum of the incumbent's log predictives over the same chunks
+
+and with a prior probability p of a change at the candidate (hazard h = 1/expected run
+length per observation, p = 1 - (1-h)^B for a first chunk of B rows) the posterior
+probability of a change at t is sigmoid(log BF + log(p / (1-p))). When it reaches
+``threshold`` an Event is reported with that probability as its confidence. With ``adapt``
+the challenger replaces the incumbent (its posterior and its history since t), so later
+changes are measured against the new regime; the running log-evidence then continues as
+log p(y_<t | incumbent) + log p(y_t.. | challenger), the evidence of the model with a
+change at t.
+
+A challenger retires when it is clearly losing (log BF < ``retire_log_bf``) or older than
+``max_age`` observations. Everything random comes from the detector's own generator, saved
+with its state; challengers' rows are not saved (they are the stream's own chunks since t,
+re-read from the input stream on restore), so the state stays small.
+
+    det = Detector(sampler, DetectorConfig())
+    dstate = det.init(seed)
+    step = det.update(dstate, seq, chunk, inc_before, inc_after, result)
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+from dataclasses import asdict, dataclass, field, fields, replace
+from typing import Any, Callable
+
+import torch
+
+from service.sgais import ChunkResult, Reservoir, ReservoirWrites, Sampler, SGAISConfig, SGAISState, build_sampler
+from service.sgais.config import ConfigError
+
+MAGIC = "cusp-detector-1"
+
+
+@dataclass(frozen=True)
+class DetectorConfig:
+    """expected_run_length: prior mean observations between changes (hazard = 1/this);
+    threshold: posterior probability of a change needed to report it; max_challengers:
+    challengers alive at once; adapt: replace the incumbent by the winning challenger;
+    surprise: |z| of a chunk's log predictive per observation, against its running level,
+    that nominates a candidate at that chunk; cusum: threshold of a two-sided CUSUM of those
+    z-scores (drift 0.5) that nominates the chunk where its excursion began (small
+    sustained shifts, point-by-point data); step_spike: annealing steps above running mean + this many
+    sd that nominate one; train: observations a challenger sees before it is compared (at
+    least its first chunk; 0 = max(10, 2 x parameters)); retire_log_bf: a challenger whose
+    log BF falls below this is dropped; max_age: observations after which a challenger is
+    dropped (0 = 20 x train; at least 8 of its first chunks; at most the reservoir capacity); warmup: chunks of running level needed
+    after a start or a change before nominating; smoothing: weight of the newest chunk in
+    the running levels (before ``warmup`` chunks, a chunk whose log predictive per
+    observation falls below the mean so far is a candidate); enabled: run the detector at all."""
+
+    enabled: bool = True
+    expected_run_length: float = 1000.0
+    threshold: float = 0.99
+    max_challengers: int = 3
+    adapt: bool = True
+    surprise: float = 3.0
+    cusum: float = 5.0
+    step_spike: float = 3.0
+    train: int = 0
+    retire_log_bf: float = -5.0
+    max_age: int = 0
+    warmup: int = 5
+    smoothing: float = 0.1
+
+    def __post_init__(self) -> None:
+        def need(cond: bool, msg: str) -> None:
+            if not cond:
+                raise ConfigError(f"detector: {msg}")
+
+        need(isinstance(self.enabled, bool), "enabled must be true or false")
+        need(isinstance(self.adapt, bool), "adapt must be true or false")
+        need(_num(self.expected_run_length) and self.expected_run_length > 1, "expected_run_length must be a number > 1")
+        need(_num(self.threshold) and 0.5 <= self.threshold < 1.0, "threshold must be a probability in [0.5, 1)")
+        need(_int(self.max_challengers) and 1 <= self.max_challengers <= 16, "max_challengers must be an integer in [1, 16]")
+        need(_num(self.surprise) and self.surprise > 0, "surprise must be a positive number")
+        need(_num(self.cusum) and self.cusum > 0, "cusum must be a positive number")
+        need(_num(self.step_spike) and self.step_spike > 0, "step_spike must be a positive number")
+        need(_int(self.train) and 0 <= self.train <= 1_000_000, "train must be an integer in [0, 1000000]")
+        need(_num(self.retire_log_bf) and self.retire_log_bf < 0, "retire_log_bf must be a negative number")
+        need(_int(self.max_age) and 0 <= self.max_age <= 10_000_000, "max_age must be an integer in [0, 10000000]")
+        need(_int(self.warmup) and 2 <= self.warmup <= 10_000, "warmup must be an integer in [2, 10000]")
+        need(_num(self.smoothing) and 0 < self.smoothing < 1, "smoothing must be in (0, 1)")
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any] | None) -> "DetectorConfig":
+        values = dict(values or {})
+        known = {f.name for f in fields(cls)}
+        bad = sorted(set(values) - known)
+        if bad:
+            raise ConfigError(f"unknown detector setting(s) {', '.join(bad)}; known: {', '.join(sorted(known))}")
+        try:
+            return cls(**values)
+        except TypeError as exc:  # pragma: no cover - defensive
+            raise ConfigError(f"detector: {exc}") from None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _num(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _sigmoid(x: float) -> float:
+    return 1.0 / (1.0 + math.exp(-x)) if x >= 0 else math.exp(x) / (1.0 + math.exp(x))
+
+
+def _int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+@dataclass(frozen=True)
+class Event:
+    """A detected change point. location: index (0-based, over the whole stream) of the first
+    observation of the new regime; chunk: the chunk that starts with it; seq: that chunk's
+    sequence number; detected_at: observations seen when it was reported; delay:
+    detected_at - location; confidence: posterior probability of the change; log_bayes_factor:
+    the challenger's log Bayes factor against the incumbent; adapted: whether the model
+    restarted there."""
+
+    location: int
+    chunk: int
+    seq: int
+    detected_at: int
+    delay: int
+    confidence: float
+    log_bayes_factor: float
+    log_prior_odds: float
+    adapted: bool
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class Challenger:
+    """A restart of the model at ``start`` (observation index), fed the chunks ``seqs``."""
+
+    start: int
+    chunk: int
+    seqs: list[int]
+    state: SGAISState
+    base_log_evidence: float  # the stream's running log-evidence before its first chunk
+    first_rows: int
+    train_log_z: float | None = None  # its log Z when training ended (None: still training)
+    incumbent_lp: float = 0.0  # incumbent's log predictives since training ended
+    compared: int = 0  # chunks compared since training ended
+    diffs: list[float] = field(default_factory=list)  # per chunk fed: its log predictive - the incumbent's
+    log_bf: float = 0.0
+    reservoir: Reservoir | None = None  # not saved: re-read from the stream's chunks
+
+
+@dataclass
+class Recent:
+    """A recent chunk, kept so that a challenger can start where a CUSUM excursion began."""
+
+    seq: int
+    chunk: int
+    start: int
+    base: float
+    lp: float  # the incumbent's log predictive of it
+    rows: torch.Tensor | None = None  # not saved: re-read from the stream's chunks
+
+
+@dataclass
+class DetectorState:
+    """rng: the detector's generator state; offset_n / offset_log_evidence: what the current
+    incumbent does not cover since it restarted (0 before any change); chunks: chunks seen;
+    level/var/steps_mean/steps_var/count: running level of the incumbent's log predictive per
+    observation and of annealing steps since the last (re)start; challengers."""
+
+    rng: torch.Tensor
+    offset_n: int = 0
+    offset_log_evidence: float = 0.0
+    chunks: int = 0
+    count: int = 0
+    level: float = 0.0
+    var: float = 0.0
+    steps_mean: float = 0.0
+    steps_var: float = 0.0
+    events: int = 0
+    cusum_lo: float = 0.0
+    cusum_hi: float = 0.0
+    lo_from: int = 0  # index into recent where the excursions began
+    hi_from: int = 0
+    challengers: list[Challenger] = field(default_factory=list)
+    recent: list[Recent] = field(default_factory=list)
+
+    def to_bytes(self) -> bytes:
+        head = {
+            "magic": MAGIC, "offset_n": self.offset_n, "offset_log_evidence": self.offset_log_evidence.hex(),
+            "chunks": self.chunks, "count": self.count, "level": self.level.hex(), "var": self.var.hex(),
+            "steps_mean": self.steps_mean.hex(), "steps_var": self.steps_var.hex(), "events": self.events,
+            "cusum": [self.cusum_lo.hex(), self.cusum_hi.hex(), self.lo_from, self.hi_from],
+            "recent": [[r.seq, r.chunk, r.start, r.base.hex(), r.lp.hex()] for r in self.recent],
+            "rng": base64.b64encode(self.rng.numpy().tobytes()).decode(),
+            "challengers": [
+                {"start": c.start, "chunk": c.chunk, "seqs": c.seqs, "base": c.base_log_evidence.hex(),
+                 "first_rows": c.first_rows, "train": None if c.train_log_z is None else c.train_log_z.hex(),
+                 "inc": c.incumbent_lp.hex(), "compared": c.compared, "bf": c.log_bf.hex(),
+                 "diffs": [d.hex() for d in c.diffs],
+                 "state": base64.b64encode(c.state.to_bytes()).decode()}
+                for c in self.challengers
+            ],
+        }
+        return json.dumps(head, separators=(",", ":")).encode()
+
+    @classmethod
+    def from_bytes(cls, raw: bytes) -> "DetectorState":
+        """Challengers come back without their rows; ``Detector.restore`` refills them."""
+        h = json.loads(raw)
+        if h.get("magic") != MAGIC:
+            raise ValueError("not a cusp detector state")
+        f = float.fromhex
+        rng = torch.frombuffer(bytearray(base64.b64decode(h["rng"])), dtype=torch.uint8).clone()
+        chs = [
+            Challenger(start=c["start"], chunk=c["chunk"], seqs=list(c["seqs"]), base_log_evidence=f(c["base"]),
+                       first_rows=c["first_rows"], train_log_z=None if c["train"] is None else f(c["train"]),
+                       incumbent_lp=f(c["inc"]), compared=c["compared"], log_bf=f(c["bf"]),
+                       diffs=[f(d) for d in c["diffs"]],
+                       state=SGAISState.from_bytes(base64.b64decode(c["state"])))
+            for c in h["challengers"]
+        ]
+        return cls(rng=rng, offset_n=h["offset_n"], offset_log_evidence=f(h["offset_log_evidence"]), chunks=h["chunks"],
+                   count=h["count"], level=f(h["level"]), var=f(h["var"]), steps_mean=f(h["steps_mean"]),
+                   steps_var=f(h["steps_var"]), events=h["events"], challengers=chs,
+                   cusum_lo=f(h["cusum"][0]), cusum_hi=f(h["cusum"][1]), lo_from=h["cusum"][2], hi_from=h["cusum"][3],
+                   recent=[Recent(seq=r[0], chunk=r[1], start=r[2], base=f(r[3]), lp=f(r[4])) for r in h["recent"]])
+
+    def oldest_seq(self) -> int | None:
+        """The first input seq a restore needs (None: no challengers)."""
+        return min([c.seqs[0] for c in self.challengers if c.seqs] + [r.seq for r in self.recent], default=None)
+
+
+@dataclass
+class Step:
+    """What one chunk did to the detector. result: the incumbent's ChunkResult with ``n`` and
+    ``log_evidence`` made stream-wide (changes included); promoted: the challenger state the
+    incumbent must become, with ``writes`` rewriting its reservoir (None: keep the incumbent)."""
+
+    state: DetectorState
+    result: ChunkResult
+    events: list[Event]
+    promoted: SGAISState | None = None
+    reservoir: Reservoir | None = None
+    writes: ReservoirWrites | None = None
+
+
+class Detector:
+    """Stateless like Sampler: everything that changes lives in DetectorState."""
+
+    def __init__(self, sampler: Sampler, config: DetectorConfig | None = None):
+        self.sampler = sampler
+        self.config = config or DetectorConfig()
+        model = sampler.model
+        self.train = self.config.train or max(10, 2 * model.dim)
+        # a challenger must keep all its rows in its reservoir (no sampling), so it retires
+        # before outgrowing the capacity; then promoting it hands over its exact history
+        self.max_age = self.config.max_age or 20 * self.train
+        self.capacity = sampler.config.reservoir_capacity
+        self.log_hazard = -math.log(self.config.expected_run_length)
+
+    def init(self, seed: int) -> DetectorState:
+        g = torch.Generator().manual_seed(int(seed))
+        return DetectorState(rng=g.get_state())
+
+    # ------------------------------------------------------------------------------------
+    def restore(self, state: DetectorState, rows_of: Callable[[list[int]], torch.Tensor]) -> DetectorState:
+        """Refill challengers' reservoirs from their chunks' raw rows (``rows_of(seqs)``)."""
+        for c in state.challengers:
+            rows = self.sampler.model.featurize(rows_of(c.seqs)) if c.seqs else None
+            c.reservoir = self._reservoir(rows)
+            if c.reservoir.size != c.state.n:
+                raise ValueError(f"challenger at {c.start}: {c.reservoir.size} rows for n={c.state.n}")
+        for r in state.recent:
+            r.rows = rows_of([r.seq])
+        return state
+
+    def _reservoir(self, rows: torch.Tensor | None) -> Reservoir:
+        return Reservoir(self.sampler.config.reservoir_capacity, self.sampler.model.feature_width,
+                         None if rows is None else rows.to(torch.float64))
+
+    def log_prior_odds(self, rows: int) -> float:
+        """log p/(1-p) with p = 1 - (1 - h)^rows: a change within the candidate's first chunk."""
+        log_none = rows * math.log1p(-math.exp(self.log_hazard))
+        return math.log(-math.expm1(log_none)) - log_none
+
+    # ------------------------------------------------------------------------------------
+    def update(self, state: DetectorState, seq: int, chunk: torch.Tensor, before: SGAISState,
+               after: SGAISState, result: ChunkResult) -> Step:
+        """One chunk: ``before``/``after`` are the incumbent's states around it and ``result``
+        its ChunkResult. Pure: ``state`` is not modified (challengers are copied)."""
+        cfg = self.config
+        g = torch.Generator()
+        g.set_state(state.rng)
+        new = replace(state, challengers=[replace(c) for c in state.challengers], chunks=state.chunks + 1,
+                      recent=list(state.recent))
+        b = result.rows
+        start = new.offset_n + before.n  # stream index of this chunk's first observation
+        base = new.offset_log_evidence + before.log_evidence
+        lp = result.log_predictive
+
+        # 1. feed the chunk to every challenger; retire losers and the old
+        kept: list[Challenger] = []
+        for c in new.challengers:
+            if not self._feed(c, chunk, seq, lp):
+                continue  # a challenger that cannot take the data is no evidence of a change
+            if c.compared and c.log_bf < cfg.retire_log_bf:
+                continue
+            if c.state.n > min(self.capacity, max(self.max_age, 8 * c.first_rows)):
+                continue
+            kept.append(c)
+        new.challengers = kept
+
+        # 2. nominate candidates: this chunk when it stands out from the running level, or
+        # where a CUSUM excursion of those z-scores began
+        new.recent.append(Recent(seq=seq, chunk=new.chunks - 1, start=start, base=base, lp=lp, rows=chunk))
+        x, steps = lp / b, float(result.annealing_steps)
+        if new.count >= cfg.warmup:
+            sd = math.sqrt(max(new.var, 1e-12) / b)
+            z = (x - new.level) / sd
+            spike = steps > new.steps_mean + cfg.step_spike * math.sqrt(max(new.steps_var, 0.25)) + 1.0
+            starts = [len(new.recent) - 1] if abs(z) >= cfg.surprise or spike else []
+            z = max(-cfg.surprise, min(cfg.surprise, z))  # winsorised: one outlier moves neither level nor CUSUM much
+            if new.cusum_lo == 0.0:
+                new.lo_from = len(new.recent) - 1
+            if new.cusum_hi == 0.0:
+                new.hi_from = len(new.recent) - 1
+            new.cusum_lo = min(0.0, new.cusum_lo + z + 0.5)
+            new.cusum_hi = max(0.0, new.cusum_hi + z - 0.5)
+            if new.cusum_lo <= -cfg.cusum:
+                starts.append(new.lo_from)
+                new.cusum_lo = 0.0
+            if new.cusum_hi >= cfg.cusum:
+                starts.append(new.hi_from)
+                new.cusum_hi = 0.0
+            taken = {c.start for c in new.challengers}
+            for i in sorted(set(starts)):
+                if new.recent[i].start in taken:
+                    continue
+                if len(new.challengers) >= cfg.max_challengers:
+                    weakest = self._weakest(new.challengers)
+                    if not weakest.compared:
+                        break  # all still training: keep the earlier candidates
+                    new.challengers.remove(weakest)
+                new.challengers.append(self._challenger(g, new.recent[i:]))
+            x = new.level + z * sd
+        elif new.count >= 1 and x < new.level and len(new.challengers) < cfg.max_challengers:
+            # still learning: a stationary stream's log predictive per observation rises as the
+            # posterior sharpens, so a chunk below the level so far is a candidate already
+            new.challengers.append(self._challenger(g, new.recent[-1:]))
+
+        # 3. did one win? (An earlier restart also beats an incumbent that a later change hurts,
+        # so the winner's own comparison places the change: ``_where``.)
+        events: list[Event] = []
+        best, best_post = None, -math.inf
+        for c in new.challengers:
+            post = c.log_bf + self.log_prior_odds(c.first_rows)
+            if c.compared and post > best_post:
+                best, best_post = c, post
+        confidence = 0.0 if best is None else _sigmoid(best_post)
+        step = Step(state=new, result=result, events=events)
+        if best is not None and confidence >= cfg.threshold:
+            # place the change where the winner's advantage starts; with adapt, restart there
+            at = self._where(best)
+            i = next((j for j, r in enumerate(new.recent) if r.seq == best.seqs[at]), None)
+            winner = best
+            if at and i is not None and cfg.adapt:
+                winner = self._challenger(g, new.recent[i:])
+                if winner.seqs != best.seqs[at:]:
+                    winner = best  # the restart failed on some chunk: keep the one that did not
+            where = new.recent[i] if i is not None else None
+            location = where.start if where is not None else best.start
+            n_total = new.offset_n + after.n
+            events.append(Event(location=location, chunk=where.chunk if where else best.chunk, seq=best.seqs[at],
+                                detected_at=n_total, delay=n_total - location, confidence=confidence,
+                                log_bayes_factor=best.log_bf, log_prior_odds=self.log_prior_odds(best.first_rows),
+                                adapted=cfg.adapt))
+            new.events += 1
+            new.challengers, new.recent = [], []
+            new.count, new.cusum_lo, new.cusum_hi = 0, 0.0, 0.0  # a new regime: the running level starts again
+            if cfg.adapt:
+                new.offset_n = winner.start
+                new.offset_log_evidence = winner.base_log_evidence
+                rows = winner.reservoir.data
+                step.promoted, step.reservoir = winner.state, winner.reservoir
+                step.writes = ReservoirWrites(torch.arange(rows.shape[0], dtype=torch.int64), rows.clone())
+                after = winner.state
+        else:
+            self._track(new, x, b, steps)
+        # keep the recent chunks a challenger may still start from
+        end = start + b
+        while len(new.recent) > 1 and new.recent[0].start < end - self.max_age:
+            new.recent.pop(0)
+            new.lo_from, new.hi_from = max(0, new.lo_from - 1), max(0, new.hi_from - 1)
+        new.rng = g.get_state()
+        step.result = replace(result, n=new.offset_n + after.n, log_evidence=new.offset_log_evidence + after.log_evidence)
+        return step
+
+    @staticmethod
+    def _weakest(chs: list[Challenger]) -> Challenger:
+        """The challenger to drop for a new candidate: the lowest log BF among those compared,
+        else one still training (which the caller then keeps)."""
+        return min(chs, key=lambda c: (not c.compared, c.log_bf))
+
+    def _challenger(self, g: torch.Generator, chunks: list[Recent]) -> Challenger:
+        """A restart from the prior at ``chunks[0]``, fed ``chunks`` (up to this one)."""
+        seed = int(torch.randint(0, 2**62, (1,), generator=g))
+        first = chunks[0]
+        c = Challenger(start=first.start, chunk=first.chunk, seqs=[], state=self.sampler.init(seed),
+                       base_log_evidence=first.base, first_rows=int(first.rows.shape[0]), reservoir=self._reservoir(None))
+        for r in chunks:
+            if not self._feed(c, r.rows, r.seq, r.lp):
+                break
+        return c
+
+    def _feed(self, c: Challenger, rows: torch.Tensor, seq: int, incumbent_lp: float) -> bool:
+        """One chunk into a challenger (modified in place); False if it cannot take it."""
+        try:
+            st, res, writes = self.sampler.update(c.state, rows, c.reservoir)
+        except (ValueError, RuntimeError, FloatingPointError):
+            return False
+        c.reservoir = c.reservoir.copy()
+        c.reservoir.apply(writes)
+        c.state, c.seqs = st, [*c.seqs, seq]
+        c.diffs = [*c.diffs, res.log_predictive - incumbent_lp]
+        if c.train_log_z is None:
+            if st.n >= self.train:
+                c.train_log_z = st.log_evidence
+        else:
+            c.incumbent_lp += incumbent_lp
+            c.compared += 1
+            c.log_bf = (st.log_evidence - c.train_log_z) - c.incumbent_lp
+        return True
+
+    @staticmethod
+    def _where(c: Challenger, support: float = 1.0) -> int:
+        """Index into ``c.seqs`` of the first chunk of the new regime. The running sum of the
+        challenger's log predictive minus the incumbent's falls or stays flat before a change
+        (a restart does no better than a model with more data of the same regime) and climbs
+        after it; the change is placed after the last chunk whose running sum is within
+        ``support`` nats of its minimum (the late end of a 1-nat likelihood support set, since
+        a flat stretch before the climb is still the old regime)."""
+        sums, run = [0.0], 0.0
+        for d in c.diffs[:-1]:
+            run += d
+            sums.append(run)
+        low = min(sums)
+        return max(k for k, v in enumerate(sums) if v <= low + support)
+
+    def _track(self, s: DetectorState, x: float, b: int, steps: float) -> None:
+        """Running level (exponentially weighted; plain mean over the first chunks)."""
+        w = max(self.config.smoothing, 1.0 / (s.count + 1))
+        if s.count == 0:
+            s.level, s.var, s.steps_mean, s.steps_var = x, 0.0, steps, 0.0
+        else:
+            d, ds = x - s.level, steps - s.steps_mean
+            s.level += w * d
+            s.var = (1 - w) * (s.var + w * b * d * d)
+            s.steps_mean += w * ds
+            s.steps_var = (1 - w) * (s.steps_var + w * ds * ds)
+        s.count += 1
+
+
+class OfflineRun:
+    """One model with its detector over chunks in memory (``cusp replay --detect``, benchmarks,
+    tests): ``step(chunk) -> (ChunkResult, events)`` with stream-wide ``n`` and log-evidence.
+    Seeded like the service: ``seed`` is the model's seed, the detector's is derived from it."""
+
+    def __init__(self, sampler: Sampler, seed: int, config: DetectorConfig | None = None):
+        self.sampler = sampler
+        self.detector = Detector(sampler, config) if (config or DetectorConfig()).enabled else None
+        self.state, self.reservoir = sampler.init(seed), sampler.new_reservoir()
+        self.dstate = self.detector.init(detector_seed(seed)) if self.detector else None
+        self.chunks = 0
+
+    def step(self, chunk: torch.Tensor) -> tuple[ChunkResult, list[Event]]:
+        new, result, writes = self.sampler.update(self.state, chunk, self.reservoir)
+        self.reservoir.apply(writes)
+        events: list[Event] = []
+        if self.detector is not None:
+            step = self.detector.update(self.dstate, self.chunks, chunk, self.state, new, result)
+            self.dstate, result, events = step.state, step.result, step.events
+            if step.promoted is not None:
+                new, self.reservoir = step.promoted, step.reservoir.copy()
+        self.state = new
+        self.chunks += 1
+        return result, events
+
+
+def detect_series(data, model_spec: str, chunk_size: int = 500, seed: int = 0, config: DetectorConfig | None = None,
+                  sampler_config: SGAISConfig | None = None, target: int | None = None,
+                  on_chunk: Callable[[ChunkResult, list[Event]], None] | None = None) -> list[Event]:
+    """Run SGAIS with the detector over ``data [T, C]`` offline; the change points found."""
+    from models import build_model
+
+    x = torch.as_tensor(data, dtype=torch.float64)
+    if x.dim() == 1:
+        x = x[:, None]
+    model = build_model(model_spec, x.shape[1], target)
+    run = OfflineRun(build_sampler(model, sampler_config or SGAISConfig()), seed, config or DetectorConfig())
+    events: list[Event] = []
+    for lo in range(0, x.shape[0], chunk_size):
+        result, found = run.step(x[lo : lo + chunk_size])
+        events += found
+        if on_chunk is not None:
+            on_chunk(result, found)
+    return events
+
+
+def detector_seed(model_seed: int) -> int:
+    """The detector's generator seed, derived from (and distinct from) its model's seed."""
+    return (int(model_seed) * 6364136223846793005 + 1442695040888963407) % (2**63)
