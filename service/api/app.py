@@ -2,6 +2,7 @@
 
 
 import asyncio
+import contextlib
 import json
 import logging
 import math
@@ -9,11 +10,14 @@ import re
 import time
 from pathlib import Path
 from typing import Annotated, Any
+from urllib.parse import quote
 
 import numpy as np
 import redis.exceptions as rexc
 import torch
 from fastapi import Depends, FastAPI, HTTPException, Query, Request, WebSocket, WebSocketDisconnect
+from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
 from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
@@ -21,8 +25,10 @@ from models import ModelError, build_model
 from models.registry import SUPERVISED
 from service import metrics as M
 from service.api import chunks as C
-from service.api.schemas import ChunkAck, EvidencePage, ModelIn, ModelOut, Problem, StreamIn, StreamOut
+from service.api.schemas import (ChangepointList, ChunkAck, ChunkColumns, ChunkRows, DeadLetters, EvidencePage, Health, ModelIn,
+                                 ModelOut, Problem, Ready, StreamIn, StreamList, StreamOut)
 from service.data import log_model_probabilities
+from service.detect import DetectorConfig
 from service.runtime import build, cached_model, model_seed
 from service.settings import Settings
 from service.sgais import ConfigError
@@ -30,8 +36,62 @@ from service.store import ModelEntry, StreamConfig, connect_async, digest, keys,
 
 log = logging.getLogger("cusp.api")
 STATIC = Path(__file__).parent / "static"
-ERRORS = {400: {"model": Problem}, 401: {"model": Problem}, 403: {"model": Problem}, 404: {"model": Problem},
-          409: {"model": Problem}, 413: {"model": Problem}, 422: {"model": Problem}, 503: {"model": Problem}}
+WHY = {400: "malformed body (not JSON, not UTF-8, nested too deeply)", 401: "missing or unknown API key",
+       403: "the API key is read-only", 404: "no such stream (or model)", 409: "conflict: sequence gap, seq reused with other data, "
+       "name taken or the stream limit reached", 413: "body over CUSP_MAX_BODY_BYTES or chunk over CUSP_MAX_CHUNK_ROWS",
+       415: "unsupported Content-Type", 422: "invalid request: the detail names the field", 503: "Redis unavailable; retry"}
+#: the largest particles x parameters a stream's model may ask for (its state is 8 bytes per entry, in Redis)
+MAX_PARTICLE_VALUES = 10_000_000
+
+
+def errors(*codes: int) -> dict:
+    """OpenAPI ``responses`` for the error statuses a route really answers (body: Problem)."""
+    return {c: {"model": Problem, "description": WHY[c]} for c in codes}
+
+
+READ, WRITE = (401, 503), (401, 403, 503)  # auth, plus Redis down
+
+
+class BodyLimit:
+    """ASGI wrapper: counts request body bytes as the app reads them and answers 413 (closing the
+    connection) once they pass ``limit``, so a body without Content-Length is never read whole."""
+
+    def __init__(self, app, limit: int):
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        seen = 0
+
+        async def limited():
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.limit:
+                    M.REJECTED.labels("too_large").inc()
+                    raise HTTPException(413, f"body exceeds the limit of {self.limit} bytes", headers={"Connection": "close"})
+            return message
+
+        await self.app(scope, limited, send)
+
+
+class RedactKeys(logging.Filter):
+    """Blanks ``token=...`` in log records: API keys travel in the URLs of WebSockets and of the
+    live page, and uvicorn logs request lines (access log, WebSocket accepted/rejected)."""
+
+    TOKEN = re.compile(r"(?i)(token=)[^&\s\"']*")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.msg, str) and "token=" in record.msg.lower():
+            record.msg = self.TOKEN.sub(r"\1REDACTED", record.msg)
+        if isinstance(record.args, tuple):
+            record.args = tuple(self.TOKEN.sub(r"\1REDACTED", a) if isinstance(a, str) else a for a in record.args)
+        return True
+
+
+REDACT = RedactKeys()
 
 
 class Store:
@@ -45,8 +105,12 @@ class Store:
 
 
 def create_app(settings: Settings, redis_url: str) -> FastAPI:
+    # the schema and its documentation pages are served below, behind the API key like everything but the probes
     app = FastAPI(title="cusp", version="0.1.0", description="Streaming change-point detection on online Bayesian evidence (SGAIS).",
-                  responses=ERRORS)
+                  openapi_url=None, docs_url=None, redoc_url=None)
+    for name in ("uvicorn.access", "uvicorn.error", "uvicorn"):
+        if REDACT not in logging.getLogger(name).filters:
+            logging.getLogger(name).addFilter(REDACT)
     app.state.settings = settings
     app.state.store = Store(redis_url)
     M.WORKERS.inc(0)  # always exported, 0 in an API-only process
@@ -58,6 +122,16 @@ def create_app(settings: Settings, redis_url: str) -> FastAPI:
         M.REDIS_UP.set(0)
         return JSONResponse({"detail": f"Redis unavailable: {exc}; retry later"}, status_code=503, headers={"Retry-After": "1"})
 
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(request: Request, exc: RequestValidationError):
+        # one error shape for every failure: {"detail": text}, plus the fields at fault (never their values)
+        errs = [{"loc": list(e.get("loc", ())), "msg": str(e.get("msg", "")), "type": str(e.get("type", ""))} for e in exc.errors()]
+        status = 400 if any(e["type"] == "json_invalid" for e in errs) else 422
+        detail = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in errs[:10]) or "invalid request"
+        return JSONResponse({"detail": detail, "errors": errs}, status_code=status)
+
+    app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
+
     @app.middleware("http")
     async def limit_and_count(request: Request, call_next):
         length = request.headers.get("content-length")
@@ -68,7 +142,8 @@ def create_app(settings: Settings, redis_url: str) -> FastAPI:
                 return JSONResponse({"detail": "invalid Content-Length"}, status_code=400)
             if too_big:
                 M.REJECTED.labels("too_large").inc()
-                return JSONResponse({"detail": f"body of {length} bytes exceeds the limit of {settings.max_body_bytes} bytes"}, status_code=413)
+                return JSONResponse({"detail": f"body of {length} bytes exceeds the limit of {settings.max_body_bytes} bytes"}, status_code=413,
+                                    headers={"Connection": "close"})  # do not read (drain) the body
         response = await call_next(request)
         route = request.scope.get("route")
         M.HTTP_REQUESTS.labels(getattr(route, "path", "unmatched"), f"{response.status_code // 100}xx").inc()
@@ -85,6 +160,13 @@ def create_app(settings: Settings, redis_url: str) -> FastAPI:
         if auth.lower().startswith("bearer "):
             return auth[7:].strip()
         return request.headers.get("x-api-key")
+
+    def page_key(request: Request) -> str | None:
+        """Pages opened in a browser (live page, API docs) take the key as ``?token=KEY`` too."""
+        key = presented_key(request) or request.query_params.get("token")
+        if scope_for(key) is None:
+            raise HTTPException(401, "missing or unknown API key (open the page with ?token=KEY)", headers={"WWW-Authenticate": "Bearer"})
+        return key
 
     def need(scope: str):
         def check(request: Request) -> None:
@@ -103,7 +185,7 @@ def create_app(settings: Settings, redis_url: str) -> FastAPI:
     StoreDep = Annotated[Store, Depends(store)]
 
     async def stream_config(name: str, st: Store) -> StreamConfig:
-        if not keys.STREAM_NAME.match(name):
+        if not keys.STREAM_NAME.fullmatch(name):
             raise HTTPException(404, f"no stream named {name!r}")
         raw = await st.r.get(keys.config(name))
         if raw is None:
@@ -122,11 +204,11 @@ def create_app(settings: Settings, redis_url: str) -> FastAPI:
         return bytes(body)
 
     # --- health and metrics ---------------------------------------------------------------
-    @app.get("/healthz", tags=["ops"])
+    @app.get("/healthz", tags=["ops"], response_model=Health)
     async def healthz() -> dict:
         return {"status": "ok"}
 
-    @app.get("/readyz", tags=["ops"])
+    @app.get("/readyz", tags=["ops"], response_model=Ready, responses={503: {"model": Ready, "description": "Redis unreachable"}})
     async def readyz(st: StoreDep):
         try:
             await asyncio.wait_for(st.r.ping(), 2.0)
@@ -136,7 +218,8 @@ def create_app(settings: Settings, redis_url: str) -> FastAPI:
         M.REDIS_UP.set(1)
         return {"status": "ready", "redis": "ok"}
 
-    @app.get("/metrics", tags=["ops"], response_class=PlainTextResponse, dependencies=[Read])
+    @app.get("/metrics", tags=["ops"], response_class=PlainTextResponse, dependencies=[Read],
+             responses={401: {"description": WHY[401], "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Problem"}}}}})
     async def metrics(st: StoreDep):
         try:
             await refresh_stream_gauges(st)
@@ -160,9 +243,14 @@ def create_app(settings: Settings, redis_url: str) -> FastAPI:
                 M.INGEST_LAG.labels(s, row["name"]).set(row["lag_chunks"])
 
     # --- streams ----------------------------------------------------------------------------
-    @app.post("/v1/streams", status_code=201, response_model=StreamOut, tags=["streams"], dependencies=[Write])
+    @app.post("/v1/streams", status_code=201, response_model=StreamOut, tags=["streams"], dependencies=[Write],
+              responses=errors(400, *WRITE, 409, 413, 422))
     async def create_stream(body: StreamIn, st: StoreDep):
-        if not keys.STREAM_NAME.match(body.name):
+        try:  # NaN or infinity anywhere (sampler overrides are free-form) could not be stored or echoed as JSON
+            json.dumps(body.model_dump(), allow_nan=False)
+        except ValueError:
+            raise HTTPException(422, "NaN and infinity are not accepted") from None
+        if not keys.STREAM_NAME.fullmatch(body.name):
             raise HTTPException(422, "stream name must be 1-64 letters, digits, '_', '.' or '-', starting with a letter or digit")
         if len(set(body.columns)) != len(body.columns) or any(not c.strip() for c in body.columns):
             raise HTTPException(422, f"column names must be non-empty and distinct, got {body.columns}")
@@ -172,7 +260,7 @@ def create_app(settings: Settings, redis_url: str) -> FastAPI:
         for i, m in enumerate(body.models):
             m = ModelIn(spec=m) if isinstance(m, str) else m
             name = m.name or re.sub(r"[^A-Za-z0-9_.-]", "_", m.spec.replace(":", "_").replace("=", ""))[:64]
-            if not keys.MODEL_NAME.match(name):
+            if not keys.MODEL_NAME.fullmatch(name):
                 raise HTTPException(422, f"model {i}: name {name!r} must be 1-64 letters, digits, '_', '.' or '-'")
             if any(e.name == name for e in entries):
                 raise HTTPException(422, f"model name {name!r} is used twice; give each model a distinct 'name'")
@@ -190,11 +278,18 @@ def create_app(settings: Settings, redis_url: str) -> FastAPI:
             entries.append(ModelEntry(name=name, spec=m.spec, target=target, prior=m.prior))
         cfg = StreamConfig(name=body.name, columns=body.columns, models=entries,
                            sampler={"preset": body.sampler.preset, "overrides": body.sampler.overrides},
-                           seed=body.seed, created=time.time())
+                           seed=body.seed, detector=body.detector, created=time.time())
+        try:
+            DetectorConfig.from_dict(body.detector)
+        except ConfigError as exc:
+            raise HTTPException(422, str(exc)) from None
         try:
             states = []
             for e in entries:
                 sampler = build(cfg, e)
+                if sampler.config.particles * sampler.model.dim > MAX_PARTICLE_VALUES:
+                    raise HTTPException(422, f"model {e.name!r}: {sampler.config.particles} particles x {sampler.model.dim} parameters "
+                                             f"exceeds {MAX_PARTICLE_VALUES:,} values")
                 states.append(sampler.init(model_seed(cfg, e)).to_bytes())
         except ConfigError as exc:
             raise HTTPException(422, f"sampler: {exc}") from None
@@ -207,16 +302,16 @@ def create_app(settings: Settings, redis_url: str) -> FastAPI:
         M.STREAMS.inc()
         return await stream_out(st, cfg)
 
-    @app.get("/v1/streams", tags=["streams"], dependencies=[Read])
+    @app.get("/v1/streams", tags=["streams"], dependencies=[Read], response_model=StreamList, responses=errors(*READ))
     async def list_streams(st: StoreDep) -> dict:
         names = sorted(s.decode() for s in await st.r.smembers(keys.STREAMS))
         return {"streams": names}
 
-    @app.get("/v1/streams/{stream}", response_model=StreamOut, tags=["streams"], dependencies=[Read])
+    @app.get("/v1/streams/{stream}", response_model=StreamOut, tags=["streams"], dependencies=[Read], responses=errors(*READ, 404, 422))
     async def get_stream(stream: str, st: StoreDep):
         return await stream_out(st, await stream_config(stream, st))
 
-    @app.delete("/v1/streams/{stream}", status_code=204, tags=["streams"], dependencies=[Write])
+    @app.delete("/v1/streams/{stream}", status_code=204, tags=["streams"], dependencies=[Write], responses=errors(*WRITE, 404, 422))
     async def delete_stream(stream: str, st: StoreDep):
         cfg = await stream_config(stream, st)
         pipe = st.r.pipeline(transaction=True)
@@ -249,16 +344,17 @@ def create_app(settings: Settings, redis_url: str) -> FastAPI:
         # posterior model probabilities among models that have seen the same observations
         ns = {r["observations"] for r in out}
         if len(ns) == 1 and ns != {0}:
-            total_prior = sum(m.prior for m in cfg.models)
+            top = max(m.prior for m in cfg.models)  # normalise in logs: priors may be as large as 1e308 or as small as 5e-324
+            log_total = math.log(top) + math.log(sum(m.prior / top for m in cfg.models))
             probs = log_model_probabilities({r["name"]: r["log_evidence"] for r in out},
-                                            {m.name: math.log(m.prior / total_prior) for m in cfg.models})
+                                            {m.name: math.log(m.prior) - log_total for m in cfg.models})
             for r in out:
                 r["posterior_probability"] = probs[r["name"]]
         return {"last_seq": last_in, "dead": int(dead), "models": out}
 
     async def stream_out(st: Store, cfg: StreamConfig) -> StreamOut:
         info = await model_rows(st, cfg)
-        return StreamOut(name=cfg.name, columns=cfg.columns, sampler=cfg.sampler, seed=cfg.seed, last_seq=info["last_seq"],
+        return StreamOut(name=cfg.name, columns=cfg.columns, sampler=cfg.sampler, detector=cfg.detector, seed=cfg.seed, last_seq=info["last_seq"],
                          next_seq=info["last_seq"] + 1, dead_letters=info["dead"], models=[ModelOut(**r) for r in info["models"]])
 
     # --- ingest -----------------------------------------------------------------------------
@@ -293,9 +389,18 @@ def create_app(settings: Settings, redis_url: str) -> FastAPI:
         M.REJECTED.labels("gap").inc()
         raise C.ChunkError(f"seq {seq} is out of order: expected seq {val}", 409)
 
+    chunk_schema = {"oneOf": [ChunkRows.model_json_schema(), ChunkColumns.model_json_schema()]}
+    for alt in chunk_schema["oneOf"]:
+        for field in ("rows", "columns"):
+            if field in alt["properties"]:
+                alt["properties"][field]["maxItems" if field == "rows" else "maxProperties"] = (
+                    settings.max_chunk_rows if field == "rows" else 256)
+
     @app.post("/v1/streams/{stream}/chunks", status_code=202, response_model=ChunkAck, tags=["ingest"], dependencies=[Write],
+              responses={200: {"model": ChunkAck, "description": "a repeated seq with the same data: status 'duplicate'"},
+                         **errors(400, *WRITE, 404, 409, 413, 415, 422)},
               openapi_extra={"requestBody": {"required": True, "content": {
-                  "application/json": {"schema": {"$ref": "#/components/schemas/ChunkIn"}},
+                  "application/json": {"schema": chunk_schema},
                   "application/x-ndjson": {"schema": {"type": "string"}}, "text/csv": {"schema": {"type": "string"}}}}})
     async def post_chunk(stream: str, request: Request, st: StoreDep,
                          seq: Annotated[int | None, Query(ge=0, le=2**53, description="sequence number for NDJSON/CSV bodies")] = None):
@@ -326,25 +431,32 @@ def create_app(settings: Settings, redis_url: str) -> FastAPI:
     def check_id(since: str | None) -> str:
         if since in (None, "", "0"):
             return "0-0"
-        if not re.fullmatch(r"\d{1,20}(-\d{1,20})?", since):
-            raise HTTPException(422, f"since must be a result id like '1712345678901-0', got {since!r}")
+        # ASCII digits only (\d would take other scripts' digits), each part a 64-bit unsigned integer as Redis needs
+        m = re.fullmatch(r"([0-9]{1,20})(?:-([0-9]{1,20}))?", since)
+        if not m or any(int(p) >= 2**64 for p in m.groups() if p is not None):
+            raise HTTPException(422, f"since must be a result id like '1712345678901-0', got {since[:60]!r}")
         return since
 
-    @app.get("/v1/streams/{stream}/evidence", response_model=EvidencePage, tags=["results"], dependencies=[Read])
+    @app.get("/v1/streams/{stream}/evidence", response_model=EvidencePage, tags=["results"], dependencies=[Read],
+             responses=errors(*READ, 404, 422))
     async def evidence(stream: str, st: StoreDep, since: str | None = Query(None, description="return results after this id"),
                        limit: int = Query(1000, ge=1, le=10_000), model: str | None = None):
         cfg = await stream_config(stream, st)
         if model is not None and cfg.model(model) is None:
             raise HTTPException(404, f"stream {stream!r} has no model {model!r}")
         start = check_id(since)
-        entries = await st.r.xrange(keys.out(stream), min="(" + start if start != "0-0" else "-", count=limit)
+        if start == f"{2**64 - 1}-{2**64 - 1}":  # nothing can follow the largest id (and Redis refuses it as an exclusive start)
+            entries = []
+        else:
+            entries = await st.r.xrange(keys.out(stream), min="(" + start if start != "0-0" else "-", count=limit)
         results = [entry_out(e, f) for e, f in entries]
         nxt = results[-1]["id"] if results else since
         if model is not None:
             results = [r for r in results if r["model"] == model]
         return {"results": results, "next": nxt}
 
-    @app.get("/v1/streams/{stream}/changepoints", tags=["results"], dependencies=[Read])
+    @app.get("/v1/streams/{stream}/changepoints", tags=["results"], dependencies=[Read], response_model=ChangepointList,
+             responses=errors(*READ, 404, 422))
     async def changepoints(stream: str, st: StoreDep) -> dict:
         await stream_config(stream, st)
         out, start = [], "-"
@@ -356,7 +468,8 @@ def create_app(settings: Settings, redis_url: str) -> FastAPI:
             start = "(" + entries[-1][0].decode()
         return {"changepoints": out}
 
-    @app.get("/v1/streams/{stream}/dead-letters", tags=["results"], dependencies=[Read])
+    @app.get("/v1/streams/{stream}/dead-letters", tags=["results"], dependencies=[Read], response_model=DeadLetters,
+             responses=errors(*READ, 404, 422))
     async def dead_letters(stream: str, st: StoreDep) -> dict:
         await stream_config(stream, st)
         entries = await st.r.xrange(keys.dead(stream), count=1000)
@@ -380,7 +493,9 @@ def create_app(settings: Settings, redis_url: str) -> FastAPI:
         finally:
             await reader.aclose()
 
-    @app.get("/v1/streams/{stream}/evidence/sse", tags=["results"], dependencies=[Read])
+    @app.get("/v1/streams/{stream}/evidence/sse", tags=["results"], dependencies=[Read], response_class=StreamingResponse,
+             responses={200: {"content": {"text/event-stream": {"schema": {"type": "string"}}},
+                              "description": "results and change points as server-sent events, live"}, **errors(*READ, 404, 422)})
     async def evidence_sse(stream: str, request: Request, st: StoreDep, since: str | None = None):
         await stream_config(stream, st)
         start = check_id(since or request.headers.get("last-event-id"))
@@ -415,7 +530,7 @@ def create_app(settings: Settings, redis_url: str) -> FastAPI:
         """Authenticate and check the stream; on failure the socket is closed with 1008."""
         if not await ws_auth(ws, scope):
             return False
-        if not keys.STREAM_NAME.match(stream) or not await st.r.exists(keys.config(stream)):
+        if not keys.STREAM_NAME.fullmatch(stream) or not await st.r.exists(keys.config(stream)):
             await reject(ws, f"no stream named {stream!r}")
             return False
         return True
@@ -431,12 +546,27 @@ def create_app(settings: Settings, redis_url: str) -> FastAPI:
             await reject(ws, str(exc.detail))
             return
         await ws.accept()
+
+        async def until_closed() -> None:
+            # a client that leaves an idle stream is noticed at the next keep-alive tick, not at the next result
+            try:
+                while (await ws.receive())["type"] != "websocket.disconnect":
+                    pass
+            except Exception:  # noqa: BLE001 - any failure to receive means the client is gone
+                pass
+
+        closed = asyncio.ensure_future(until_closed())
         try:
-            async for item in follow(st, stream, start):
-                if item is not None:
-                    await ws.send_json(item)
+            async with contextlib.aclosing(follow(st, stream, start)) as items:
+                async for item in items:
+                    if closed.done():
+                        return
+                    if item is not None:
+                        await ws.send_json(item)
         except (WebSocketDisconnect, RuntimeError):
             return
+        finally:
+            closed.cancel()
         await ws.close(code=1000, reason="stream deleted")
 
     @app.websocket("/v1/streams/{stream}/ingest")
@@ -474,9 +604,29 @@ def create_app(settings: Settings, redis_url: str) -> FastAPI:
         except WebSocketDisconnect:
             return
 
-    # --- live page --------------------------------------------------------------------------
+    # --- live page and API documentation ---------------------------------------------------
     @app.get("/", include_in_schema=False)
-    async def index():
+    async def index(request: Request):
+        page_key(request)
         return FileResponse(STATIC / "index.html", media_type="text/html")
+
+    @app.get("/openapi.json", include_in_schema=False)
+    async def openapi_json(request: Request):
+        page_key(request)
+        return JSONResponse(app.openapi())
+
+    def schema_url(request: Request) -> str:
+        token = request.query_params.get("token")
+        return "/openapi.json" + (f"?token={quote(token, safe='')}" if token else "")
+
+    @app.get("/docs", include_in_schema=False)
+    async def docs(request: Request):
+        page_key(request)
+        return get_swagger_ui_html(openapi_url=schema_url(request), title="cusp API")
+
+    @app.get("/redoc", include_in_schema=False)
+    async def redoc(request: Request):
+        page_key(request)
+        return get_redoc_html(openapi_url=schema_url(request), title="cusp API")
 
     return app

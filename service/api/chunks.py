@@ -40,16 +40,38 @@ def loads(body: bytes | str) -> object:
 def _number(v: object, where: str) -> float:
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         raise ChunkError(f"{where}: {json.dumps(v)[:40]} is not a number")
-    f = float(v)
+    try:
+        f = float(v)
+    except OverflowError:  # a JSON integer with hundreds of digits
+        raise ChunkError(f"{where}: {str(v)[:20]}... is too large") from None
     if not math.isfinite(f):
         raise ChunkError(f"{where}: {v!r} is not finite")
     return f
+
+
+_PLAIN = frozenset((int, float))
+
+
+def _fast_matrix(lists: list, width: int) -> np.ndarray | None:
+    """``lists`` (each a list of ``width`` plain JSON numbers) as one float64 array ``[len, width]``
+    in one numpy call, or None when any value needs the per-value checks below (they name the
+    row and column at fault). Same numbers as ``float(v)``; about 5x faster than the loop."""
+    if not all(type(x) is list and len(x) == width for x in lists) or not {type(v) for x in lists for v in x} <= _PLAIN:
+        return None
+    try:
+        out = np.array(lists, dtype=np.float64).reshape(len(lists), width)
+    except (OverflowError, ValueError):
+        return None
+    return out if bool(np.isfinite(out).all()) else None
 
 
 def matrix_from_rows(rows: object, columns: list[str]) -> np.ndarray:
     if not isinstance(rows, list):
         raise ChunkError("'rows' must be a list of rows (lists of numbers)")
     c = len(columns)
+    fast = _fast_matrix(rows, c)
+    if fast is not None:
+        return fast
     out = np.empty((len(rows), c), dtype=np.float64)
     for i, row in enumerate(rows):
         if not isinstance(row, list):
@@ -74,6 +96,9 @@ def matrix_from_columns(cols: object, columns: list[str]) -> np.ndarray:
     if len(set(lengths.values())) != 1:
         raise ChunkError(f"columns have different lengths: {lengths}")
     n = lengths[columns[0]]
+    fast = _fast_matrix([cols[c] for c in columns], n)
+    if fast is not None:
+        return np.ascontiguousarray(fast.T)
     out = np.empty((n, len(columns)), dtype=np.float64)
     for j, c in enumerate(columns):
         for i, v in enumerate(cols[c]):
@@ -96,13 +121,10 @@ def parse_json_chunk(body: bytes, columns: list[str]) -> tuple[int, np.ndarray]:
 
 
 def parse_seq(value: object) -> int:
-    if isinstance(value, str):
-        try:
-            value = int(value)
-        except ValueError:
-            raise ChunkError(f"seq must be a non-negative integer, got {value!r}") from None
+    """A JSON integer in [0, 2**53]; strings, floats (even 1.0), booleans and null are refused."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 0 or value > 2**53:
-        raise ChunkError(f"seq must be a non-negative integer, got {json.dumps(value)}")
+        shown = json.dumps(value)[:40] if not isinstance(value, int) else str(value)[:40]
+        raise ChunkError(f"seq must be a non-negative integer (at most 2**53), got {shown}")
     return value
 
 
@@ -129,7 +151,10 @@ def parse_csv(body: bytes, columns: list[str]) -> np.ndarray:
         text = body.decode()
     except UnicodeDecodeError:
         raise ChunkError("CSV body is not UTF-8", 400) from None
-    reader = list(csv.reader(io.StringIO(text)))
+    try:
+        reader = list(csv.reader(io.StringIO(text)))
+    except csv.Error as exc:  # a NUL byte, a field over the csv module's size limit
+        raise ChunkError(f"CSV body cannot be read: {exc}", 400) from None
     reader = [r for r in reader if r and any(c.strip() for c in r)]
     if reader and [c.strip() for c in reader[0]] == columns:
         reader = reader[1:]

@@ -12,7 +12,7 @@ class ModelIn(BaseModel):
     spec: str = Field(..., description="model spec, e.g. 'gmm:components=5'", examples=["gmm:components=5"])
     name: str | None = Field(None, description="name of the model within the stream (default: derived from the spec)")
     target: str | None = Field(None, description="target column for regression models (default: the last column)")
-    prior: float = Field(1.0, gt=0, description="prior weight of this model among the stream's models")
+    prior: float = Field(1.0, gt=0, allow_inf_nan=False, description="prior weight of this model among the stream's models")
 
 
 class SamplerIn(BaseModel):
@@ -28,6 +28,10 @@ class StreamIn(BaseModel):
     models: list[ModelIn | str] = Field(..., min_length=1, max_length=16)
     sampler: SamplerIn = Field(default_factory=SamplerIn)
     seed: int = Field(0, ge=0, le=2**62)
+    detector: dict[str, Any] = Field(
+        default_factory=dict,
+        description="change-point detector settings (docs: README), e.g. {'expected_run_length': 5000, "
+                    "'threshold': 0.999}; {'enabled': false} turns it off")
 
 
 class ModelOut(BaseModel):
@@ -48,6 +52,7 @@ class StreamOut(BaseModel):
     name: str
     columns: list[str]
     sampler: dict[str, Any]
+    detector: dict[str, Any] = Field(default_factory=dict)
     seed: int
     last_seq: int
     next_seq: int
@@ -55,10 +60,20 @@ class StreamOut(BaseModel):
     models: list[ModelOut]
 
 
-class ChunkIn(BaseModel):
-    seq: int = Field(..., ge=0, le=2**53)
-    rows: list[list[float]] | None = None
-    columns: dict[str, list[float]] | None = None
+class ChunkRows(BaseModel):
+    """A chunk as rows; documents the JSON body (parsed by ``service.api.chunks``, not by pydantic)."""
+
+    model_config = ConfigDict(extra="forbid", title="ChunkRows")
+    seq: int = Field(..., ge=0, le=2**53, description="per-stream sequence number: 0, then up by 1")
+    rows: list[list[float]] = Field(..., min_length=1, description="rows of finite numbers, one value per column")
+
+
+class ChunkColumns(BaseModel):
+    """A chunk as columns; documents the JSON body (parsed by ``service.api.chunks``, not by pydantic)."""
+
+    model_config = ConfigDict(extra="forbid", title="ChunkColumns")
+    seq: int = Field(..., ge=0, le=2**53, description="per-stream sequence number: 0, then up by 1")
+    columns: dict[str, list[float]] = Field(..., description="column name -> values (finite numbers), all of one length")
 
 
 class ChunkAck(BaseModel):
@@ -69,7 +84,31 @@ class ChunkAck(BaseModel):
 
 
 class Problem(BaseModel):
+    """Every error answer: what went wrong, in words; request validation failures also list each field."""
+
     detail: str
+    errors: list[dict[str, Any]] | None = Field(None, description="request validation failures: loc, msg and type of each")
+
+
+class Health(BaseModel):
+    status: Literal["ok"]
+
+
+class Ready(BaseModel):
+    status: Literal["ready", "unavailable"]
+    redis: str
+
+
+class StreamList(BaseModel):
+    streams: list[str]
+
+
+class ChangepointList(BaseModel):
+    changepoints: list[dict[str, Any]]
+
+
+class DeadLetters(BaseModel):
+    dead_letters: list[dict[str, Any]]
 
 
 class EvidencePage(BaseModel):
