@@ -791,7 +791,7 @@ def test_promtool_test_rules():
 def test_dashboard_queries_are_valid_promql(tmp_path):
     """Every dashboard query, Grafana variables substituted, parses (as a recording rule for promtool)."""
     exe = promtool()
-    grafana_vars = {"$__rate_interval": "1m", "$__interval": "15s", "$__range": "30m", "$stream": ".*", "$model": ".*"}
+    grafana_vars = {"$__rate_interval": "1m", "$__interval": "15s", "$__range_s": "1800", "$__range": "30m", "$stream": ".*", "$model": ".*"}
     rules = []
     for k, expr in enumerate(dashboard_exprs(dashboard())):
         if expr.startswith("label_values("):
@@ -967,6 +967,18 @@ def test_k8s_autoscaler_disruption_budget_and_service_monitors():
         assert targets, f"ServiceMonitor {sm['metadata']['name']} selects no Service"
         for ep in sm["spec"]["endpoints"]:
             assert all(ep["port"] in {p.get("name") for p in s["spec"]["ports"]} for s in targets)
+
+
+def test_k8s_prometheusrule_is_the_rules_file():
+    """The operator's PrometheusRule carries exactly the promtool-tested rules."""
+    spec = importlib.util.spec_from_file_location("cusp_make_prometheusrule", K8S / "prometheus-operator" / "make_prometheusrule.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    path = K8S / "prometheus-operator" / "prometheusrule.yaml"
+    assert path.read_text(encoding="utf-8") == module.render(), "run python deploy/k8s/prometheus-operator/make_prometheusrule.py"
+    (rule,) = k8s_by_kind("PrometheusRule")
+    assert rule["apiVersion"] == "monitoring.coreos.com/v1"
+    assert rule["spec"]["groups"] == load_yaml(RULES)["groups"]
 
 
 def test_k8s_kustomizations_list_every_manifest():

@@ -212,6 +212,17 @@ def query_variable(name: str, query: str, description: str) -> dict:
     }
 
 
+def counted(counter: str, sel: str, window: str, window_s: str, fn: str = "increase") -> str:
+    """Events of a counter in a window, per stream and model, including the first event of a
+    series created by that event (prometheus_client creates a labelled child on first use,
+    and increase()/changes() need two samples of a series): a series created within the
+    window (its ``_created`` sample, a unix time) counts whole, an older one by ``fn``."""
+    return (
+        f"sum by (stream, model) (({counter}_total{sel} and (time() - {counter}_created{sel} < {window_s}))"
+        f" or {fn}({counter}_total{sel}[{window}]))"
+    )
+
+
 def quantiles(metric_bucket: str, sel: str) -> list[dict]:
     out = []
     for ref, q in zip("ABC", ("0.5", "0.9", "0.99")):
@@ -327,12 +338,12 @@ def build() -> dict:
         stat(
             lay,
             "Change points (in time range)",
-            [target(f"sum by (stream, model) (increase(cusp_changepoints_total{SEL}[$__range]))", SM)],
+            [target(counted("cusp_changepoints", SEL, "$__range", "$__range_s"), SM)],
             w=8,
             h=6,
             decimals=0,
             thresholds=[(None, "green"), (1, "orange")],
-            description="Change points detected in the selected time range (they are also drawn as red annotations on the time series).",
+            description="Change points detected in the selected time range (they are also drawn as red annotations on the time series). A worker's counter created by its first change point counts whole.",
         )
     )
     panels.append(
@@ -510,7 +521,7 @@ def build() -> dict:
                 {
                     "datasource": DS,
                     "enable": True,
-                    "expr": f"sum by (stream, model) (changes(cusp_changepoints_total{SEL}[1m])) > 0",
+                    "expr": counted("cusp_changepoints", SEL, "1m", "60", fn="changes") + " > 0",
                     "iconColor": "red",
                     "name": "Change points",
                     "step": "15s",
