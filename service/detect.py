@@ -55,7 +55,10 @@ class DetectorConfig:
     surprise: |z| of a chunk's log predictive per observation, against its running level,
     that nominates a candidate at that chunk; cusum: threshold of a two-sided CUSUM of those
     z-scores (drift 0.5) that nominates the chunk where its excursion began (small
-    sustained shifts, point-by-point data); step_spike: annealing steps above running mean + this many
+    sustained shifts, point-by-point data); level_shift: a change is reported only if the
+    incumbent's mean log predictive per observation since the candidate is this many standard
+    errors off its level before it (0: off; it keeps a restart that merely escapes a poor
+    posterior mode from counting as a change); step_spike: annealing steps above running mean + this many
     sd that nominate one; train: observations a challenger sees before it is compared (at
     least its first chunk; 0 = max(10, 2 x parameters)); retire_log_bf: a challenger whose
     log BF falls below this is dropped; max_age: observations after which a challenger is
@@ -71,6 +74,7 @@ class DetectorConfig:
     adapt: bool = True
     surprise: float = 3.0
     cusum: float = 5.0
+    level_shift: float = 3.0
     step_spike: float = 3.0
     train: int = 0
     retire_log_bf: float = -5.0
@@ -90,6 +94,7 @@ class DetectorConfig:
         need(_int(self.max_challengers) and 1 <= self.max_challengers <= 16, "max_challengers must be an integer in [1, 16]")
         need(_num(self.surprise) and self.surprise > 0, "surprise must be a positive number")
         need(_num(self.cusum) and self.cusum > 0, "cusum must be a positive number")
+        need(_num(self.level_shift) and self.level_shift >= 0, "level_shift must be a number >= 0")
         need(_num(self.step_spike) and self.step_spike > 0, "step_spike must be a positive number")
         need(_int(self.train) and 0 <= self.train <= 1_000_000, "train must be an integer in [0, 1000000]")
         need(_num(self.retire_log_bf) and self.retire_log_bf < 0, "retire_log_bf must be a negative number")
@@ -158,6 +163,9 @@ class Challenger:
     state: SGAISState
     base_log_evidence: float  # the stream's running log-evidence before its first chunk
     first_rows: int
+    level: float = 0.0  # the incumbent's running level (log predictive per observation) when it started
+    spread: float = 0.0  # and its per-observation sd (0: started during warm-up, no level yet)
+    incumbent_all: float = 0.0  # the incumbent's log predictives over all the challenger's chunks
     train_log_z: float | None = None  # its log Z when training ended (None: still training)
     incumbent_lp: float = 0.0  # incumbent's log predictives since training ended
     compared: int = 0  # chunks compared since training ended
@@ -212,7 +220,7 @@ class DetectorState:
             "rng": base64.b64encode(self.rng.numpy().tobytes()).decode(),
             "challengers": [
                 {"start": c.start, "chunk": c.chunk, "seqs": c.seqs, "base": c.base_log_evidence.hex(),
-                 "first_rows": c.first_rows, "train": None if c.train_log_z is None else c.train_log_z.hex(),
+                 "first_rows": c.first_rows, "level": [c.level.hex(), c.spread.hex(), c.incumbent_all.hex()], "train": None if c.train_log_z is None else c.train_log_z.hex(),
                  "inc": c.incumbent_lp.hex(), "compared": c.compared, "bf": c.log_bf.hex(),
                  "diffs": [d.hex() for d in c.diffs],
                  "state": base64.b64encode(c.state.to_bytes()).decode()}
@@ -231,7 +239,8 @@ class DetectorState:
         rng = torch.frombuffer(bytearray(base64.b64decode(h["rng"])), dtype=torch.uint8).clone()
         chs = [
             Challenger(start=c["start"], chunk=c["chunk"], seqs=list(c["seqs"]), base_log_evidence=f(c["base"]),
-                       first_rows=c["first_rows"], train_log_z=None if c["train"] is None else f(c["train"]),
+                       first_rows=c["first_rows"], level=f(c["level"][0]), spread=f(c["level"][1]),
+                       incumbent_all=f(c["level"][2]), train_log_z=None if c["train"] is None else f(c["train"]),
                        incumbent_lp=f(c["inc"]), compared=c["compared"], log_bf=f(c["bf"]),
                        diffs=[f(d) for d in c["diffs"]],
                        state=SGAISState.from_bytes(base64.b64decode(c["state"])))
@@ -359,7 +368,9 @@ class Detector:
                     if not weakest.compared:
                         break  # all still training: keep the earlier candidates
                     new.challengers.remove(weakest)
-                new.challengers.append(self._challenger(g, new.recent[i:]))
+                c = self._challenger(g, new.recent[i:])
+                c.level, c.spread = new.level, math.sqrt(max(new.var, 1e-12))
+                new.challengers.append(c)
             x = new.level + z * sd
         elif new.count >= 1 and x < new.level and len(new.challengers) < cfg.max_challengers:
             # still learning: a stationary stream's log predictive per observation rises as the
@@ -372,7 +383,7 @@ class Detector:
         best, best_post = None, -math.inf
         for c in new.challengers:
             post = c.log_bf + self.log_prior_odds(c.first_rows)
-            if c.compared and post > best_post:
+            if c.compared and post > best_post and self._moved(c):
                 best, best_post = c, post
         confidence = 0.0 if best is None else _sigmoid(best_post)
         step = Step(state=new, result=result, events=events)
@@ -413,6 +424,16 @@ class Detector:
         step.result = replace(result, n=new.offset_n + after.n, log_evidence=new.offset_log_evidence + after.log_evidence)
         return step
 
+    def _moved(self, c: Challenger) -> bool:
+        """Did the incumbent's own predictive move since the challenger started? A restart can
+        beat an incumbent whose particles are stuck in a poor mode (mixtures) although nothing
+        changed; a change of the data moves the incumbent's log predictive per observation off
+        its running level (down, or up when the data become more concentrated)."""
+        if c.spread <= 0.0:
+            return True
+        n = c.state.n
+        return abs(c.incumbent_all / n - c.level) * math.sqrt(n) / c.spread >= self.config.level_shift
+
     @staticmethod
     def _weakest(chs: list[Challenger]) -> Challenger:
         """The challenger to drop for a new candidate: the lowest log BF among those compared,
@@ -440,6 +461,7 @@ class Detector:
         c.reservoir.apply(writes)
         c.state, c.seqs = st, [*c.seqs, seq]
         c.diffs = [*c.diffs, res.log_predictive - incumbent_lp]
+        c.incumbent_all += incumbent_lp
         if c.train_log_z is None:
             if st.n >= self.train:
                 c.train_log_z = st.log_evidence
