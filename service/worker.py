@@ -21,6 +21,7 @@ import time
 import uuid
 from dataclasses import dataclass
 
+import numpy as np
 import redis.exceptions as rexc
 import torch
 
@@ -275,10 +276,8 @@ class Worker:
         outs = [m, "result", json.dumps(data)]
         for ev in events:
             outs += [m, "changepoint", json.dumps({"seq": seq, **ev.to_dict()})]
-        slot_args: list = []
         row_bytes = hot.reservoir.width * 8
-        for slot, row in zip(writes.slots.tolist(), writes.rows):
-            slot_args += [slot, row.numpy().astype("<f8").tobytes()]
+        slot_args = self._slot_runs(writes)
         status = self._apply(
             keys=[keys.state(s, m), keys.reservoir(s, m), keys.fence(s, m), keys.out(s), keys.attempts(s, m)],
             args=[hot.token, seq, state.to_bytes(), result.n, repr(result.log_evidence), state.chunks, det_bytes,
@@ -304,6 +303,22 @@ class Worker:
             log.info("stream %s model %s: change point at observation %d (confidence %.4f, log BF %.1f)",
                      s, m, ev.location, ev.confidence, ev.log_bayes_factor)
         return "ok"
+
+    @staticmethod
+    def _slot_runs(writes) -> list:
+        """(first slot, bytes) per run of consecutive slots: until the reservoir fills, every row
+        is a write, and one SETRANGE argument pair per row cost more than the engine itself."""
+        if len(writes) == 0:
+            return []
+        slots = writes.slots.numpy()
+        order = np.argsort(slots, kind="stable")
+        slots = slots[order]
+        rows = np.ascontiguousarray(writes.rows.numpy()[order], dtype="<f8")
+        cut = np.flatnonzero(np.diff(slots) != 1) + 1
+        out: list = []
+        for a, b in zip(np.r_[0, cut], np.r_[cut, len(slots)]):
+            out += [int(slots[a]), rows[a:b].tobytes()]
+        return out
 
     def _failed(self, hot: Hot, seq: int, exc: Exception) -> str:
         s, m = hot.stream, hot.model

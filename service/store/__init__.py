@@ -30,7 +30,7 @@ class EmbeddedRedis:
 
     def close(self) -> None:
         try:
-            self._server.shutdown(save=True, now=True, force=True)
+            self._server.shutdown(save=True)  # redis 6.2 refuses NOW/FORCE (7.0 options): the server kept running
         except Exception:  # noqa: BLE001 - best effort at exit
             pass
 
