@@ -7,7 +7,7 @@ PY      = $(VENV)/bin/python
 STAMP   = $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install demo test test-slow bench promtool clean
+.PHONY: install demo test test-slow bench promtool chromium clean
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -27,10 +27,17 @@ promtool:
 	      || echo "warning: could not install prometheus (promtool); its tests will be skipped"; \
 	  else echo "warning: promtool missing and cannot apt-get; promtool tests will be skipped"; fi; }
 
+chromium:
+	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || command -v google-chrome >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
+	      || echo "warning: could not install chromium; the live page test (tests/test_live_page.py) will be skipped"; \
+	  else echo "warning: chromium missing and cannot apt-get; the live page test will be skipped"; fi; }
+
 demo: install
 	$(VENV)/bin/cusp serve --demo
 
-test: install promtool
+test: install promtool chromium
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 test-slow: install promtool

@@ -68,3 +68,23 @@ def test_command_line_errors(capsys):
     assert bench.main(["paper", "--no-such-flag"]) == 2
     assert bench.main(["--help"]) == 0
     assert "paper" in capsys.readouterr().out
+
+
+def test_service_bench_smoke(tmp_path):
+    """``cusp bench service`` end to end on a few chunks: a real ``cusp serve`` child process, HTTP in,
+    WebSocket out; its results must equal the engine's, and it writes only its own section."""
+    out = tmp_path / "benchmarks.md"
+    out.write_text("# Benchmarks\n\n## 1. Other section\n\nkept\n")
+    args = ["service", "--quick", "--models", "gaussian", "--setup", "serve", "--chunks", "3", "--latency-chunks", "3", "--out", str(out)]
+    assert bench.main(args) == 0  # non-zero when the service's numbers differ from the engine's
+    doc = out.read_text()
+    assert doc.startswith("# Benchmarks\n\n## 1. Other section\n\nkept\n")
+    assert doc.count("## Service: throughput and latency") == 1
+    row = next(line for line in doc.splitlines() if line.startswith("| `gaussian` | 1,500 (3 chunks)"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert float(cells[4]) > 0 and cells[6] == "yes"  # serve / engine ratio, identical results
+    assert "| `gaussian` | serve | 3 chunks" in doc
+    from bench.service import BEGIN, END, write_section
+
+    write_section(out, f"{BEGIN}\n## Service: throughput and latency\n\nrerun\n{END}\n")  # a rerun replaces it
+    assert out.read_text() == "# Benchmarks\n\n## 1. Other section\n\nkept\n\n" + f"{BEGIN}\n## Service: throughput and latency\n\nrerun\n{END}\n"
