@@ -1,7 +1,7 @@
 """``cusp bench``: benchmarks. ``cusp bench [paper] [--quick] [--out docs/benchmarks.md] [--time-cap S]``.
 
 Subcommands: ``paper`` (the default) reproduces papers/001's experiments on this machine and
-writes ``docs/benchmarks.md`` with figures under ``docs/img/``. Further subcommands (``detect``,
+writes ``docs/benchmarks.md`` with figures under ``docs/img/``. Further subcommands (``detect``, ``load``,
 ``service``) register themselves in ``SUBCOMMANDS``: ``name -> (help, add_arguments, run)``.
 """
 
@@ -30,9 +30,51 @@ def _paper_run(args: argparse.Namespace) -> int:
     return paper.run(args)
 
 
+def _service_arguments(p: argparse.ArgumentParser) -> None:
+    from bench import service
+
+    service.add_arguments(p)
+
+
+def _service_run(args: argparse.Namespace) -> int:
+    from bench import service
+
+    return service.run(args)
+
+
+def _detect_arguments(p: argparse.ArgumentParser) -> None:
+    from bench import detect
+
+    detect.add_arguments(p)
+
+
+def _detect_run(args: argparse.Namespace) -> int:
+    from bench import detect
+
+    return detect.run(args)
+
+
+def _load_arguments(p: argparse.ArgumentParser) -> None:
+    from bench import load
+
+    load.add_arguments(p)
+
+
+def _load_run(args: argparse.Namespace) -> int:
+    from bench import load
+
+    return load.run(args)
+
+
 #: subcommand -> (help, add_arguments(parser), run(args) -> exit code)
 SUBCOMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = {
     "paper": ("reproduce the paper's accuracy, speed and distribution-shift experiments (default)", _paper_arguments, _paper_run),
+    "service": ("the service end to end (HTTP in, WebSocket out) against the engine alone: throughput ratio and latency",
+                _service_arguments, _service_run),
+    "detect": ("change-point detection quality (F1, covering, delay, false alarms) of cusp against BOCPD, ADWIN, "
+               "PageHinkley, PELT and BinSeg", _detect_arguments, _detect_run),
+    "load": ("bounded load test on loopback: concurrent clients and subscribers on many streams; correctness, throughput, "
+             "latency and memory of API, workers and Redis", _load_arguments, _load_run),
 }
 DEFAULT = "paper"
 
