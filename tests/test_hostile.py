@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from websockets.sync.client import connect as ws_connect
 
-from service.store import EmbeddedRedis, connect, keys
+from service.store import connect, keys
 from service.worker import Worker
 from tests.service_fixtures import LiveServer
 
@@ -25,13 +25,6 @@ LIMIT = 64_000  # CUSP_MAX_BODY_BYTES here
 ROWS = 100  # CUSP_MAX_CHUNK_ROWS here
 S = "hostile"
 MODELS = ["gaussian", "gmm_components2"]
-
-
-@pytest.fixture(scope="module")
-def redis_url(tmp_path_factory):
-    r = EmbeddedRedis(tmp_path_factory.mktemp("redis"))
-    yield r.url
-    r.close()
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 from websockets.sync.client import connect as ws_connect
 
-from service.store import EmbeddedRedis, connect, keys
+from service.store import connect, keys
 from service.worker import Worker
 from tests.service_fixtures import LiveServer
 
@@ -120,13 +120,6 @@ def chromium(tmp_path_factory):
     browser = Chromium(exe, tmp_path_factory.mktemp("chromium"))
     yield browser
     browser.close()
-
-
-@pytest.fixture(scope="module")
-def redis_url(tmp_path_factory):
-    r = EmbeddedRedis(tmp_path_factory.mktemp("redis"))
-    yield r.url
-    r.close()
 
 
 @pytest.fixture(scope="module")

@@ -212,13 +212,6 @@ class Scraped:
 
 
 @pytest.fixture(scope="module")
-def redis_url(tmp_path_factory):
-    r = EmbeddedRedis(tmp_path_factory.mktemp("redis"))
-    yield r.url
-    r.close()
-
-
-@pytest.fixture(scope="module")
 def scraped(redis_url):
     """A stream with two models, four chunks processed by a burst worker in this process,
     one rejected chunk, then one scrape of /metrics and the API's view of the same state."""

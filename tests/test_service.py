@@ -12,16 +12,9 @@ import torch
 from websockets.sync.client import connect as ws_connect
 
 from service import metrics as M
-from service.store import EmbeddedRedis, connect, keys
+from service.store import connect, keys
 from service.worker import Worker
 from tests.service_fixtures import LiveServer
-
-
-@pytest.fixture(scope="module")
-def redis_url(tmp_path_factory):
-    r = EmbeddedRedis(tmp_path_factory.mktemp("redis"))
-    yield r.url
-    r.close()
 
 
 @pytest.fixture(scope="module")
