@@ -290,15 +290,18 @@ class Detector:
         return DetectorState(rng=g.get_state())
 
     # ------------------------------------------------------------------------------------
-    def restore(self, state: DetectorState, rows_of: Callable[[list[int]], torch.Tensor]) -> DetectorState:
-        """Refill challengers' reservoirs from their chunks' raw rows (``rows_of(seqs)``)."""
+    def restore(self, state: DetectorState, rows_of: Callable[[list[int]], dict[int, torch.Tensor]]) -> DetectorState:
+        """Refill challengers' reservoirs and the recent chunks from the raw rows of their input
+        chunks: ``rows_of(seqs)`` -> {seq: rows [B, C]}, asked once for every seq needed."""
+        need = sorted({q for c in state.challengers for q in c.seqs} | {r.seq for r in state.recent})
+        raw = rows_of(need) if need else {}
         for c in state.challengers:
-            rows = self.sampler.model.featurize(rows_of(c.seqs)) if c.seqs else None
+            rows = self.sampler.model.featurize(torch.cat([raw[q] for q in c.seqs])) if c.seqs else None
             c.reservoir = self._reservoir(rows)
             if c.reservoir.size != c.state.n:
                 raise ValueError(f"challenger at {c.start}: {c.reservoir.size} rows for n={c.state.n}")
         for r in state.recent:
-            r.rows = rows_of([r.seq])
+            r.rows = raw[r.seq]
         return state
 
     def _reservoir(self, rows: torch.Tensor | None) -> Reservoir:

@@ -210,16 +210,14 @@ class Worker:
                 hot.dstate = hot.detector.init(detector_seed(model_seed(cfg, entry)))
         return hot
 
-    def _rows(self, s: str, seqs: list[int], width: int) -> torch.Tensor:
-        """The raw rows of input chunks ``seqs`` (a detector's challengers' history)."""
-        out = []
-        for seq in seqs:
-            got = self.r.xrange(keys.inbox(s), min=keys.entry_id(seq), max=keys.entry_id(seq))
-            if not got:
-                raise RuntimeError(f"stream {s}: input chunk {seq} is gone; cannot restore the detector")
-            f = got[0][1]
-            out.append(rows_from_bytes(f[b"rows"], int(f[b"n"]), width))
-        return torch.cat(out)
+    def _rows(self, s: str, seqs: list[int], width: int) -> dict[int, torch.Tensor]:
+        """The raw rows of input chunks ``seqs`` (sorted; a detector's history), in one read."""
+        got = self.r.xrange(keys.inbox(s), min=keys.entry_id(seqs[0]), max=keys.entry_id(seqs[-1]))
+        by_seq = {keys.seq_of(eid): f for eid, f in got}
+        missing = [q for q in seqs if q not in by_seq]
+        if missing:
+            raise RuntimeError(f"stream {s}: input chunk(s) {missing[:5]} are gone; cannot restore the detector")
+        return {q: rows_from_bytes(by_seq[q][b"rows"], int(by_seq[q][b"n"]), width) for q in seqs}
 
     def _keep(self, hot: Hot) -> bool:
         """Renew the lease when a third of it has passed; False (and dropped) if it was lost."""
