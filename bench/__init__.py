@@ -30,51 +30,27 @@ def _paper_run(args: argparse.Namespace) -> int:
     return paper.run(args)
 
 
-def _service_arguments(p: argparse.ArgumentParser) -> None:
-    from bench import service
+def _lazy(name: str) -> tuple[Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]:
+    """(add_arguments, run) of ``bench.<name>``, imported only when that subcommand is used
+    (its peers' packages are heavy)."""
 
-    service.add_arguments(p)
+    def module():
+        import importlib
 
+        return importlib.import_module(f"bench.{name}")
 
-def _service_run(args: argparse.Namespace) -> int:
-    from bench import service
-
-    return service.run(args)
-
-
-def _detect_arguments(p: argparse.ArgumentParser) -> None:
-    from bench import detect
-
-    detect.add_arguments(p)
-
-
-def _detect_run(args: argparse.Namespace) -> int:
-    from bench import detect
-
-    return detect.run(args)
-
-
-def _load_arguments(p: argparse.ArgumentParser) -> None:
-    from bench import load
-
-    load.add_arguments(p)
-
-
-def _load_run(args: argparse.Namespace) -> int:
-    from bench import load
-
-    return load.run(args)
+    return (lambda p: module().add_arguments(p)), (lambda args: module().run(args))
 
 
 #: subcommand -> (help, add_arguments(parser), run(args) -> exit code)
 SUBCOMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = {
     "paper": ("reproduce the paper's accuracy, speed and distribution-shift experiments (default)", _paper_arguments, _paper_run),
     "service": ("the service end to end (HTTP in, WebSocket out) against the engine alone: throughput ratio and latency",
-                _service_arguments, _service_run),
+                *_lazy("service")),
     "detect": ("change-point detection quality (F1, covering, delay, false alarms) of cusp against BOCPD, ADWIN, "
-               "PageHinkley, PELT and BinSeg", _detect_arguments, _detect_run),
+               "PageHinkley, PELT and BinSeg", *_lazy("detect")),
     "load": ("bounded load test on loopback: concurrent clients and subscribers on many streams; correctness, throughput, "
-             "latency and memory of API, workers and Redis", _load_arguments, _load_run),
+             "latency and memory of API, workers and Redis", *_lazy("load")),
 }
 DEFAULT = "paper"
 

@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
-import math
 import os
 import signal
 import socket
@@ -47,7 +46,7 @@ import numpy as np
 import torch
 
 from bench import data as D
-from bench.report import fmt_num, machine, markdown_table, verdict
+from bench.report import machine, markdown_table, verdict
 
 CHUNK = 500
 TARGET_RATIO = 0.8

@@ -1,7 +1,6 @@
 """bench: data generators, the markdown writer, the exact-evidence trace and the command line
 (the benchmark itself is run by ``cusp bench``; these are its quick building blocks)."""
 
-import numpy as np
 import pytest
 import torch
 

@@ -9,7 +9,7 @@ import math
 import re
 import time
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 from urllib.parse import quote
 
 import numpy as np
