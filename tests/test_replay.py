@@ -85,3 +85,22 @@ def test_bad_input_stops_with_a_clear_message(tmp_path, capsys, content, args, m
 def test_missing_file(tmp_path):
     r = cusp(str(tmp_path / "nope.csv"), "--model", "gaussian")
     assert r.returncode == 2 and "no such file" in r.stderr
+
+
+def test_replay_detect_prints_marks_and_traces_change_points(tmp_path):
+    rng = np.random.default_rng(1)
+    p = tmp_path / "shift.csv"
+    np.savetxt(p, np.r_[rng.normal(0, 1, 300), rng.normal(2, 1, 300)][:, None], delimiter=",", header="v", comments="")
+    out, png = tmp_path / "t.jsonl", tmp_path / "t.png"
+    r = cusp(str(p), "--model", "gaussian", "--chunk-size", "10", "--detect", "--out", str(out), "--plot", str(png))
+    assert r.returncode == 0, r.stderr
+    cps = [d for d in map(json.loads, out.read_text().splitlines()) if d.get("kind") == "changepoint"]
+    assert len(cps) == 1 and abs(cps[0]["location"] - 300) <= 10 and cps[0]["confidence"] >= 0.99, cps
+    assert f"gaussian: change point at observation {cps[0]['location']}" in r.stderr
+    assert png.read_bytes()[:4] == b"\x89PNG"
+    # without --detect: no change points; bad detector settings stop with a clear message
+    r = cusp(str(p), "--model", "gaussian", "--chunk-size", "10", "--out", str(out))
+    assert r.returncode == 0 and "changepoint" not in out.read_text()
+    for bad, msg in (("threshold=2", "threshold"), ("nonsense", "not key=value"), ("colour=1", "unknown detector setting")):
+        r = cusp(str(p), "--model", "gaussian", "--detect", "--detector", bad)
+        assert r.returncode == 2 and msg in r.stderr, (bad, r.stderr)
