@@ -23,7 +23,7 @@ DEMO_MAX_LAG = 4
 
 
 def add_parsers(sub) -> None:
-    p = sub.add_parser("serve", help="run the API and CUSP_WORKERS in-process workers (embedded Redis unless CUSP_REDIS_URL)")
+    p = sub.add_parser("serve", help="run the API and CUSP_WORKERS worker processes (embedded Redis unless CUSP_REDIS_URL)")
     p.add_argument("--host", help="listen address (default CUSP_HOST)")
     p.add_argument("--port", type=int, help="listen port (default CUSP_PORT)")
     p.add_argument("--demo", action="store_true", help="also feed the paper's 3 -> 5 -> 7 cluster demo stream")
@@ -31,6 +31,7 @@ def add_parsers(sub) -> None:
 
     p = sub.add_parser("worker", help="run a worker process against CUSP_REDIS_URL")
     p.add_argument("--metrics-port", type=int, default=9100, help="serve /metrics and /healthz here (0: off)")
+    p.add_argument("--metrics-host", default="0.0.0.0", help="address the metrics server listens on")
     p.add_argument("--burst", action="store_true", help="stop when there is nothing left to do")
     p.set_defaults(func=worker)
 
@@ -56,7 +57,7 @@ def serve(args: argparse.Namespace) -> int:
     from service.api.app import create_app
     from service.settings import load_settings
     from service.store import EmbeddedRedis
-    from service.worker import Worker
+    from service.supervise import WorkerProcesses
 
     settings = load_settings(**{k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None})
     _logging(settings.log_level)
@@ -66,26 +67,23 @@ def serve(args: argparse.Namespace) -> int:
         embedded = EmbeddedRedis(settings.data_dir)
         url = embedded.url
         log.info("embedded Redis under %s", settings.data_dir.resolve())
-    stop = threading.Event()
-    threads = []
-    for i in range(settings.workers):
-        w = Worker(url, lease_seconds=settings.lease_seconds, max_attempts=settings.max_attempts,
-                   result_maxlen=settings.result_maxlen)
-        t = threading.Thread(target=w.run_forever, args=(stop,), name=f"cusp-worker-{i}", daemon=True)
-        t.start()
-        threads.append(t)
+    workers = WorkerProcesses(url, settings.workers) if settings.workers else None
     base = f"http://{settings.host}:{settings.port}"
     if args.demo:
         demo = argparse.Namespace(url=base, stream="demo", observations=100_000, chunk_size=500, rate=5000.0, max_lag=DEMO_MAX_LAG,
                                   api_key=next(iter(settings.keys), None))
         threading.Thread(target=_demo_when_up, args=(demo,), daemon=True).start()
     print(f"cusp serving on {base}  (live page {base}/ , API docs {base}/docs)", flush=True)
+    # uvicorn shuts down gracefully on SIGTERM and then raises the signal again once it restored the
+    # previous handler: with the default one the process would die before the `finally` below has
+    # stopped the workers and the embedded Redis. Exit through SystemExit instead.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:
-        uvicorn.run(create_app(settings, url), host=settings.host, port=settings.port, log_level=settings.log_level.lower())
+        app = create_app(settings, url, worker_metrics=workers.metrics_urls if workers else ())
+        uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level.lower())
     finally:
-        stop.set()
-        for t in threads:
-            t.join(timeout=5)
+        if workers:
+            workers.stop()
         if embedded:
             embedded.close()
     return 0
@@ -102,7 +100,7 @@ def worker(args: argparse.Namespace) -> int:
     w = Worker(settings.redis_url, lease_seconds=settings.lease_seconds, max_attempts=settings.max_attempts,
                result_maxlen=settings.result_maxlen)
     if args.metrics_port:
-        _serve_metrics(args.metrics_port)
+        _serve_metrics(args.metrics_port, args.metrics_host)
     if args.burst:
         print(f"applied {w.run_until_idle()} chunks", flush=True)
         w.release_all()
@@ -115,7 +113,7 @@ def worker(args: argparse.Namespace) -> int:
     return 0
 
 
-def _serve_metrics(port: int) -> None:
+def _serve_metrics(port: int, host: str = "0.0.0.0") -> None:
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
     from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -139,7 +137,7 @@ def _serve_metrics(port: int) -> None:
         def log_message(self, *a):
             pass
 
-    server = ThreadingHTTPServer(("0.0.0.0", port), Handler)
+    server = ThreadingHTTPServer((host, port), Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
 
 

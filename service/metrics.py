@@ -73,3 +73,56 @@ def metric_names() -> set[str]:
     for collector in list(REGISTRY._collector_to_names):  # noqa: SLF001 - stable in prometheus_client
         names.update(REGISTRY._collector_to_names[collector])  # noqa: SLF001
     return names
+
+
+# --- one exposition for `cusp serve`: the API's own metrics plus its worker processes' ----------
+# Unlabelled gauges that describe a process are combined across processes like this; every other
+# gauge series keeps the first value seen (the API's own first: it computes lag and posterior
+# probabilities from Redis at scrape time), and counter and histogram samples add up.
+_COMBINE = {"cusp_workers": sum, "cusp_worker_leases": sum, "cusp_redis_up": min}
+
+
+class _Families:
+    def __init__(self, families: list):
+        self._families = families
+
+    def collect(self):
+        return self._families
+
+
+def merged_exposition(texts: list[str]) -> bytes:
+    """This process's REGISTRY merged with other processes' expositions (Prometheus text format),
+    as one valid exposition: one family per name, one sample per name and label set. The
+    optional ``_created`` samples are left out: the text parser reads them back as gauge families
+    of their own, which would repeat them."""
+    from prometheus_client import generate_latest
+    from prometheus_client.metrics_core import Metric
+    from prometheus_client.parser import text_string_to_metric_families
+    from prometheus_client.samples import Sample
+
+    families: dict[str, Metric] = {}
+    values: dict[str, dict[tuple, list[Sample]]] = {}
+    for source in [list(REGISTRY.collect())] + [list(text_string_to_metric_families(t)) for t in texts]:
+        for fam in source:
+            if fam.name.endswith("_created"):
+                continue
+            if fam.name not in families:
+                families[fam.name] = Metric(fam.name, fam.documentation, fam.type, fam.unit)
+                values[fam.name] = {}
+            for s in fam.samples:
+                if s.name.endswith("_created"):
+                    continue
+                values[fam.name].setdefault((s.name, tuple(sorted(s.labels.items()))), []).append(s)
+    out = []
+    for name, fam in families.items():
+        for (_, _), got in values[name].items():
+            first = got[0]
+            if len(got) == 1:
+                value = first.value
+            elif fam.type == "gauge":
+                value = _COMBINE[name]([s.value for s in got]) if name in _COMBINE else first.value
+            else:
+                value = sum(s.value for s in got)
+            fam.samples.append(Sample(first.name, first.labels, value))
+        out.append(fam)
+    return generate_latest(_Families(out))  # type: ignore[arg-type]

@@ -63,37 +63,63 @@ class Worker:
         self.result_maxlen = result_maxlen
         self.batch = batch
         self.hot: dict[tuple[str, str], Hot] = {}
+        self._wake = None  # pub/sub on keys.WAKE, opened when the worker first goes idle
         self._configs: dict[str, tuple[bytes, StreamConfig]] = {}
         self._acquire = self.r.register_script(scripts.ACQUIRE)
         self._renew = self.r.register_script(scripts.RENEW)
         self._release = self.r.register_script(scripts.RELEASE)
         self._apply = self.r.register_script(scripts.APPLY)
         self._dead = self.r.register_script(scripts.DEAD_LETTER)
+        self._trim = self.r.register_script(scripts.TRIM_INBOX)
 
     # --- loop -------------------------------------------------------------------------------
-    def run_forever(self, stop: threading.Event, idle_sleep: float = 0.05) -> None:
+    def run_forever(self, stop: threading.Event, idle_sleep: float = 0.5) -> None:
+        """Work until ``stop`` is set. When there is nothing to do, wait up to ``idle_sleep``
+        seconds (and at most a sixth of the lease, so held leases are renewed in time) for a
+        wake-up message from the ingest script, so a new chunk starts within a round trip."""
         M.WORKERS.inc()
+        idle = min(idle_sleep, self.lease_ms / 6000)
         try:
             while not stop.is_set():
                 try:
                     done = self.poll_once()
                     M.REDIS_UP.set(1)
+                    if not done:
+                        self._wait_for_work(idle)
                 except (rexc.ConnectionError, rexc.TimeoutError, OSError) as exc:
                     M.REDIS_UP.set(0)
                     log.warning("redis unavailable (%s); retrying", exc)
-                    self.hot.clear()
+                    self._reset_after_error()
                     stop.wait(1.0)
-                    continue
                 except Exception:  # noqa: BLE001 - a worker must survive anything and retry
                     log.exception("worker poll failed")
-                    self.hot.clear()
+                    self._reset_after_error()
                     stop.wait(1.0)
-                    continue
-                if not done:
-                    stop.wait(idle_sleep)
         finally:
             M.WORKERS.dec()
+            self._close_wake()
             self.release_all()
+
+    def _wait_for_work(self, timeout: float) -> None:
+        if self._wake is None:  # subscribed once and kept: messages published meanwhile queue up
+            self._wake = self.r.pubsub(ignore_subscribe_messages=True)
+            self._wake.subscribe(keys.WAKE)
+            return  # something may have arrived before the subscription: poll again first
+        got = self._wake.get_message(timeout=timeout)
+        while got is not None:  # one poll serves every chunk that arrived meanwhile
+            got = self._wake.get_message(timeout=0)
+
+    def _close_wake(self) -> None:
+        if self._wake is not None:
+            try:
+                self._wake.close()
+            except Exception:  # noqa: BLE001
+                pass
+            self._wake = None
+
+    def _reset_after_error(self) -> None:
+        self.hot.clear()
+        self._close_wake()
 
     def run_until_idle(self, timeout: float = 120.0) -> int:
         """Burst mode: process until no pair has pending chunks; returns chunks applied."""
@@ -251,6 +277,10 @@ class Worker:
             if outcome != "ok":
                 break
             done += 1
+        if done:
+            cfg = self._config(s)
+            if cfg is not None:
+                self._trim(keys=[keys.inbox(s), *(keys.state(s, x.name) for x in cfg.models)])
         if last_in is not None:
             M.INGEST_LAG.labels(s, m).set(max(0, int(last_in) - hot.last_seq))
         return done
@@ -279,7 +309,7 @@ class Worker:
         status = self._apply(
             keys=[keys.state(s, m), keys.reservoir(s, m), keys.fence(s, m), keys.out(s), keys.attempts(s, m)],
             args=[hot.token, seq, state.to_bytes(), result.n, repr(result.log_evidence), state.chunks, det_bytes,
-                  row_bytes, self.result_maxlen, len(outs) // 3, *outs, *slot_args],
+                  self._keep_from(seq, dstate), row_bytes, self.result_maxlen, len(outs) // 3, *outs, *slot_args],
         )
         status = status.decode() if isinstance(status, bytes) else status
         if status != "ok":
@@ -301,6 +331,14 @@ class Worker:
             log.info("stream %s model %s: change point at observation %d (confidence %.4f, log BF %.1f)",
                      s, m, ev.location, ev.confidence, ev.log_bayes_factor)
         return "ok"
+
+    @staticmethod
+    def _keep_from(seq: int, dstate: DetectorState | None) -> int:
+        """The first input seq this pair may still read once ``seq`` is applied: the next chunk, or
+        the oldest chunk its detector re-reads on restore. The stream's input is trimmed below the
+        smallest of these over its models."""
+        oldest = dstate.oldest_seq() if dstate is not None else None
+        return seq + 1 if oldest is None else min(seq + 1, oldest)
 
     @staticmethod
     def _slot_runs(writes) -> list:
@@ -328,7 +366,8 @@ class Worker:
             return "retry"
         status = self._dead(
             keys=[keys.state(s, m), keys.fence(s, m), keys.out(s), keys.dead(s), keys.attempts(s, m)],
-            args=[hot.token, seq, m, err, self.result_maxlen, json.dumps({"seq": seq, "error": err})],
+            args=[hot.token, seq, m, err, self.result_maxlen, json.dumps({"seq": seq, "error": err}),
+                  self._keep_from(seq, hot.dstate)],
         )
         if (status.decode() if isinstance(status, bytes) else status) == "ok":
             hot.last_seq = seq

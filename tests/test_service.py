@@ -102,6 +102,63 @@ def test_idempotent_repeat_conflict_and_gap(live, redis_url):
     assert len(results(live, s)) == 2
 
 
+def test_input_trimmed_once_applied_and_resends_still_recognised(live, redis_url):
+    """Once every model applied a chunk (and no detector needs it to restore) its input entry is
+    trimmed; a resend of it is still answered from the kept digest: duplicate or conflict."""
+    s, _ = make_stream(live, detector={"enabled": False})
+    chunks = [gauss_rows(30, q) for q in range(6)]
+    for q, rows in enumerate(chunks):
+        assert post(live, s, q, rows).status_code == 202
+    r = connect(redis_url)
+    assert r.xlen(keys.inbox(s)) == 6
+    assert burst(redis_url) == 12
+    assert r.xlen(keys.inbox(s)) == 0
+    again = post(live, s, 2, chunks[2])
+    assert again.status_code == 200 and again.json()["status"] == "duplicate", again.text
+    conflict = post(live, s, 2, chunks[3])
+    assert conflict.status_code == 409 and "different data" in conflict.json()["detail"]
+    assert post(live, s, 6, chunks[0]).status_code == 202 and r.xlen(keys.inbox(s)) == 1
+    assert burst(redis_url) == 2 and r.xlen(keys.inbox(s)) == 0
+    assert sorted(x["seq"] for x in results(live, s)) == [q for q in range(7) for _ in range(2)]
+
+
+def test_input_kept_while_a_model_or_the_detector_needs_it(live, redis_url):
+    """The slowest model bounds the trim, and the detector's recent chunks stay readable: a fresh
+    worker restores the detector from them and goes on to the same numbers as an unbroken run."""
+    s, _ = make_stream(live, models=("gaussian",), detector={"max_age": 100})
+    for q in range(12):
+        assert post(live, s, q, gauss_rows(20, q)).status_code == 202
+    r = connect(redis_url)
+    assert burst(redis_url) == 12
+    kept = [keys.seq_of(e) for e, _ in r.xrange(keys.inbox(s))]
+    h = r.hgetall(keys.state(s, "gaussian"))
+    keep_from = int(h[b"keep_from"])
+    assert kept == list(range(keep_from, 12)) and 0 < keep_from < 12 - 1  # the detector's window (max_age 100, 20 rows each)
+    assert burst(redis_url) == 0
+    for q in range(12, 16):
+        assert post(live, s, q, gauss_rows(20, q)).status_code == 202
+    assert burst(redis_url) == 4  # a new worker: restores the detector from the kept input
+    unbroken, _ = make_stream(live, models=("gaussian",), detector={"max_age": 100})
+    for q in range(16):
+        assert post(live, unbroken, q, gauss_rows(20, q)).status_code == 202
+    assert burst(redis_url) == 16
+    strip = lambda rows: [{k: v for k, v in x.items() if k not in ("id", "seconds")} for x in rows]  # noqa: E731
+    assert strip(results(live, s)) == strip(results(live, unbroken))
+
+
+def test_resend_older_than_the_dedup_window_is_a_clear_409(redis_url):
+    server = LiveServer(redis_url, dedup_window=1)
+    try:
+        s, _ = make_stream(server, models=("gaussian",))
+        for q in range(250):  # the digest stream is capped with MAXLEN ~: whole 100-entry nodes go
+            assert post(server, s, q, [[float(q), 1.0]]).status_code == 202
+        old = post(server, s, 0, [[0.0, 1.0]])
+        assert old.status_code == 409 and "CUSP_DEDUP_WINDOW=1" in old.json()["detail"] and "expected seq 250" in old.json()["detail"]
+        assert post(server, s, 249, [[249.0, 1.0]]).json()["status"] == "duplicate"
+    finally:
+        server.stop()
+
+
 BAD = [
     ({"seq": 0, "rows": [[1.0, float("nan")]]}, 422, "NaN is not accepted"),
     ('{"seq": 0, "rows": [[1.0, Infinity]]}', 422, "Infinity is not accepted"),
@@ -300,7 +357,7 @@ def test_poison_chunk_is_dead_lettered_and_others_go_on(live, redis_url):
     post(live, s, 0, gauss_rows(50))
     # bypass the API's validation to plant a chunk the engine cannot take
     r = connect(redis_url)
-    r.xadd(keys.inbox(s), {"rows": np.array([[1e160, 0.0]]).astype("<f8").tobytes(), "n": 1, "digest": "x"}, id=keys.entry_id(1))
+    r.xadd(keys.inbox(s), {"rows": np.array([[1e160, 0.0]]).astype("<f8").tobytes(), "n": 1}, id=keys.entry_id(1))
     r.set(keys.seq(s), 1)
     post(live, s, 2, gauss_rows(50, 2))
     burst(redis_url, max_attempts=2)

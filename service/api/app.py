@@ -9,6 +9,7 @@ import math
 import re
 import time
 from pathlib import Path
+from collections.abc import Sequence
 from typing import Annotated
 from urllib.parse import quote
 
@@ -33,6 +34,7 @@ from service.runtime import build, cached_model, model_seed
 from service.settings import Settings
 from service.sgais import ConfigError
 from service.store import ModelEntry, StreamConfig, connect_async, digest, keys, scripts
+from service.supervise import scrape
 
 log = logging.getLogger("cusp.api")
 STATIC = Path(__file__).parent / "static"
@@ -104,7 +106,9 @@ class Store:
         self.url = url
 
 
-def create_app(settings: Settings, redis_url: str) -> FastAPI:
+def create_app(settings: Settings, redis_url: str, worker_metrics: Sequence[str] = ()) -> FastAPI:
+    """The API. ``worker_metrics``: /metrics URLs of worker processes (``cusp serve``'s children)
+    whose series this process's /metrics includes."""
     # the schema and its documentation pages are served below, behind the API key like everything but the probes
     app = FastAPI(title="cusp", version="0.1.0", description="Streaming change-point detection on online Bayesian evidence (SGAIS).",
                   openapi_url=None, docs_url=None, redoc_url=None)
@@ -226,6 +230,9 @@ def create_app(settings: Settings, redis_url: str) -> FastAPI:
             M.REDIS_UP.set(1)
         except (rexc.RedisError, OSError):
             M.REDIS_UP.set(0)
+        if worker_metrics:
+            texts = await asyncio.to_thread(scrape, list(worker_metrics))
+            return PlainTextResponse(M.merged_exposition(texts), media_type=CONTENT_TYPE_LATEST)
         return PlainTextResponse(generate_latest(M.REGISTRY), media_type=CONTENT_TYPE_LATEST)
 
     async def refresh_stream_gauges(st: Store) -> None:
@@ -374,8 +381,8 @@ def create_app(settings: Settings, redis_url: str) -> FastAPI:
                 raise C.ChunkError(f"model {m.name!r}: {exc}") from None
             if not bool(torch.isfinite(feats).all()):
                 raise C.ChunkError(f"model {m.name!r}: values too large (their squares overflow float64)")
-        res = await st.ingest(keys=[keys.seq(cfg.name), keys.inbox(cfg.name)],
-                              args=[seq, data.astype("<f8").tobytes(), data.shape[0], payload_digest])
+        res = await st.ingest(keys=[keys.seq(cfg.name), keys.inbox(cfg.name), keys.seen(cfg.name)],
+                              args=[seq, data.astype("<f8").tobytes(), data.shape[0], payload_digest, settings.dedup_window])
         kind, val = res[0].decode(), res[1].decode()
         if kind == "ok":
             M.INGESTED_CHUNKS.labels(cfg.name).inc()
@@ -386,6 +393,11 @@ def create_app(settings: Settings, redis_url: str) -> FastAPI:
                 M.REJECTED.labels("conflict").inc()
                 raise C.ChunkError(f"seq {seq} was already accepted with different data", 409)
             return 200, {"seq": seq, "status": "duplicate", "id": keys.entry_id(seq)}
+        if kind == "old":
+            M.REJECTED.labels("conflict").inc()
+            raise C.ChunkError(f"seq {seq} was accepted long ago: it is older than the last CUSP_DEDUP_WINDOW="
+                               f"{settings.dedup_window} chunks, whose digests are kept, so it cannot be checked against "
+                               f"the stored data; expected seq {val}", 409)
         M.REJECTED.labels("gap").inc()
         raise C.ChunkError(f"seq {seq} is out of order: expected seq {val}", 409)
 

@@ -7,11 +7,13 @@ stream's keys on one shard (the Lua scripts touch several of them atomically).
 |---|---|---|
 | ``cusp:streams`` | set | names of existing streams |
 | ``cusp:workers`` | zset | worker id -> last heartbeat (unix seconds); used to share leases |
+| ``cusp:wake`` | pub/sub channel | a message per accepted chunk; idle workers block on it instead of polling |
 | ``cusp:{s}:config`` | string | the stream's JSON config: columns, models, sampler, seed, limits |
-| ``cusp:{s}:in`` | stream | ingested chunks; entry id ``<seq+1>-0``; fields ``rows`` (float64 bytes), ``n``, ``digest`` |
+| ``cusp:{s}:in`` | stream | ingested chunks; entry id ``<seq+1>-0``; fields ``rows`` (float64 bytes), ``n``; trimmed below every model's ``keep_from`` |
+| ``cusp:{s}:seen`` | stream | digest of each accepted chunk (entry id ``<seq+1>-0``, field ``d``), capped at about ``CUSP_DEDUP_WINDOW`` entries, so a resend is recognised after its input entry was trimmed |
 | ``cusp:{s}:seq`` | string | last accepted sequence number |
 | ``cusp:{s}:out`` | stream | results of every model and change-point events, in apply order; fields ``model``, ``kind``, ``data`` (JSON) |
-| ``cusp:{s}:{m}:state`` | hash | ``state`` (SGAIS state bytes), ``last_seq``, ``n``, ``log_evidence``, ``chunks``, ``detector``, ``error`` |
+| ``cusp:{s}:{m}:state`` | hash | ``state`` (SGAIS state bytes), ``last_seq``, ``n``, ``log_evidence``, ``chunks``, ``detector``, ``keep_from`` (first input seq it may still read), ``error`` |
 | ``cusp:{s}:{m}:res`` | string | reservoir rows, float64, slot i at byte offset i * row_bytes (SETRANGE) |
 | ``cusp:{s}:{m}:lease`` | string | worker id holding the lease; expires (PX) unless renewed |
 | ``cusp:{s}:{m}:fence`` | string | fencing token, incremented on every lease acquisition |
@@ -28,6 +30,7 @@ MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 STREAMS = "cusp:streams"
 WORKERS = "cusp:workers"
+WAKE = "cusp:wake"  # pub/sub channel: the ingest script publishes on it, idle workers wait on it
 
 
 def config(s: str) -> str:
@@ -36,6 +39,10 @@ def config(s: str) -> str:
 
 def inbox(s: str) -> str:
     return f"cusp:{{{s}}}:in"
+
+
+def seen(s: str) -> str:
+    return f"cusp:{{{s}}}:seen"
 
 
 def seq(s: str) -> str:
@@ -75,7 +82,7 @@ def model_keys(s: str, m: str) -> list[str]:
 
 
 def stream_keys(s: str, models: list[str]) -> list[str]:
-    keys = [config(s), inbox(s), seq(s), out(s), dead(s)]
+    keys = [config(s), inbox(s), seen(s), seq(s), out(s), dead(s)]
     for m in models:
         keys += model_keys(s, m)
     return keys

@@ -1,28 +1,32 @@
 """Lua scripts: each is one atomic step. Return values are short status strings."""
 
-# Ingest one chunk. KEYS: seq, inbox. ARGV: seq, rows(bytes), n_rows, digest.
-# Returns {"ok", id} | {"dup", stored_digest} | {"gap", expected}
+# Ingest one chunk. KEYS: seq, inbox, seen. ARGV: seq, rows(bytes), n_rows, digest, seen_window.
+# Publishes on ``cusp:wake`` (keys.WAKE) so that idle workers start at once instead of polling.
+# The digest goes to the ``seen`` stream (capped at about seen_window entries), not into the
+# input entry, so that a resend is still recognised after the input entry was trimmed.
+# Returns {"ok", id} | {"dup", stored_digest} | {"old", expected} (a seq older than the kept
+# digests) | {"gap", expected}
 INGEST = """
 local last = tonumber(redis.call('GET', KEYS[1]) or '-1')
 local s = tonumber(ARGV[1])
 if s <= last then
-  local e = redis.call('XRANGE', KEYS[2], (s + 1) .. '-0', (s + 1) .. '-0')
-  local d = ''
-  if e[1] then
-    local f = e[1][2]
-    for i = 1, #f, 2 do if f[i] == 'digest' then d = f[i + 1] end end
-  end
-  return {'dup', d}
+  local e = redis.call('XRANGE', KEYS[3], (s + 1) .. '-0', (s + 1) .. '-0')
+  if e[1] then return {'dup', e[1][2][2]} end
+  return {'old', tostring(last + 1)}
 end
 if s ~= last + 1 then return {'gap', tostring(last + 1)} end
-local id = redis.call('XADD', KEYS[2], (s + 1) .. '-0', 'rows', ARGV[2], 'n', ARGV[3], 'digest', ARGV[4])
+local id = redis.call('XADD', KEYS[2], (s + 1) .. '-0', 'rows', ARGV[2], 'n', ARGV[3])
+redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[5], (s + 1) .. '-0', 'd', ARGV[4])
 redis.call('SET', KEYS[1], s)
+redis.call('PUBLISH', 'cusp:wake', ARGV[1])
 return {'ok', id}
 """
 
 # Apply one processed chunk. KEYS: state, reservoir, fence, out, attempts.
-# ARGV: fence_token, seq, state_bytes, n, log_evidence, chunks, detector_bytes, row_bytes,
+# ARGV: fence_token, seq, state_bytes, n, log_evidence, chunks, detector_bytes, keep_from, row_bytes,
 #       out_maxlen, n_out, [model, kind, data] * n_out, then (slot, bytes) pairs.
+# keep_from: the first input seq this model may still read (its next chunk, or the oldest chunk its
+# detector must re-read on restore); TRIM_INBOX drops what no model of the stream needs.
 # Returns 'ok' | 'fenced' | 'stale'
 APPLY = """
 local token = redis.call('GET', KEYS[3])
@@ -30,12 +34,12 @@ if token ~= ARGV[1] then return 'fenced' end
 local last = tonumber(redis.call('HGET', KEYS[1], 'last_seq') or '-1')
 if last + 1 ~= tonumber(ARGV[2]) then return 'stale' end
 redis.call('HSET', KEYS[1], 'state', ARGV[3], 'last_seq', ARGV[2], 'n', ARGV[4], 'log_evidence', ARGV[5],
-           'chunks', ARGV[6], 'detector', ARGV[7], 'error', '')
-local rb = tonumber(ARGV[8])
-local n_out = tonumber(ARGV[10])
-local i = 11
+           'chunks', ARGV[6], 'detector', ARGV[7], 'keep_from', ARGV[8], 'error', '')
+local rb = tonumber(ARGV[9])
+local n_out = tonumber(ARGV[11])
+local i = 12
 for _ = 1, n_out do
-  redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[9], '*', 'model', ARGV[i], 'kind', ARGV[i + 1], 'data', ARGV[i + 2])
+  redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[10], '*', 'model', ARGV[i], 'kind', ARGV[i + 1], 'data', ARGV[i + 2])
   i = i + 3
 end
 while i <= #ARGV do
@@ -47,13 +51,13 @@ return 'ok'
 """
 
 # Park a chunk that keeps failing. KEYS: state, fence, out, dead, attempts.
-# ARGV: fence_token, seq, model, error, out_maxlen, data_json
+# ARGV: fence_token, seq, model, error, out_maxlen, data_json, keep_from
 DEAD_LETTER = """
 local token = redis.call('GET', KEYS[2])
 if token ~= ARGV[1] then return 'fenced' end
 local last = tonumber(redis.call('HGET', KEYS[1], 'last_seq') or '-1')
 if last + 1 ~= tonumber(ARGV[2]) then return 'stale' end
-redis.call('HSET', KEYS[1], 'last_seq', ARGV[2], 'error', ARGV[4])
+redis.call('HSET', KEYS[1], 'last_seq', ARGV[2], 'error', ARGV[4], 'keep_from', ARGV[7])
 redis.call('XADD', KEYS[4], 'MAXLEN', '~', '10000', '*', 'model', ARGV[3], 'seq', ARGV[2], 'error', ARGV[4])
 redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[5], '*', 'model', ARGV[3], 'kind', 'dead_letter', 'data', ARGV[6])
 redis.call('HDEL', KEYS[5], ARGV[2])
@@ -97,7 +101,19 @@ redis.call('SET', KEYS[2], ARGV[2])
 redis.call('SADD', KEYS[1], ARGV[1])
 for i = 3, #KEYS do
   redis.call('HSET', KEYS[i], 'state', ARGV[i], 'last_seq', '-1', 'n', '0', 'log_evidence', '0', 'chunks', '0',
-             'detector', '', 'error', '')
+             'detector', '', 'keep_from', '0', 'error', '')
 end
 return 1
+"""
+
+# Trim a stream's input below the first seq any of its models may still read. KEYS: inbox,
+# then every model's state hash. Returns the number of entries removed.
+TRIM_INBOX = """
+local keep = nil
+for i = 2, #KEYS do
+  local k = tonumber(redis.call('HGET', KEYS[i], 'keep_from') or '0')
+  if keep == nil or k < keep then keep = k end
+end
+if keep == nil or keep <= 0 then return 0 end
+return redis.call('XTRIM', KEYS[1], 'MINID', (keep + 1) .. '-0')
 """

@@ -1,0 +1,130 @@
+"""`cusp serve` as a user runs it: one process tree with the embedded Redis and CUSP_WORKERS
+worker processes. The workers are supervised (a killed one comes back), their metrics appear in
+the API's one /metrics exposition, and SIGTERM stops the workers and the embedded Redis too."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.service_fixtures import free_port
+
+CUSP = str(Path(sys.executable).parent / "cusp")
+
+
+def children(pid: int) -> list[int]:
+    try:
+        return [int(x) for x in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except FileNotFoundError:
+        return []
+
+
+def worker_pids(proc) -> list[int]:
+    out = []
+    for c in children(proc.pid):
+        try:
+            if b"worker" in Path(f"/proc/{c}/cmdline").read_bytes():
+                out.append(c)
+        except OSError:
+            continue
+    return out
+
+
+def redis_in(data_dir: Path) -> list[int]:
+    """redis-server processes whose working directory is ``data_dir`` (the embedded server chdirs there)."""
+    out = []
+    for p in Path("/proc").iterdir():
+        if p.name.isdigit():
+            try:
+                if os.readlink(p / "cwd") == str(data_dir) and b"redis-server" in (p / "cmdline").read_bytes():
+                    out.append(int(p.name))
+            except OSError:
+                continue
+    return out
+
+
+def wait_for(cond, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = cond()
+        if got:
+            return got
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def metric(text: str, name: str, **labels) -> float | None:
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
+                return s.value
+    return None
+
+
+@pytest.fixture
+def served(tmp_path):
+    port = free_port()
+    env = {**os.environ, "CUSP_DATA_DIR": str(tmp_path / "data"), "CUSP_PORT": str(port), "CUSP_HOST": "127.0.0.1",
+           "CUSP_WORKERS": "2", "CUSP_LEASE_SECONDS": "2"}
+    env.pop("CUSP_REDIS_URL", None)
+    log = open(tmp_path / "serve.log", "wb")
+    proc = subprocess.Popen([CUSP, "serve"], env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=20)
+
+    def up():
+        try:
+            return client.get("/readyz").status_code == 200
+        except httpx.TransportError:
+            return False
+
+    try:
+        wait_for(up, 60, "cusp serve to answer /readyz")
+        yield proc, client, tmp_path
+    finally:
+        client.close()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        log.close()
+
+
+def test_serve_runs_supervised_worker_processes_with_one_metrics_exposition(served):
+    proc, client, tmp = served
+    workers = wait_for(lambda: (w := worker_pids(proc)) and len(w) == 2 and w, 30, "two worker processes")
+    assert client.post("/v1/streams", json={"name": "s", "columns": ["x"], "models": ["gaussian", "gmm:components=2"]}).status_code == 201
+    for q in range(4):
+        assert client.post("/v1/streams/s/chunks", json={"seq": q, "rows": [[0.1 * q], [1.0], [-0.5]]}).status_code == 202
+    wait_for(lambda: all(m["last_seq"] == 3 for m in client.get("/v1/streams/s").json()["models"]), 60, "both models to apply 4 chunks")
+
+    text = client.get("/metrics").text
+    names = [f.name for f in text_string_to_metric_families(text)]
+    assert len(names) == len(set(names)), "one family per name"
+    assert metric(text, "cusp_workers") == 2  # one loop per worker process, summed
+    assert metric(text, "cusp_worker_leases") == 2
+    for m in ("gaussian", "gmm_components2"):  # the workers' series, through the API's /metrics
+        assert metric(text, "cusp_chunks_processed_total", stream="s", model=m) == 4
+        assert metric(text, "cusp_observations_seen", stream="s", model=m) == 12
+    assert metric(text, "cusp_ingested_chunks_total", stream="s") == 4  # and the API's own
+
+    os.kill(workers[0], signal.SIGKILL)  # the supervisor starts a new one; the pair's lease lapses and moves
+    wait_for(lambda: (w := worker_pids(proc)) and len(w) == 2 and workers[0] not in w, 30, "the killed worker to be replaced")
+    for q in range(4, 6):
+        assert client.post("/v1/streams/s/chunks", json={"seq": q, "rows": [[0.2], [0.3]]}).status_code == 202
+    wait_for(lambda: all(m["last_seq"] == 5 for m in client.get("/v1/streams/s").json()["models"]), 60,
+             "both models to go on after the worker was replaced")
+    seqs = sorted(r["seq"] for r in client.get("/v1/streams/s/evidence").json()["results"] if r["kind"] == "result")
+    assert seqs == [q for q in range(6) for _ in range(2)]  # exactly once, whichever process applied it
+
+    redis = redis_in((tmp / "data").resolve())
+    assert len(redis) == 1
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(30) == 0
+    wait_for(lambda: not redis_in((tmp / "data").resolve()) and not any(Path(f"/proc/{w}").exists() for w in workers[1:]), 15,
+             "the embedded Redis and the workers to stop with cusp serve")
+    assert b"exited with" in (tmp / "serve.log").read_bytes()  # the supervisor said why it restarted one
