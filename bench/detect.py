@@ -42,6 +42,8 @@ from pathlib import Path
 
 import numpy as np
 
+from bench.report import write_section
+
 MARGIN = 5
 SECTION = "## Change-point detection"
 METHODS = ("cusp", "BOCPD", "ADWIN", "PageHinkley", "PELT", "BinSeg")
@@ -1018,28 +1020,6 @@ def _versions() -> dict[str, str]:
     return out
 
 
-def replace_section(doc: str, section: str, heading: str = SECTION) -> str:
-    """``doc`` with the level-2 section titled ``heading`` (up to the next level-2 heading)
-    replaced by ``section``, or ``section`` appended when there is none."""
-    lines = doc.split("\n")
-    start = next((i for i, ln in enumerate(lines) if ln.strip() == heading), None)
-    body = section.rstrip("\n").split("\n")
-    if start is None:
-        head = doc.rstrip("\n")
-        return (head + "\n\n" if head else "") + "\n".join(body) + "\n"
-    end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
-    rest = lines[end:]
-    out = lines[:start] + body + ([""] + rest if rest else [])
-    return "\n".join(out).rstrip("\n") + "\n"
-
-
-def write_report(path: str | Path, section: str) -> None:
-    p = Path(path)
-    doc = p.read_text() if p.exists() else "# Benchmarks\n"
-    p.parent.mkdir(parents=True, exist_ok=True)
-    p.write_text(replace_section(doc, section))
-
-
 # === command line ===================================================================================
 
 
@@ -1113,7 +1093,7 @@ def run(args: argparse.Namespace) -> int:
                                             "imported at its start.")
     section = render(results, methods, quick=args.quick, elapsed=time.perf_counter() - t0, tcpd_dirs=args.tcpd,
                      cusp_note=why, source=source)
-    write_report(args.out, section)
+    write_section(args.out, "detect", section)
     if args.json:
         _dump(results, args.json)
     _log(f"wrote the '{SECTION[3:]}' section of {args.out}")

@@ -36,6 +36,8 @@ from pathlib import Path
 
 import numpy as np
 
+from bench.report import write_section
+
 SECTION = "## Load"
 
 
@@ -468,17 +470,6 @@ def report(result: LoadResult, command: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_section(path: Path, section: str) -> None:
-    """Replace the ``## Load`` section of ``path`` (up to the next ``## `` heading), or append it."""
-    text = path.read_text() if path.exists() else "# Benchmarks\n"
-    pattern = re.compile(r"^## Load\n.*?(?=^## |\Z)", re.M | re.S)
-    if pattern.search(text):
-        text = pattern.sub(lambda _: section + "\n", text, count=1)
-    else:
-        text = text.rstrip("\n") + "\n\n" + section
-    path.write_text(text.rstrip("\n") + "\n")
-
-
 def add_arguments(p: argparse.ArgumentParser) -> None:
     d = LoadConfig()
     p.add_argument("--clients", type=int, default=d.clients, help=f"concurrent HTTP clients (default {d.clients})")
@@ -510,7 +501,7 @@ def run(args: argparse.Namespace) -> int:
     for p in result.problems:
         print("PROBLEM:", p, file=sys.stderr)
     if args.report:
-        write_section(Path(args.report), text)
+        write_section(Path(args.report), "load", text)
     if args.json:
         Path(args.json).write_text(json.dumps({"config": asdict(cfg), "problems": result.problems, "posted": result.posted,
                                                "figures": result.figures}, indent=1, default=str))

@@ -8,6 +8,7 @@ import os
 import platform
 import subprocess
 from collections.abc import Sequence
+from pathlib import Path
 
 
 def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[object]], align: str | None = None) -> str:
@@ -92,3 +93,24 @@ def machine() -> dict[str, str]:
         info["dynesty"] = "not installed"
     info["date"] = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     return info
+
+
+def markers(name: str) -> tuple[str, str]:
+    return f"<!-- cusp bench {name}: begin -->", f"<!-- cusp bench {name}: end -->"
+
+
+def write_section(path: str | Path, name: str, section: str) -> None:
+    """Put ``section`` into the markdown file ``path`` between the markers of benchmark ``name``:
+    in place of what a previous run wrote there, or appended. Every other part of the file (the
+    other benchmarks' sections, hand-written text) is left exactly as it was."""
+    begin, end = markers(name)
+    body = f"{begin}\n{section.strip(chr(10))}\n{end}"
+    p = Path(path)
+    old = p.read_text() if p.exists() else "# Benchmarks\n"
+    if begin in old and end in old.split(begin, 1)[1]:
+        head, rest = old.split(begin, 1)
+        new = head + body + rest.split(end, 1)[1]
+    else:
+        new = old.rstrip("\n") + "\n\n" + body + "\n"
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(new)

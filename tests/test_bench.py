@@ -7,7 +7,7 @@ import torch
 import bench
 from bench import data as D
 from bench.paper import linear_exact_trace
-from bench.report import fmt_n, markdown_table
+from bench.report import fmt_n, markdown_table, write_section
 from models import build_model
 
 
@@ -52,6 +52,24 @@ def test_markdown_table():
         markdown_table(["a", "b"], [[1]])
 
 
+def test_write_section_replaces_only_its_own_markers(tmp_path):
+    """Every benchmark writes its part of docs/benchmarks.md through write_section: a rerun of one
+    replaces its own block and leaves the others and any hand-written text exactly as they were."""
+    out = tmp_path / "b.md"
+    write_section(out, "paper", "intro\n\n## 1. Paper\n\nold\n")  # a new file gets the title
+    write_section(out, "detect", "## Change-point detection\n\nA\n\n### x\n\nB\n")
+    out.write_text(out.read_text() + "\nhand-written\n")
+    write_section(out, "load", "## Load\n\nL\n")
+    before = out.read_text()
+    assert before.startswith("# Benchmarks\n\n<!-- cusp bench paper: begin -->\nintro\n")
+    write_section(out, "paper", "intro 2\n\n## 1. Paper\n\nnew\n")
+    write_section(out, "detect", "## Change-point detection\n\nC\n")
+    after = out.read_text()
+    assert after == (before.replace("intro\n\n## 1. Paper\n\nold\n", "intro 2\n\n## 1. Paper\n\nnew\n")
+                     .replace("## Change-point detection\n\nA\n\n### x\n\nB\n", "## Change-point detection\n\nC\n"))
+    assert after.count("<!-- cusp bench") == 6 and "hand-written" in after
+
+
 def test_linear_exact_trace_matches_the_model():
     ends, z = linear_exact_trace(3_000, chunk=500)
     assert list(ends) == [500, 1000, 1500, 2000, 2500, 3000]
@@ -83,7 +101,6 @@ def test_service_bench_smoke(tmp_path):
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert float(cells[4]) > 0 and cells[6] == "yes"  # serve / engine ratio, identical results
     assert "| `gaussian` | serve | 3 chunks" in doc
-    from bench.service import BEGIN, END, write_section
-
-    write_section(out, f"{BEGIN}\n## Service: throughput and latency\n\nrerun\n{END}\n")  # a rerun replaces it
-    assert out.read_text() == "# Benchmarks\n\n## 1. Other section\n\nkept\n\n" + f"{BEGIN}\n## Service: throughput and latency\n\nrerun\n{END}\n"
+    write_section(out, "service", "## Service: throughput and latency\n\nrerun\n")  # a rerun replaces it
+    assert out.read_text() == ("# Benchmarks\n\n## 1. Other section\n\nkept\n\n<!-- cusp bench service: begin -->\n"
+                               "## Service: throughput and latency\n\nrerun\n<!-- cusp bench service: end -->\n")

@@ -205,17 +205,6 @@ def test_suite_generators():
 # --- report ---------------------------------------------------------------------------------------
 
 
-def test_replace_section_touches_only_its_own():
-    doc = "# Benchmarks\n\nintro\n\n## 1. Other\n\ntext\n\n### sub\n\nmore\n"
-    once = B.replace_section(doc, "## Change-point detection\n\nA\n\n### x\n\nB\n")
-    assert once.startswith(doc.rstrip("\n")) and once.endswith("## Change-point detection\n\nA\n\n### x\n\nB\n")
-    twice = B.replace_section(once, "## Change-point detection\n\nC\n")
-    assert twice == doc.rstrip("\n") + "\n\n## Change-point detection\n\nC\n"
-    middle = "# B\n\n## Change-point detection\n\nold\n\n### old sub\n\n## Service\n\nkeep\n"
-    assert B.replace_section(middle, "## Change-point detection\n\nnew\n") == \
-        "# B\n\n## Change-point detection\n\nnew\n\n## Service\n\nkeep\n"
-
-
 def test_command_line_errors(tmp_path, capsys):
     assert bench.main(["detect", "--methods", "nope", "--out", str(tmp_path / "b.md")]) == 2
     assert "unknown method" in capsys.readouterr().err
@@ -232,7 +221,7 @@ def test_smoke_quick_run_writes_only_its_section(tmp_path):
                      "--out", str(out), "--json", str(tmp_path / "r.json")])
     assert rc == 0
     doc = out.read_text()
-    assert doc.startswith("# Benchmarks\n\n## 1. Paper\n\nkept\n\n## Change-point detection\n")
+    assert doc.startswith("# Benchmarks\n\n## 1. Paper\n\nkept\n\n<!-- cusp bench detect: begin -->\n## Change-point detection\n")
     assert doc.count("## Change-point detection") == 1
     for needle in ("| mean-4 |", "| tcpd:nile |", "### F1 (margin 5)", "### Segmentation covering", "Machine (`lscpu`)"):
         assert needle in doc, needle
