@@ -51,7 +51,8 @@ from bench.report import machine, markdown_table, verdict, write_section
 CHUNK = 500
 TARGET_RATIO = 0.8
 SECTION = "Service: throughput and latency"
-SETUPS = ("serve", "split")
+SETUPS = ("serve", "split", "binary")
+RAW = "application/octet-stream"
 COMMAND = [sys.executable, "-m", "service.cli"]  # how the service's processes are started
 
 
@@ -82,8 +83,9 @@ CASES = {
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quick", action="store_true", help="few chunks per model (about a minute)")
     p.add_argument("--models", default=",".join(CASES), help=f"comma-separated, from {', '.join(CASES)} (default: all)")
-    p.add_argument("--setup", choices=("serve", "split", "both"), default="both",
-                   help="serve: cusp serve with its in-process worker; split: API process plus a cusp worker process")
+    p.add_argument("--setup", choices=(*SETUPS, "all"), default="all",
+                   help="serve: cusp serve with its worker process, JSON bodies; split: API process plus a cusp worker process; "
+                        "binary: as serve, with raw float64 bodies (application/octet-stream)")
     p.add_argument("--chunks", type=int, default=None, help="throughput chunks per model (default: per model; quick: 10, gmm 4)")
     p.add_argument("--latency-chunks", type=int, default=None, help="latency chunks per model (default: per model; quick: 20, gmm 6)")
     p.add_argument("--out", default="docs/benchmarks.md", help="markdown file whose service section is written (default: docs/benchmarks.md)")
@@ -138,7 +140,7 @@ class Service:
         self.url = f"http://127.0.0.1:{self.port}"
         env = {**os.environ, "CUSP_REDIS_URL": redis_url, "CUSP_PORT": str(self.port), "CUSP_HOST": "127.0.0.1",
                "CUSP_LOG_LEVEL": "WARNING", "CUSP_DATA_DIR": str(workdir / "data"), "CUSP_API_KEYS": "",
-               "CUSP_WORKERS": "1" if setup == "serve" else "0", "OMP_NUM_THREADS": "1"}
+               "CUSP_WORKERS": "0" if setup == "split" else "1", "OMP_NUM_THREADS": "1"}
         self.logs = workdir / f"{setup}.log"
         self._log = open(self.logs, "ab")
         cmd = COMMAND
@@ -168,10 +170,11 @@ class Service:
                 raise RuntimeError(f"no worker of the {setup} service came up; its output: {self.logs}\n{self.tail()}")
             time.sleep(0.1)
 
-    def request(self, method: str, path: str, body: bytes | None = None, conn: http.client.HTTPConnection | None = None):
+    def request(self, method: str, path: str, body: bytes | None = None, conn: http.client.HTTPConnection | None = None,
+                ctype: str = "application/json"):
         c = conn or http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
         try:
-            c.request(method, path, body=body, headers={"Content-Type": "application/json"} if body is not None else {})
+            c.request(method, path, body=body, headers={"Content-Type": ctype} if body is not None else {})
             r = c.getresponse()
             return r.status, r.read()
         finally:
@@ -240,11 +243,13 @@ class Listener(threading.Thread):
             raise RuntimeError(f"evidence WebSocket: {self.error}") from self.error
 
 
-def _bodies(data: torch.Tensor, start_seq: int = 0) -> list[bytes]:
-    """JSON chunk bodies, encoded before the clock starts; JSON keeps float64 exactly."""
+def _bodies(data: torch.Tensor, binary: bool = False) -> list[bytes]:
+    """Chunk bodies, encoded before the clock starts: JSON rows (JSON keeps float64 exactly) or,
+    ``binary``, the raw little-endian float64 rows (with ``?seq=`` in the URL)."""
     rows = data.numpy()
-    return [json.dumps({"seq": start_seq + i, "rows": rows[s : s + CHUNK].tolist()}).encode()
-            for i, s in enumerate(range(0, rows.shape[0], CHUNK))]
+    if binary:
+        return [rows[s : s + CHUNK].astype("<f8").tobytes() for s in range(0, rows.shape[0], CHUNK)]
+    return [json.dumps({"seq": i, "rows": rows[s : s + CHUNK].tolist()}).encode() for i, s in enumerate(range(0, rows.shape[0], CHUNK))]
 
 
 def _create(service: Service, name: str, case: Case) -> None:
@@ -267,7 +272,10 @@ def _post_all(service: Service, stream: str, bodies: list[bytes], pace: float | 
                 wait = t0 + i * pace - time.perf_counter()
                 if wait > 0:
                     time.sleep(wait)
-            code, raw = service.request("POST", f"/v1/streams/{stream}/chunks", b, conn)
+            if service.setup == "binary":
+                code, raw = service.request("POST", f"/v1/streams/{stream}/chunks?seq={i}", b, conn, RAW)
+            else:
+                code, raw = service.request("POST", f"/v1/streams/{stream}/chunks", b, conn)
             if code != 202:
                 raise RuntimeError(f"POST chunk {i} to {stream}: {code} {raw[:300]!r}")
             done.append(time.perf_counter())
@@ -330,7 +338,7 @@ class Outcome:
 def _throughput(service: Service, case: Case, data: torch.Tensor, engine_le: list[float], tag: str) -> dict:
     stream = f"tp-{tag}"
     _create(service, stream, case)
-    bodies = _bodies(data)
+    bodies = _bodies(data, service.setup == "binary")
     listener = Listener(service, stream, len(bodies))
     cpu0 = service.cpu()
     t0 = time.perf_counter()
@@ -348,7 +356,7 @@ def _throughput(service: Service, case: Case, data: torch.Tensor, engine_le: lis
 def _latency(service: Service, case: Case, data: torch.Tensor, pace: float, tag: str) -> dict:
     stream = f"lat-{tag}"
     _create(service, stream, case)
-    bodies = _bodies(data)
+    bodies = _bodies(data, service.setup == "binary")
     listener = Listener(service, stream, len(bodies))
     posted = _post_all(service, stream, bodies, pace=pace)
     listener.wait(timeout=600)
@@ -386,8 +394,9 @@ def report(outcomes: list[Outcome], setups: list[str], quick: bool, minutes: flo
         "- service: " + "; ".join({
             "serve": "`serve` = `cusp serve` (the API and, `CUSP_WORKERS=1`, one worker process it starts and supervises)",
             "split": "`split` = `cusp serve` with `CUSP_WORKERS=0` plus one `cusp worker` process",
+            "binary": "`binary` = as `serve`, the chunks sent as raw float64 (`application/octet-stream`, `?seq=N`) instead of JSON",
         }[s] for s in setups) + "; Redis is a redis-server child (`EmbeddedRedis`) given as `CUSP_REDIS_URL`. One stream, "
-        f"one model, chunks of {CHUNK} rows POSTed as JSON rows back to back over one keep-alive connection from a client "
+        f"one model, chunks of {CHUNK} rows POSTed (as JSON rows unless `binary`) back to back over one keep-alive connection from a client "
         "process; time from the first POST to the last result on `WS /v1/streams/{s}/evidence/ws`. The stream's change-point "
         "detector is off (`detector.enabled: false`), so that both sides run the same sampler and the ratio is the service's "
         "own cost; what the detector adds is measured in the change-point detection section. "
@@ -454,7 +463,7 @@ def run(args: argparse.Namespace) -> int:
     if unknown or not keys:
         print(f"cusp bench service: unknown model(s) {unknown}; choose from {', '.join(CASES)}", file=sys.stderr)
         return 2
-    setups = list(SETUPS) if args.setup == "both" else [args.setup]
+    setups = list(SETUPS) if args.setup == "all" else [args.setup]
     started, load = time.monotonic(), os.getloadavg()
     outcomes: list[Outcome] = []
     with tempfile.TemporaryDirectory(prefix="cusp-bench-service-") as tmp:

@@ -240,6 +240,37 @@ def test_ndjson_and_csv_bodies(live, redis_url):
     assert [x["n"] for x in results(live, s)] == [20, 40]
 
 
+def test_raw_float64_bodies(live, redis_url):
+    """application/octet-stream: rows as little-endian float64. The same numbers as JSON are the
+    same chunk (a resend in either form is a duplicate); bad bodies get a 4xx and store nothing."""
+    s, _ = make_stream(live, models=("gaussian",))
+    r0 = connect(redis_url)
+    rows = np.array(gauss_rows(30, 4))
+    raw = {"Content-Type": "application/octet-stream"}
+    r = live.client.post(f"/v1/streams/{s}/chunks", params={"seq": 0}, content=rows.astype("<f8").tobytes(), headers=raw)
+    assert r.status_code == 202 and r.json()["rows"] == 30, r.text
+    assert post(live, s, 0, rows.tolist()).json()["status"] == "duplicate"  # the same chunk, sent as JSON
+    assert post(live, s, 1, gauss_rows(10, 5)).status_code == 202
+    again = live.client.post(f"/v1/streams/{s}/chunks", params={"seq": 1}, content=np.array(gauss_rows(10, 5)).tobytes(), headers=raw)
+    assert again.status_code == 200 and again.json()["status"] == "duplicate"
+    before = (r0.get(keys.seq(s)), r0.xlen(keys.inbox(s)))
+    nan = rows.copy()
+    nan[7, 1] = np.nan
+    for body, params, status, message in [
+        (rows.tobytes()[:-8], {"seq": 2}, 422, "not a whole number of rows of 2 float64 values"),
+        (nan.tobytes(), {"seq": 2}, 422, "row 7 column 'b': nan is not finite"),
+        (np.full((2, 2), np.inf).tobytes(), {"seq": 2}, 422, "row 0 column 'a': inf is not finite"),
+        (rows.tobytes(), {}, 422, "need ?seq=N"),
+        (b"", {"seq": 2}, 400, "empty body"),
+        (rows.tobytes(), {"seq": 9}, 409, "expected seq 2"),
+    ]:
+        r = live.client.post(f"/v1/streams/{s}/chunks", params=params, content=body, headers=raw)
+        assert r.status_code == status and message in r.json()["detail"], (message, r.status_code, r.text)
+    assert (r0.get(keys.seq(s)), r0.xlen(keys.inbox(s))) == before
+    burst(redis_url)
+    assert [x["n"] for x in results(live, s)] == [30, 40]
+
+
 def test_websocket_ingest_acks_and_errors(live, redis_url):
     s, _ = make_stream(live, models=("gaussian",))
     with ws_connect(f"{live.ws_url}/v1/streams/{s}/ingest") as ws:

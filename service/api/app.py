@@ -79,6 +79,43 @@ class BodyLimit:
         await self.app(scope, limited, send)
 
 
+class CheckLengthAndCount:
+    """ASGI wrapper (a plain one: Starlette's ``@app.middleware("http")`` costs a task group and
+    memory streams per request, more than the ingest of a small chunk): refuses a declared
+    Content-Length over ``limit`` before anything reads the body (413, connection closed), and
+    counts every answer in cusp_http_requests_total by route template and status class."""
+
+    def __init__(self, app, limit: int):
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        length = next((v for k, v in scope["headers"] if k == b"content-length"), None)
+        if length is not None:
+            try:
+                too_big = int(length) > self.limit
+            except ValueError:
+                return await JSONResponse({"detail": "invalid Content-Length"}, status_code=400)(scope, receive, send)
+            if too_big:
+                M.REJECTED.labels("too_large").inc()
+                return await JSONResponse({"detail": f"body of {length.decode()} bytes exceeds the limit of {self.limit} bytes"},
+                                          status_code=413, headers={"Connection": "close"})(scope, receive, send)  # not drained
+        status = 500
+
+        async def send_and_note(message):
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_and_note)
+        finally:
+            route = scope.get("route")
+            M.HTTP_REQUESTS.labels(getattr(route, "path", "unmatched"), f"{status // 100}xx").inc()
+
+
 class RedactKeys(logging.Filter):
     """Blanks ``token=...`` in log records: API keys travel in the URLs of WebSockets and of the
     live page, and uvicorn logs request lines (access log, WebSocket accepted/rejected)."""
@@ -136,24 +173,11 @@ def create_app(settings: Settings, redis_url: str, worker_metrics: Sequence[str]
 
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
 
-    @app.middleware("http")
-    async def limit_and_count(request: Request, call_next):
-        length = request.headers.get("content-length")
-        if length is not None:
-            try:
-                too_big = int(length) > settings.max_body_bytes
-            except ValueError:
-                return JSONResponse({"detail": "invalid Content-Length"}, status_code=400)
-            if too_big:
-                M.REJECTED.labels("too_large").inc()
-                return JSONResponse({"detail": f"body of {length} bytes exceeds the limit of {settings.max_body_bytes} bytes"}, status_code=413,
-                                    headers={"Connection": "close"})  # do not read (drain) the body
-        response = await call_next(request)
-        route = request.scope.get("route")
-        M.HTTP_REQUESTS.labels(getattr(route, "path", "unmatched"), f"{response.status_code // 100}xx").inc()
-        return response
+    app.add_middleware(CheckLengthAndCount, limit=settings.max_body_bytes)
 
     # --- dependencies ---------------------------------------------------------------------
+    # (async def, all of them: FastAPI runs a plain def dependency in a worker thread, a thread
+    # hop per dependency per request that cost more than a small chunk's whole ingest)
     def scope_for(request_key: str | None) -> str | None:
         if not settings.keys:
             return "write"
@@ -173,7 +197,7 @@ def create_app(settings: Settings, redis_url: str, worker_metrics: Sequence[str]
         return key
 
     def need(scope: str):
-        def check(request: Request) -> None:
+        async def check(request: Request) -> None:
             got = scope_for(presented_key(request))
             if got is None:
                 raise HTTPException(401, "missing or unknown API key (send 'Authorization: Bearer KEY')", headers={"WWW-Authenticate": "Bearer"})
@@ -183,7 +207,7 @@ def create_app(settings: Settings, redis_url: str, worker_metrics: Sequence[str]
 
     Read, Write = need("read"), need("write")
 
-    def store() -> Store:
+    async def store() -> Store:
         return app.state.store
 
     StoreDep = Annotated[Store, Depends(store)]
@@ -413,22 +437,24 @@ def create_app(settings: Settings, redis_url: str, worker_metrics: Sequence[str]
                          **errors(400, *WRITE, 404, 409, 413, 415, 422)},
               openapi_extra={"requestBody": {"required": True, "content": {
                   "application/json": {"schema": chunk_schema},
-                  "application/x-ndjson": {"schema": {"type": "string"}}, "text/csv": {"schema": {"type": "string"}}}}})
+                  "application/x-ndjson": {"schema": {"type": "string"}}, "text/csv": {"schema": {"type": "string"}},
+                  "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}}})
     async def post_chunk(stream: str, request: Request, st: StoreDep,
                          seq: Annotated[int | None, Query(ge=0, le=2**53, description="sequence number for NDJSON/CSV bodies")] = None):
         cfg = await stream_config(stream, st)
         body = await read_body(request)
         ctype = request.headers.get("content-type", "application/json").split(";")[0].strip().lower()
         try:
-            if ctype in ("application/x-ndjson", "application/ndjson", "text/csv"):
+            if ctype in ("application/x-ndjson", "application/ndjson", "text/csv", "application/octet-stream"):
                 if seq is None:
-                    raise C.ChunkError("NDJSON and CSV bodies need ?seq=N", 422)
-                data = C.parse_csv(body, cfg.columns) if ctype == "text/csv" else C.parse_ndjson(body, cfg.columns)
-                s = seq
+                    raise C.ChunkError("NDJSON, CSV and float64 bodies need ?seq=N", 422)
+                parse = {"text/csv": C.parse_csv, "application/octet-stream": C.parse_float64}.get(ctype, C.parse_ndjson)
+                data, s = parse(body, cfg.columns), seq
             elif ctype in ("application/json", ""):
                 s, data = C.parse_json_chunk(body, cfg.columns)
             else:
-                raise C.ChunkError(f"unsupported content type {ctype!r}; use application/json, application/x-ndjson or text/csv", 415)
+                raise C.ChunkError(f"unsupported content type {ctype!r}; use application/json, application/x-ndjson, text/csv "
+                                   "or application/octet-stream (raw little-endian float64 rows)", 415)
             status, ack = await ingest(st, cfg, s, data, digest(data.astype("<f8").tobytes()))
         except C.ChunkError as exc:
             M.REJECTED.labels("invalid").inc()

@@ -171,3 +171,19 @@ def parse_csv(body: bytes, columns: list[str]) -> np.ndarray:
                 raise ChunkError(f"row {i} column {columns[j]!r}: {cell.strip()!r} is not finite")
             out[i, j] = v
     return out
+
+
+def parse_float64(body: bytes, columns: list[str]) -> np.ndarray:
+    """``application/octet-stream``: the rows as raw little-endian float64, row after row (what
+    ``numpy.ndarray.astype('<f8').tobytes()`` gives for a [rows, columns] array). The cheapest
+    way in: no text to parse. Same checks as the other formats, naming the row and column."""
+    width = 8 * len(columns)
+    if len(body) % width:
+        raise ChunkError(f"body has {len(body)} bytes, not a whole number of rows of {len(columns)} float64 values "
+                         f"({width} bytes each) for columns {columns}")
+    out = np.frombuffer(body, dtype="<f8").reshape(-1, len(columns)).astype(np.float64)
+    bad = ~np.isfinite(out)
+    if bad.any():
+        i, j = (int(k[0]) for k in np.nonzero(bad))
+        raise ChunkError(f"row {i} column {columns[j]!r}: {float(out[i, j])!r} is not finite")
+    return out
