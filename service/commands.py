@@ -80,7 +80,11 @@ def serve(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:
         app = create_app(settings, url, worker_metrics=workers.metrics_urls if workers else ())
-        uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level.lower())
+        # A WebSocket message over CUSP_MAX_BODY_BYTES gets a 413 error message and the connection
+        # stays open; the protocol layer closes it (1009) only past twice the limit (at least
+        # uvicorn's 16 MiB default), so a raised limit is not shadowed and memory stays bounded.
+        uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level.lower(),
+                    ws_max_size=max(16 * 1024 * 1024, 2 * settings.max_body_bytes))
     finally:
         if workers:
             workers.stop()

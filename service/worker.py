@@ -313,7 +313,9 @@ class Worker:
         )
         status = status.decode() if isinstance(status, bytes) else status
         if status != "ok":
-            if status == "fenced":
+            if status == "fenced" and not self.r.exists(keys.config(s)):
+                log.info("stream %s was deleted while model %s processed seq %d; result dropped", s, m, seq)
+            elif status == "fenced":
                 M.FENCED_WRITES.labels(s, m).inc()
                 log.warning("stream %s model %s: write for seq %d fenced off (lease lost)", s, m, seq)
             self._drop((s, m))

@@ -383,6 +383,29 @@ def test_late_write_after_lost_lease_is_fenced(live, redis_url):
     assert [r["seq"] for r in results(live, s)] == [0]
 
 
+def test_stream_deleted_while_a_chunk_is_processed_is_not_a_fenced_write(live, redis_url):
+    """A delete wipes the lease and fence keys, so the worker's apply is refused like a fenced one;
+    it is dropped quietly, not counted as split brain in cusp_fenced_writes_total."""
+    s, _ = make_stream(live, models=("gaussian",))
+    post(live, s, 0, gauss_rows(50))
+    w = Worker(redis_url, worker_id="deleted-under-me")
+    assert w._take(s, "gaussian")
+    hot = w.hot[(s, "gaussian")]
+    update = hot.sampler.update
+
+    def update_then_delete(*a, **kw):
+        out = update(*a, **kw)
+        assert live.client.delete(f"/v1/streams/{s}").status_code == 204
+        return out
+
+    hot.sampler.update = update_then_delete
+    before = M.FENCED_WRITES.labels(s, "gaussian")._value.get()
+    assert w._process(hot) == 0
+    assert M.FENCED_WRITES.labels(s, "gaussian")._value.get() == before
+    assert (s, "gaussian") not in w.hot
+    assert not connect(redis_url).exists(keys.out(s), keys.state(s, "gaussian"))  # nothing written after the delete
+
+
 def test_poison_chunk_is_dead_lettered_and_others_go_on(live, redis_url):
     s, _ = make_stream(live, models=("gaussian", "gmm:components=2"))
     post(live, s, 0, gauss_rows(50))
