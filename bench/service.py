@@ -115,11 +115,14 @@ def _cpu_seconds(pid: int) -> float | None:
 
 
 def _children(pid: int) -> list[int]:
-    try:
-        with open(f"/proc/{pid}/task/{pid}/children") as f:
-            return [int(x) for x in f.read().split()]
-    except OSError:
-        return []
+    """Child processes of ``pid``, started by any of its threads (/proc lists them per thread)."""
+    out = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            out += [int(x) for x in (task / "children").read_text().split()]
+        except OSError:
+            continue
+    return out
 
 
 def _redis_cpu(url: str) -> float | None:

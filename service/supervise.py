@@ -62,7 +62,11 @@ class WorkerProcesses:
         log.info("worker process %d started (pid %d)", i, self.procs[i].pid)
 
     def _supervise(self) -> None:
-        while not self._stop.wait(0.5):
+        """Restarts happen on this thread, which lives as long as ``cusp serve``: PR_SET_PDEATHSIG
+        fires when the *thread* that started a child exits, so a child started from a short-lived
+        thread (a Timer) would be killed at once."""
+        due: dict[int, float] = {}
+        while not self._stop.wait(0.2):
             with self._lock:
                 for i, p in enumerate(self.procs):
                     if p is not None and p.poll() is not None and not self._stop.is_set():
@@ -70,12 +74,11 @@ class WorkerProcesses:
                                   self.restart_delay)
                         self.procs[i] = None
                         self.restarts += 1
-                        threading.Timer(self.restart_delay, self._restart, args=(i,)).start()
-
-    def _restart(self, i: int) -> None:
-        with self._lock:
-            if not self._stop.is_set() and self.procs[i] is None:
-                self._start(i)
+                        due[i] = time.monotonic() + self.restart_delay
+                for i, at in list(due.items()):
+                    if time.monotonic() >= at and not self._stop.is_set():
+                        del due[i]
+                        self._start(i)
 
     def pids(self) -> list[int]:
         return [p.pid for p in self.procs if p is not None and p.poll() is None]
