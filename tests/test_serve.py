@@ -93,9 +93,13 @@ def served(tmp_path):
         yield proc, client, tmp_path
     finally:
         client.close()
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        if proc.poll() is None:  # a failed test: SIGTERM, so serve still stops its Redis and workers
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
         log.close()
 
 
