@@ -106,6 +106,8 @@ def served(tmp_path):
 def test_serve_runs_supervised_worker_processes_with_one_metrics_exposition(served):
     proc, client, tmp = served
     workers = wait_for(lambda: (w := worker_pids(proc)) and len(w) == 2 and w, 30, "two worker processes")
+    # both loops running (a child still importing torch serves no metrics yet)
+    wait_for(lambda: metric(client.get("/metrics").text, "cusp_workers") == 2, 60, "both worker loops to report")
     assert client.post("/v1/streams", json={"name": "s", "columns": ["x"], "models": ["gaussian", "gmm:components=2"]}).status_code == 201
     for q in range(4):
         assert client.post("/v1/streams/s/chunks", json={"seq": q, "rows": [[0.1 * q], [1.0], [-0.5]]}).status_code == 202
