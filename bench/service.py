@@ -114,7 +114,7 @@ def _cpu_seconds(pid: int) -> float | None:
         return None
 
 
-def _children(pid: int) -> list[int]:
+def children_of(pid: int) -> list[int]:
     """Child processes of ``pid``, started by any of its threads (/proc lists them per thread)."""
     out = []
     for task in Path(f"/proc/{pid}/task").glob("*"):
@@ -190,7 +190,7 @@ class Service:
         """CPU seconds so far: the API process, the worker process (``serve``'s child or ``split``'s
         own), the redis-server."""
         out = {"api": _cpu_seconds(self.procs[0].pid), "redis": _redis_cpu(self.redis_url)}
-        workers = [p.pid for p in self.procs[1:]] or _children(self.procs[0].pid)
+        workers = [p.pid for p in self.procs[1:]] or children_of(self.procs[0].pid)
         cpu = [_cpu_seconds(w) for w in workers]
         out["worker"] = None if not cpu or None in cpu else sum(cpu)
         return out

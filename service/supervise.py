@@ -42,7 +42,6 @@ class WorkerProcesses:
         self.restart_delay = restart_delay
         self.ports = [_free_port() for _ in range(count)]
         self.procs: list[subprocess.Popen | None] = [None] * count
-        self.restarts = 0
         self._stop = threading.Event()
         self._lock = threading.Lock()
         for i in range(count):
@@ -73,15 +72,11 @@ class WorkerProcesses:
                         log.error("worker process %d (pid %d) exited with %s; restarting in %.1f s", i, p.pid, p.returncode,
                                   self.restart_delay)
                         self.procs[i] = None
-                        self.restarts += 1
                         due[i] = time.monotonic() + self.restart_delay
                 for i, at in list(due.items()):
                     if time.monotonic() >= at and not self._stop.is_set():
                         del due[i]
                         self._start(i)
-
-    def pids(self) -> list[int]:
-        return [p.pid for p in self.procs if p is not None and p.poll() is None]
 
     def stop(self, timeout: float = 15.0) -> None:
         self._stop.set()

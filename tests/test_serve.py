@@ -13,21 +13,10 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from bench.service import children_of as children
 from tests.service_fixtures import free_port
 
 CUSP = str(Path(sys.executable).parent / "cusp")
-
-
-def children(pid: int) -> list[int]:
-    """Child processes of ``pid``, whichever of its threads started them (the supervisor restarts
-    workers from its own thread, and /proc lists children per thread)."""
-    out = []
-    for task in Path(f"/proc/{pid}/task").glob("*"):
-        try:
-            out += [int(x) for x in (task / "children").read_text().split()]
-        except OSError:
-            continue
-    return out
 
 
 def worker_pids(proc) -> list[int]:
