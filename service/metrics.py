@@ -102,7 +102,13 @@ def merged_exposition(texts: list[str]) -> bytes:
 
     families: dict[str, Metric] = {}
     values: dict[str, dict[tuple, list[Sample]]] = {}
-    for source in [list(REGISTRY.collect())] + [list(text_string_to_metric_families(t)) for t in texts]:
+    sources = [list(REGISTRY.collect())]
+    for t in texts:
+        try:
+            sources.append(list(text_string_to_metric_families(t)))
+        except ValueError:  # a worker cut off mid-answer: its series are missing from this scrape, no 500
+            continue
+    for source in sources:
         for fam in source:
             if fam.name.endswith("_created"):
                 continue

@@ -130,3 +130,30 @@ def test_serve_runs_supervised_worker_processes_with_one_metrics_exposition(serv
     # the supervisor said why it restarted one, once: the replacement lived on (a child started from
     # a short-lived thread would be killed by PR_SET_PDEATHSIG as soon as that thread ended)
     assert (tmp / "serve.log").read_bytes().count(b"exited with") == 1
+
+
+def test_merged_exposition_sums_counters_combines_process_gauges_and_skips_garbage():
+    """The API's /metrics under `cusp serve`: its own registry plus each worker's text, merged."""
+    from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+    from service import metrics as M
+
+    def worker(chunks: float, leases: float, redis_up: float, log_z: float) -> str:
+        reg = CollectorRegistry()
+        Counter("cusp_chunks_processed", "c", ("stream", "model"), registry=reg).labels("m1", "g").inc(chunks)
+        Gauge("cusp_worker_leases", "l", registry=reg).set(leases)
+        Gauge("cusp_redis_up", "r", registry=reg).set(redis_up)
+        Gauge("cusp_log_evidence_nats", "z", ("stream", "model"), registry=reg).labels("m1", "g").set(log_z)
+        Histogram("cusp_annealing_steps", "h", ("stream", "model"), buckets=(1, 5), registry=reg).labels("m1", "g").observe(3)
+        return generate_latest(reg).decode()
+
+    text = M.merged_exposition([worker(3, 1, 1, -10.0), worker(4, 2, 0, -11.0), "cusp_broken{ 1\n"]).decode()
+    fams = list(text_string_to_metric_families(text))
+    assert len({f.name for f in fams}) == len(fams)
+    assert metric(text, "cusp_chunks_processed_total", stream="m1", model="g") == 7  # counters add up
+    assert metric(text, "cusp_annealing_steps_count", stream="m1", model="g") == 2  # histograms too
+    assert metric(text, "cusp_annealing_steps_bucket", stream="m1", model="g", le="5.0") == 2
+    assert metric(text, "cusp_worker_leases") == 3 + M.WORKER_LEASES._value.get()  # per-process gauges: summed
+    assert metric(text, "cusp_redis_up") == 0  # the worst of the processes
+    assert metric(text, "cusp_log_evidence_nats", stream="m1", model="g") == -10.0  # one series, first seen
+    assert "cusp_broken" not in text and "_created" not in text
