@@ -277,10 +277,9 @@ class Worker:
             if outcome != "ok":
                 break
             done += 1
-        if done:
-            cfg = self._config(s)
-            if cfg is not None:
-                self._trim(keys=[keys.inbox(s), *(keys.state(s, x.name) for x in cfg.models)])
+        if done and s in self._configs:  # the config poll_once just read: no second GET per batch
+            models = self._configs[s][1].models
+            self._trim(keys=[keys.inbox(s), *(keys.state(s, x.name) for x in models)])
         if last_in is not None:
             M.INGEST_LAG.labels(s, m).set(max(0, int(last_in) - hot.last_seq))
         return done

@@ -389,7 +389,7 @@ def create_app(settings: Settings, redis_url: str, worker_metrics: Sequence[str]
                          next_seq=info["last_seq"] + 1, dead_letters=info["dead"], models=[ModelOut(**r) for r in info["models"]])
 
     # --- ingest -----------------------------------------------------------------------------
-    async def ingest(st: Store, cfg: StreamConfig, seq: int, data: np.ndarray, payload_digest: str) -> tuple[int, dict]:
+    async def ingest(st: Store, cfg: StreamConfig, seq: int, data: np.ndarray) -> tuple[int, dict]:
         if data.shape[0] == 0:
             M.REJECTED.labels("empty").inc()
             raise C.ChunkError("empty chunk: send at least one row")
@@ -405,8 +405,10 @@ def create_app(settings: Settings, redis_url: str, worker_metrics: Sequence[str]
                 raise C.ChunkError(f"model {m.name!r}: {exc}") from None
             if not bool(torch.isfinite(feats).all()):
                 raise C.ChunkError(f"model {m.name!r}: values too large (their squares overflow float64)")
+        raw = data.astype("<f8").tobytes()  # stored as is; its digest recognises a resend in any body format
+        payload_digest = digest(raw)
         res = await st.ingest(keys=[keys.seq(cfg.name), keys.inbox(cfg.name), keys.seen(cfg.name)],
-                              args=[seq, data.astype("<f8").tobytes(), data.shape[0], payload_digest, settings.dedup_window])
+                              args=[seq, raw, data.shape[0], payload_digest, settings.dedup_window])
         kind, val = res[0].decode(), res[1].decode()
         if kind == "ok":
             M.INGESTED_CHUNKS.labels(cfg.name).inc()
@@ -455,7 +457,7 @@ def create_app(settings: Settings, redis_url: str, worker_metrics: Sequence[str]
             else:
                 raise C.ChunkError(f"unsupported content type {ctype!r}; use application/json, application/x-ndjson, text/csv "
                                    "or application/octet-stream (raw little-endian float64 rows)", 415)
-            status, ack = await ingest(st, cfg, s, data, digest(data.astype("<f8").tobytes()))
+            status, ack = await ingest(st, cfg, s, data)
         except C.ChunkError as exc:
             M.REJECTED.labels("invalid").inc()
             raise HTTPException(exc.status, str(exc)) from None
@@ -630,7 +632,7 @@ def create_app(settings: Settings, redis_url: str, worker_metrics: Sequence[str]
                     except (ValueError, RecursionError):
                         pass
                     s, data = C.parse_json_chunk(raw if isinstance(raw, bytes) else raw.encode(), cfg.columns)
-                    status, ack = await ingest(st, cfg, s, data, digest(data.astype("<f8").tobytes()))
+                    status, ack = await ingest(st, cfg, s, data)
                     await ws.send_json(ack)
                 except C.ChunkError as exc:
                     M.REJECTED.labels("invalid").inc()
