@@ -35,6 +35,9 @@ class Model:
     """Base class. Subclasses are frozen dataclasses whose fields are the model's settings."""
 
     name: ClassVar[str] = ""
+    #: the posterior can have poor local modes (label switching, merged components): a
+    #: restart may beat the incumbent with no change in the data (``service.detect``)
+    multimodal: ClassVar[bool] = False
     #: number of raw columns the model reads (set by the factory from the stream's columns)
     n_columns: int = field(default=1, kw_only=True)
 

@@ -33,6 +33,7 @@ class GaussianMixture(Model):
     """
 
     name = "gmm"
+    multimodal = True
     components: int = 5
 
     def __post_init__(self) -> None:

@@ -21,6 +21,18 @@ changes are measured against the new regime; the running log-evidence then conti
 log p(y_<t | incumbent) + log p(y_t.. | challenger), the evidence of the model with a
 change at t.
 
+A candidate whose first chunk is a training sample on its own (at least ``train`` rows) also
+gets a **short-memory** restart: from the posterior given the rows just before it (as many as
+its first chunk), compared from its first chunk on (log BF = log p(y_t.. | memory) - the
+incumbent's log predictives). Changes that add to the old regime (new mixture components, a
+new class balance) keep what still holds, so a restart from the prior, which must learn the
+old parameters again, legitimately loses to the incumbent, while a model of the whole history
+is slow to give the new part weight; the short memory wins within the chunk. The two
+restarts of a candidate share its prior probability of a change (each log(2) less).
+
+For models whose posterior has poor local modes (``model.multimodal``: mixtures) a winning
+restart must also show that the data moved, not the incumbent: ``_data_moved``.
+
 A challenger retires when it is clearly losing (log BF < ``retire_log_bf``) or older than
 ``max_age`` observations. Everything random comes from the detector's own generator, saved
 with its state; challengers' rows are not saved (they are the stream's own chunks since t,
@@ -169,8 +181,12 @@ class Challenger:
     train_log_z: float | None = None  # its log Z when training ended (None: still training)
     incumbent_lp: float = 0.0  # incumbent's log predictives since training ended
     compared: int = 0  # chunks compared since training ended
-    diffs: list[float] = field(default_factory=list)  # per chunk fed: its log predictive - the incumbent's
+    diffs: list[float] = field(default_factory=list)  # per chunk fed from start: its log predictive - the incumbent's
     log_bf: float = 0.0
+    memory: int = 0  # leading entries of ``seqs`` fed before ``start`` (a short-memory restart); 0: from the prior
+    memory_rows: int = 0
+    old_seqs: list[int] = field(default_factory=list)  # chunks just before ``start``, and the incumbent's
+    old_fit: float = 0.0  # fit of them (mean log predictive per row) when the challenger started
     reservoir: Reservoir | None = None  # not saved: re-read from the stream's chunks
 
 
@@ -222,7 +238,8 @@ class DetectorState:
                 {"start": c.start, "chunk": c.chunk, "seqs": c.seqs, "base": c.base_log_evidence.hex(),
                  "first_rows": c.first_rows, "level": [c.level.hex(), c.spread.hex(), c.incumbent_all.hex()], "train": None if c.train_log_z is None else c.train_log_z.hex(),
                  "inc": c.incumbent_lp.hex(), "compared": c.compared, "bf": c.log_bf.hex(),
-                 "diffs": [d.hex() for d in c.diffs],
+                 "diffs": [d.hex() for d in c.diffs], "memory": [c.memory, c.memory_rows],
+                 "old": [c.old_seqs, c.old_fit.hex()],
                  "state": base64.b64encode(c.state.to_bytes()).decode()}
                 for c in self.challengers
             ],
@@ -242,7 +259,9 @@ class DetectorState:
                        first_rows=c["first_rows"], level=f(c["level"][0]), spread=f(c["level"][1]),
                        incumbent_all=f(c["level"][2]), train_log_z=None if c["train"] is None else f(c["train"]),
                        incumbent_lp=f(c["inc"]), compared=c["compared"], log_bf=f(c["bf"]),
-                       diffs=[f(d) for d in c["diffs"]],
+                       diffs=[f(d) for d in c["diffs"]], memory=c.get("memory", [0, 0])[0],
+                       memory_rows=c.get("memory", [0, 0])[1], old_seqs=list(c.get("old", [[], ""])[0]),
+                       old_fit=f(c["old"][1]) if "old" in c else 0.0,
                        state=SGAISState.from_bytes(base64.b64decode(c["state"])))
             for c in h["challengers"]
         ]
@@ -284,6 +303,7 @@ class Detector:
         self.max_age = self.config.max_age or 20 * self.train
         self.capacity = sampler.config.reservoir_capacity
         self.log_hazard = -math.log(self.config.expected_run_length)
+        self.multimodal = bool(getattr(model, "multimodal", False))
 
     def init(self, seed: int) -> DetectorState:
         g = torch.Generator().manual_seed(int(seed))
@@ -307,6 +327,22 @@ class Detector:
     def _reservoir(self, rows: torch.Tensor | None) -> Reservoir:
         return Reservoir(self.sampler.config.reservoir_capacity, self.sampler.model.feature_width,
                          None if rows is None else rows.to(torch.float64))
+
+    def with_memory(self, rows: int) -> bool:
+        """Does a candidate whose first chunk has ``rows`` rows get a short-memory restart too?
+        Only when that chunk is a training sample on its own: with smaller chunks (point by
+        point) a restart that is compared at once is placed by its nomination, often a few
+        rows late, and the restart from the prior, placed by its own comparison, does better."""
+        return rows >= self.train
+
+    def _kinds(self, first: Recent) -> tuple[bool, ...]:
+        """The restarts a candidate at ``first`` gets: from the prior, and with a short memory."""
+        return (False, True) if self.with_memory(int(first.rows.shape[0])) else (False,)
+
+    def restart_log_prior_odds(self, rows: int) -> float:
+        """The prior odds of one restart: a change at the candidate is split evenly between the
+        ways its new regime may start (from the prior, or from a short memory, when it has one)."""
+        return self.log_prior_odds(rows) - (math.log(2.0) if self.with_memory(rows) else 0.0)
 
     def log_prior_odds(self, rows: int) -> float:
         """log p/(1-p) with p = 1 - (1 - h)^rows: a change within the candidate's first chunk."""
@@ -335,7 +371,7 @@ class Detector:
                 continue  # a challenger that cannot take the data is no evidence of a change
             if c.compared and c.log_bf < cfg.retire_log_bf:
                 continue
-            if c.state.n > min(self.capacity, max(self.max_age, 8 * c.first_rows)):
+            if c.state.n > self.capacity or c.state.n - c.memory_rows > max(self.max_age, 8 * c.first_rows):
                 continue
             kept.append(c)
         new.challengers = kept
@@ -356,62 +392,86 @@ class Detector:
                 new.hi_from = len(new.recent) - 1
             new.cusum_lo = min(0.0, new.cusum_lo + z + 0.5)
             new.cusum_hi = max(0.0, new.cusum_hi + z - 0.5)
+            # an excursion that began before the rows kept starts where a memory and earlier
+            # rows still fit before it (for ``_data_moved``)
+            first, before_rows = 0, 0
+            while self.multimodal and first < len(new.recent) - 1 and before_rows < 2 * max(self.train, b):
+                before_rows += int(new.recent[first].rows.shape[0])
+                first += 1
             if new.cusum_lo <= -cfg.cusum:
-                starts.append(new.lo_from)
+                starts.append(max(new.lo_from, first))
                 new.cusum_lo = 0.0
             if new.cusum_hi >= cfg.cusum:
-                starts.append(new.hi_from)
+                starts.append(max(new.hi_from, first))
                 new.cusum_hi = 0.0
             taken = {c.start for c in new.challengers}
             for i in sorted(set(starts)):
                 if new.recent[i].start in taken:
                     continue
-                if len(new.challengers) >= cfg.max_challengers:
-                    weakest = self._weakest(new.challengers)
-                    if not weakest.compared:
-                        break  # all still training: keep the earlier candidates
-                    new.challengers.remove(weakest)
-                c = self._challenger(g, new.recent[i:])
-                c.level, c.spread = new.level, math.sqrt(max(new.var, 1e-12))
-                new.challengers.append(c)
+                for memory in self._kinds(new.recent[i]):
+                    if len(new.challengers) >= cfg.max_challengers:
+                        weakest = self._weakest(new.challengers)
+                        if not weakest.compared:
+                            break  # all still training: keep the earlier candidates
+                        new.challengers.remove(weakest)
+                    c = self._challenger(g, new.recent, i, memory, before)
+                    if c is not None:
+                        c.level, c.spread = new.level, math.sqrt(max(new.var, 1e-12))
+                        new.challengers.append(c)
             x = new.level + z * sd
-        elif new.count >= 1 and x < new.level and len(new.challengers) < cfg.max_challengers:
+        elif new.count >= 1 and x < new.level:
             # still learning: a stationary stream's log predictive per observation rises as the
             # posterior sharpens, so a chunk below the level so far is a candidate already
-            new.challengers.append(self._challenger(g, new.recent[-1:]))
+            for memory in self._kinds(new.recent[-1]):
+                if len(new.challengers) < cfg.max_challengers:
+                    c = self._challenger(g, new.recent, len(new.recent) - 1, memory, before)
+                    if c is not None:
+                        c.level = new.level
+                        new.challengers.append(c)
 
         # 3. did one win? (An earlier restart also beats an incumbent that a later change hurts,
         # so the winner's own comparison places the change: ``_where``.)
         events: list[Event] = []
-        best, best_post = None, -math.inf
-        for c in new.challengers:
-            post = c.log_bf + self.log_prior_odds(c.first_rows)
-            if c.compared and post > best_post and self._moved(c):
-                best, best_post = c, post
-        confidence = 0.0 if best is None else _sigmoid(best_post)
+        while True:
+            best, best_post = None, -math.inf
+            for c in new.challengers:
+                post = c.log_bf + self.restart_log_prior_odds(c.first_rows)
+                if c.compared and post > best_post and self._moved(c):
+                    best, best_post = c, post
+            confidence = 0.0 if best is None else _sigmoid(best_post)
+            if best is None or confidence < cfg.threshold or self._data_moved(best, after, new.recent, new.challengers):
+                break
+            new.challengers.remove(best)  # the incumbent moved, not the data: no change here
         step = Step(state=new, result=result, events=events)
         if best is not None and confidence >= cfg.threshold:
             # place the change where the winner's advantage starts; with adapt, restart there
             at = self._where(best)
-            i = next((j for j, r in enumerate(new.recent) if r.seq == best.seqs[at]), None)
+            fed = best.seqs[best.memory:]
+            i = next((j for j, r in enumerate(new.recent) if r.seq == fed[at]), None)
             winner = best
             if at and i is not None and cfg.adapt:
-                winner = self._challenger(g, new.recent[i:])
-                if winner.seqs != best.seqs[at:]:
+                winner = self._challenger(g, new.recent, i, best.memory > 0)
+                if winner is None or winner.seqs[winner.memory:] != fed[at:]:
                     winner = best  # the restart failed on some chunk: keep the one that did not
             where = new.recent[i] if i is not None else None
             location = where.start if where is not None else best.start
             n_total = new.offset_n + after.n
-            events.append(Event(location=location, chunk=where.chunk if where else best.chunk, seq=best.seqs[at],
+            events.append(Event(location=location, chunk=where.chunk if where else best.chunk, seq=fed[at],
                                 detected_at=n_total, delay=n_total - location, confidence=confidence,
-                                log_bayes_factor=best.log_bf, log_prior_odds=self.log_prior_odds(best.first_rows),
+                                log_bayes_factor=best.log_bf, log_prior_odds=self.restart_log_prior_odds(best.first_rows),
                                 adapted=cfg.adapt))
             new.events += 1
-            new.challengers, new.recent = [], []
+            new.challengers = []
+            if cfg.adapt and self.multimodal:  # the new incumbent's rows stay, as rows before later candidates
+                new.recent = [r for r in new.recent if r.seq >= winner.seqs[0]]
+            else:
+                new.recent = []
             new.count, new.cusum_lo, new.cusum_hi = 0, 0.0, 0.0  # a new regime: the running level starts again
             if cfg.adapt:
-                new.offset_n = winner.start
-                new.offset_log_evidence = winner.base_log_evidence
+                # the new regime's evidence is the winner's log Z less that of its memory (the
+                # rows before the change it started from): log p(y_t.. | memory)
+                new.offset_n = winner.start - winner.memory_rows
+                new.offset_log_evidence = winner.base_log_evidence - (winner.train_log_z if winner.memory else 0.0)
                 rows = winner.reservoir.data
                 step.promoted, step.reservoir = winner.state, winner.reservoir
                 step.writes = ReservoirWrites(torch.arange(rows.shape[0], dtype=torch.int64), rows.clone())
@@ -420,22 +480,69 @@ class Detector:
             self._track(new, x, b, steps)
         # keep the recent chunks a challenger may still start from
         end = start + b
-        while len(new.recent) > 1 and new.recent[0].start < end - self.max_age:
+        needed = min((q for c in new.challengers for q in c.old_seqs[:1] + c.seqs[:1]), default=None)
+        keep = self.max_age + (2 * max(self.train, b) if self.multimodal else 0)  # a CUSUM start, a memory, rows before
+        while len(new.recent) > 1 and new.recent[0].start < end - keep and (
+                needed is None or new.recent[0].seq < needed):
             new.recent.pop(0)
             new.lo_from, new.hi_from = max(0, new.lo_from - 1), max(0, new.hi_from - 1)
         new.rng = g.get_state()
         step.result = replace(result, n=new.offset_n + after.n, log_evidence=new.offset_log_evidence + after.log_evidence)
         return step
 
+    def _fit(self, state: SGAISState, rows: torch.Tensor) -> float:
+        """Mean over ``rows`` of the log posterior predictive of each row under ``state``."""
+        with torch.no_grad():
+            ll = self.sampler.model.log_likelihood(state.theta, self.sampler.model.featurize(rows.to(torch.float64)))
+            return float(torch.logsumexp(state.log_weights[:, None] + ll, dim=0).mean())
+
+    def _rows_before(self, recent: list[Recent], i: int) -> tuple[list[int], torch.Tensor | None]:
+        """The chunks just before ``recent[i]``: at least ``train`` rows and as many as its own."""
+        want, j, got = max(self.train, int(recent[i].rows.shape[0])), i, 0
+        while j > 0 and got < want:
+            j -= 1
+            got += int(recent[j].rows.shape[0])
+        if got < self.train:
+            return [], None
+        return [r.seq for r in recent[j:i]], torch.cat([r.rows for r in recent[j:i]])
+
+    def _data_moved(self, c: Challenger, incumbent: SGAISState, recent: list[Recent],
+                    others: list[Challenger] = ()) -> bool:
+        """Is the winner's advantage about the data since the candidate? Two ways a restart wins
+        although nothing changed, both seen with mixtures, whose posteriors have poor modes:
+        the incumbent moved (its fit of the rows just before the challenger's own moved as
+        much, in the same direction, as its fit of the rows since: particles leaving a poor
+        mode improve every row), or the challenger is simply the better fit (it explains those
+        earlier rows at least as well as the incumbent does, though it never saw them). After a
+        change, a model of the new regime explains the old one worse. A short-memory restart
+        did see rows of the old regime, so its sibling from the prior (same start, among
+        ``others``) answers that question for it while it lives. (No earlier rows kept: True.)"""
+        if not self.multimodal:
+            return True  # one mode (log-concave or conjugate posteriors): nothing to escape
+        rows = {r.seq: r.rows for r in recent}
+        if not c.old_seqs or any(q not in rows for q in c.old_seqs):
+            return True
+        old = torch.cat([rows[q] for q in c.old_seqs])
+        now = self._fit(incumbent, old)
+        old_shift = now - c.old_fit
+        new_shift = c.incumbent_all / (c.state.n - c.memory_rows) - c.level
+        if c.spread > 0.0 and old_shift * new_shift > 0 and abs(old_shift) >= 0.5 * abs(new_shift):
+            return False  # (not during warm-up, when a model still learning improves on every row)
+        judge = c
+        if c.memory:
+            judge = next((o for o in others if o.start == c.start and not o.memory and o.train_log_z is not None), c)
+        return self._fit(judge.state, old) < now
+
     def _moved(self, c: Challenger) -> bool:
         """Did the incumbent's own predictive move since the challenger started? A restart can
         beat an incumbent whose particles are stuck in a poor mode (mixtures) although nothing
         changed; a change of the data moves the incumbent's log predictive per observation off
         its running level (down, or up when the data become more concentrated)."""
-        if c.spread <= 0.0:
+        spread = c.spread
+        if spread <= 0.0:
             return True
-        n = c.state.n
-        return abs(c.incumbent_all / n - c.level) * math.sqrt(n) / c.spread >= self.config.level_shift
+        n = c.state.n - c.memory_rows
+        return abs(c.incumbent_all / n - c.level) * math.sqrt(n) / spread >= self.config.level_shift
 
     @staticmethod
     def _weakest(chs: list[Challenger]) -> Challenger:
@@ -443,16 +550,44 @@ class Detector:
         else one still training (which the caller then keeps)."""
         return min(chs, key=lambda c: (not c.compared, c.log_bf))
 
-    def _challenger(self, g: torch.Generator, chunks: list[Recent]) -> Challenger:
-        """A restart from the prior at ``chunks[0]``, fed ``chunks`` (up to this one)."""
+    def _challenger(self, g: torch.Generator, recent: list[Recent], i: int, memory: bool = False,
+                    incumbent: SGAISState | None = None) -> Challenger | None:
+        """A restart at ``recent[i]``, fed ``recent[i:]`` (up to this chunk). From the prior, or
+        with ``memory`` from the posterior given the last rows before the change (at least
+        ``train`` of them, and as many as the restart's first chunk has): a change that adds to
+        the old regime (a new cluster, a new class balance) keeps what still holds, so it is
+        not charged for learning the old parameters again, while a model with the whole
+        history is slow to give the new part weight. None: not enough rows before ``i``.
+        With ``incumbent`` (its state at the candidate) the challenger keeps its fit of those
+        rows, for ``_data_moved``."""
+        if memory and not self.with_memory(int(recent[i].rows.shape[0])):
+            return None
         seed = int(torch.randint(0, 2**62, (1,), generator=g))
-        first = chunks[0]
+        first = recent[i]
         c = Challenger(start=first.start, chunk=first.chunk, seqs=[], state=self.sampler.init(seed),
                        base_log_evidence=first.base, first_rows=int(first.rows.shape[0]), reservoir=self._reservoir(None))
-        for r in chunks:
+        mem_seqs: list[int] = []
+        if memory:
+            mem_seqs, mem_rows = self._rows_before(recent, i)
+            if mem_rows is None or mem_rows.shape[0] + c.first_rows > self.capacity:
+                return None
+        old_seqs, old_rows = self._rows_before(recent, i - len(mem_seqs)) if self.multimodal else ([], None)
+        if incumbent is not None and old_rows is not None:
+            c.old_seqs, c.old_fit = old_seqs, self._fit(incumbent, old_rows)
+        if memory:
+            for r in recent[i - len(mem_seqs):i]:
+                try:
+                    c.state, _, writes = self.sampler.update(c.state, r.rows, c.reservoir)
+                except (ValueError, RuntimeError, FloatingPointError):
+                    return None
+                c.reservoir = c.reservoir.copy()
+                c.reservoir.apply(writes)
+                c.seqs.append(r.seq)
+            c.memory, c.memory_rows, c.train_log_z = len(c.seqs), int(mem_rows.shape[0]), c.state.log_evidence
+        for r in recent[i:]:
             if not self._feed(c, r.rows, r.seq, r.lp):
                 break
-        return c
+        return c if c.seqs[c.memory:] else None
 
     def _feed(self, c: Challenger, rows: torch.Tensor, seq: int, incumbent_lp: float) -> bool:
         """One chunk into a challenger (modified in place); False if it cannot take it."""
