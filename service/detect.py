@@ -576,28 +576,33 @@ class Detector:
             c.old_seqs, c.old_fit = old_seqs, self._fit(incumbent, old_rows)
         if memory:
             for r in recent[i - len(mem_seqs):i]:
-                try:
-                    c.state, _, writes = self.sampler.update(c.state, r.rows, c.reservoir)
-                except (ValueError, RuntimeError, FloatingPointError):
+                if self._advance(c, r.rows, r.seq) is None:
                     return None
-                c.reservoir = c.reservoir.copy()
-                c.reservoir.apply(writes)
-                c.seqs.append(r.seq)
             c.memory, c.memory_rows, c.train_log_z = len(c.seqs), int(mem_rows.shape[0]), c.state.log_evidence
         for r in recent[i:]:
             if not self._feed(c, r.rows, r.seq, r.lp):
                 break
         return c if c.seqs[c.memory:] else None
 
-    def _feed(self, c: Challenger, rows: torch.Tensor, seq: int, incumbent_lp: float) -> bool:
-        """One chunk into a challenger (modified in place); False if it cannot take it."""
+    def _advance(self, c: Challenger, rows: torch.Tensor, seq: int) -> ChunkResult | None:
+        """One chunk into a challenger's sampler, reservoir and seqs (modified in place, the
+        shared reservoir and list copied first); None if it cannot take it."""
         try:
             st, res, writes = self.sampler.update(c.state, rows, c.reservoir)
         except (ValueError, RuntimeError, FloatingPointError):
-            return False
+            return None
         c.reservoir = c.reservoir.copy()
         c.reservoir.apply(writes)
         c.state, c.seqs = st, [*c.seqs, seq]
+        return res
+
+    def _feed(self, c: Challenger, rows: torch.Tensor, seq: int, incumbent_lp: float) -> bool:
+        """One chunk into a challenger, compared with the incumbent's log predictive of it;
+        False if it cannot take it."""
+        res = self._advance(c, rows, seq)
+        if res is None:
+            return False
+        st = c.state
         c.diffs = [*c.diffs, res.log_predictive - incumbent_lp]
         c.incumbent_all += incumbent_lp
         if c.train_log_z is None:
