@@ -19,11 +19,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import ClassVar
 
 import torch
 
 LOG_2PI = math.log(2.0 * math.pi)
+
+#: ``grad(theta [M, D], i) -> [M, D]``: the gradient of the log target at SGHMC evaluation ``i``
+RunGradient = Callable[[torch.Tensor, int], torch.Tensor]
 
 
 class ModelError(ValueError):
@@ -99,13 +103,28 @@ class Model:
     #: reduce a whole SGHMC run's mini-batches in one batched product.
     has_stats: ClassVar[bool] = False
 
-    def stats(self, rows: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:  # pragma: no cover - optional
-        """``sum_b weights[b] * phi(rows[..., b, :])`` for rows ``[..., B, F]``: ``[..., S]``."""
+    def stats(self, rows: torch.Tensor, weights: torch.Tensor | None = None) -> torch.Tensor:  # pragma: no cover - optional
+        """``sum_b weights[b] * phi(rows[..., b, :])`` for rows ``[..., B, F]``: ``[..., S]``
+        (``weights`` None: all ones, without the multiply)."""
         raise NotImplementedError
 
     def grad_from_stats(self, theta: torch.Tensor, stats: torch.Tensor) -> torch.Tensor:  # pragma: no cover - optional
         """``[M, D]``, equal to ``grad_log_likelihood(theta, rows, weights)`` for ``stats = stats(rows, weights)``."""
         raise NotImplementedError
+
+    # --- one SGHMC run's gradients (the engine's hot loop) -------------------------------------
+    # An SGHMC run evaluates the gradient E times on rows fixed before it starts. These hooks
+    # let a model prepare, once per run, whatever every evaluation reuses; the defaults just
+    # call the per-evaluation functions. Overrides must equal the defaults up to rounding
+    # (tests/test_models.py checks them).
+    def run_gradient(self, rows: torch.Tensor, weights: torch.Tensor) -> RunGradient:
+        """Gradient of ``sum_b weights[b] log p(rows[i, b] | theta) + log p(theta)`` at evaluation
+        ``i``, for rows ``[E, B, F]`` and weights ``[B]``."""
+        return lambda theta, i: self.grad_log_likelihood(theta, rows[i], weights) + self.grad_log_prior(theta)
+
+    def stats_gradient(self, stats: torch.Tensor) -> RunGradient:
+        """As ``run_gradient``, from the statistics of each evaluation's weighted rows ``[E, S]``."""
+        return lambda theta, i: self.grad_from_stats(theta, stats[i]) + self.grad_log_prior(theta)
 
     # --- exact answers (conjugate models only) ---------------------------------------------
     def exact_log_evidence(self, rows: torch.Tensor) -> float | None:

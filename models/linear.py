@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from models.base import LOG_2PI, Model, ModelError
+from models.base import LOG_2PI, Model, ModelError, RunGradient
 
 
 def _split_target(model: Model, data: torch.Tensor, target: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -85,9 +85,9 @@ class LinearRegression(_IsotropicGaussianPrior, Model):
 
     has_stats = True
 
-    def stats(self, rows: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    def stats(self, rows: torch.Tensor, weights: torch.Tensor | None = None) -> torch.Tensor:
         """Weighted Gram matrix of (x, 1, y), flattened: ``[..., (D+1)^2]``."""
-        gram = rows.transpose(-1, -2) @ (rows * weights[:, None])
+        gram = rows.transpose(-1, -2) @ (rows if weights is None else rows * weights[:, None])
         return gram.flatten(-2)
 
     def grad_from_stats(self, theta: torch.Tensor, stats: torch.Tensor) -> torch.Tensor:
@@ -95,6 +95,16 @@ class LinearRegression(_IsotropicGaussianPrior, Model):
         gram = stats.view(d + 1, d + 1)
         iv = 1.0 / self.noise**2
         return torch.addmm(gram[d, :d], theta, gram[:d, :d], beta=iv, alpha=-iv)
+
+    def stats_gradient(self, stats: torch.Tensor) -> RunGradient:
+        """The log target's gradient is affine in theta: c_i - theta (G_i / noise^2 + I / prior_scale^2),
+        one ``addmm`` per evaluation once the run's matrices are formed."""
+        d = self.dim
+        gram = stats.view(-1, d + 1, d + 1)
+        iv = 1.0 / self.noise**2
+        a = gram[:, :d, :d] * -iv - torch.eye(d, dtype=stats.dtype) / self.prior_scale**2  # [E, D, D], symmetric
+        c = gram[:, d, :d] * iv  # [E, D]
+        return lambda theta, i: torch.addmm(c[i], theta, a[i])
 
     def exact_log_evidence(self, rows: torch.Tensor) -> float:
         """log N(y; 0, noise^2 I + s^2 X X^T) through the D x D form (Woodbury)."""

@@ -11,7 +11,7 @@ from models.base import Model
 
 COLUMNS = {"linear-regression": 4, "logistic-regression": 4, "gmm": 2, "gaussian": 3}
 SPECS = {
-    "linear-regression": "linear-regression:noise=0.5",
+    "linear-regression": "linear-regression:noise=0.5,prior_scale=2",
     "logistic-regression": "logistic-regression:classes=3",
     "gmm": "gmm:components=3",
     "gaussian": "gaussian:mu0=0.5,kappa0=2,alpha0=2,beta0=1.5",
@@ -80,6 +80,26 @@ def test_closed_form_gradients_match_autograd(name):
         # batched statistics equal per-batch statistics
         batched = m.stats(torch.stack([rows, rows.flip(0)]), w)
         assert torch.allclose(batched[1], m.stats(rows.flip(0), w))
+
+
+def test_run_gradients_equal_the_per_evaluation_gradients(name):
+    # the engine's hot path (one SGHMC run's prepared gradient) against the plain model functions
+    m = make(name)
+    th = m.sample_prior(torch.Generator().manual_seed(6), 5)
+    rows = m.featurize(data_for(name, 24, seed=7))
+    runs = torch.stack([rows, rows.flip(0), rows.roll(5, 0)])  # [E=3, B, F]
+    w = torch.rand(24, generator=torch.Generator().manual_seed(8), dtype=torch.float64) * 4
+    expect = [m.grad_log_likelihood(th, runs[i], w) + m.grad_log_prior(th) for i in range(3)]
+    th0 = th.clone()
+    grad = m.run_gradient(runs, w)
+    for i in (2, 0, 1):
+        assert torch.allclose(grad(th, i), expect[i], rtol=1e-10, atol=1e-9)
+    if m.has_stats:
+        by_stats = m.stats_gradient(m.stats(runs, w))
+        for i in range(3):
+            assert torch.allclose(by_stats(th, i), expect[i], rtol=1e-10, atol=1e-9)
+        assert torch.allclose(m.stats(runs), m.stats(runs, torch.ones(24, dtype=torch.float64)))
+    assert torch.equal(th, th0)
 
 
 def test_same_seed_same_draws(name):

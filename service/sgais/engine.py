@@ -134,7 +134,7 @@ class Sampler:
         n_eval = GRAD_EVALS[cfg.integrator](cfg.sghmc_steps)
         wts = torch.empty(b + bm, dtype=torch.float64)
         wts[b:] = (n_prev / bm) if bm else 0.0
-        run_rows: list[torch.Tensor] = []
+        res_np = res.numpy()
 
         use_cv = cfg.control_variates and bm > 0
         cv_theta, cv_grad, cv_n = state.cv_theta, state.cv_grad, state.cv_n
@@ -144,36 +144,33 @@ class Sampler:
             cv_theta, cv_grad, cv_n = self._maybe_refresh_cv(state, theta, logw, res)
             chunk_grad_hat = model.grad_log_likelihood(cv_theta[None], rows, torch.ones(b, dtype=torch.float64))[0]
             hist_scale = n_prev / r_size
-        lam_box = [0.0]
-
         if model.has_stats:
-            # additive statistics: the chunk's once, each run's mini-batches in one batched product
-            chunk_stats = model.stats(rows, torch.ones(b, dtype=torch.float64))
-            ones_bm = torch.ones(bm, dtype=torch.float64)
+            chunk_stats = model.stats(rows)  # additive statistics: the chunk's once per chunk
 
-        def prepare_run(lam: float) -> None:
+        def run_gradient(lam: float):
+            """The gradient function of one SGHMC run at temperature ``lam``: its mini-batches are
+            drawn here, in one go, and the model prepares what every evaluation reuses."""
             if bm:
                 idx = torch.randint(0, r_size, (n_eval * bm,), generator=g)
-                mb = res.index_select(0, idx).view(n_eval, bm, -1)
+                mb = torch.from_numpy(np.take(res_np, idx.numpy(), axis=0)).view(n_eval, bm, -1)
             if model.has_stats:
                 run = chunk_stats * lam
-                run_rows[:] = [model.stats(mb, ones_bm).mul_(n_prev / bm).add_(run) if bm else run.expand(n_eval, -1)]
-            elif bm:
-                run_rows[:] = [torch.cat([rows.expand(n_eval, b, rows.shape[1]), mb], dim=1)]
+                stats = model.stats(mb).mul_(n_prev / bm).add_(run) if bm else run.expand(n_eval, -1)
+                if not use_cv:
+                    return model.stats_gradient(stats)
+                loglik = lambda th, i: model.grad_from_stats(th, stats[i])  # noqa: E731
             else:
-                run_rows[:] = [rows.expand(n_eval, b, rows.shape[1])]
+                run_rows = torch.cat([rows.expand(n_eval, b, rows.shape[1]), mb], dim=1) if bm else rows.expand(n_eval, b, rows.shape[1])
+                if not use_cv:
+                    return model.run_gradient(run_rows, wts)
+                loglik = lambda th, i: model.grad_log_likelihood(th, run_rows[i], wts)  # noqa: E731
 
-        def loglik_grad(th: torch.Tensor, i: int) -> torch.Tensor:
-            if model.has_stats:
-                return model.grad_from_stats(th, run_rows[0][i])
-            return model.grad_log_likelihood(th, run_rows[0][i], wts)
-
-        def grad_fn(th: torch.Tensor, i: int) -> torch.Tensor:
-            if use_cv:
-                gall = loglik_grad(torch.cat([th, cv_theta[None]]), i)
-                corr = hist_scale * cv_grad - (gall[m] - lam_box[0] * chunk_grad_hat)
+            def grad_cv(th: torch.Tensor, i: int) -> torch.Tensor:
+                gall = loglik(torch.cat([th, cv_theta[None]]), i)
+                corr = hist_scale * cv_grad - (gall[m] - lam * chunk_grad_hat)
                 return gall[:m] + corr + model.grad_log_prior(th)
-            return loglik_grad(th, i) + model.grad_log_prior(th)
+
+            return grad_cv
 
         ess0 = ess(logw)
         ess_min = ess0
@@ -205,9 +202,8 @@ class Sampler:
                 logw = np.full(m, -math.log(m))
                 resamples += 1
             if cfg.sghmc_steps:
-                lam_box[0] = lam
                 wts[:b] = lam
-                prepare_run(lam)
+                grad_fn = run_gradient(lam)
                 v = math.sqrt(eta) * torch.randn(theta.shape, generator=g, dtype=torch.float64)
                 theta, _ = self._integrate(g, theta, v, grad_fn, eta, cfg.alpha, cfg.beta_hat, cfg.sghmc_steps)
                 if not bool(torch.isfinite(theta).all()):

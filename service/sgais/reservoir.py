@@ -26,23 +26,26 @@ class ReservoirWrites:
 
 
 def algorithm_r(generator: torch.Generator, n_before: int, rows: torch.Tensor, capacity: int) -> ReservoirWrites:
-    """Slot writes for appending ``rows [B, F]`` after ``n_before`` items (later rows win a shared slot)."""
+    """Slot writes for appending ``rows [B, F]`` after ``n_before`` items (later rows win a shared slot).
+
+    Item t (1-based) goes to slot t - 1 while the reservoir has room, afterwards to slot
+    floor(u t) for one uniform u, which is a slot iff it is below the capacity."""
     b = rows.shape[0]
-    t = torch.arange(n_before + 1, n_before + b + 1, dtype=torch.float64)  # 1-based item numbers
-    slot = t - 1
-    full = t > capacity
-    k = int(full.sum())
-    if k:
-        u = torch.rand(k, generator=generator, dtype=torch.float64)
-        slot[full] = torch.floor(u * t[full])
-    keep = slot < capacity
-    slots = slot[keep].to(torch.int64).numpy()
-    src = np.nonzero(keep.numpy())[0]
-    # last write wins: unique over the reversed order keeps each slot's latest row
-    _, first_rev = np.unique(slots[::-1], return_index=True)
-    pick = (len(slots) - 1 - first_rev)[::-1]
-    pick.sort()
-    return ReservoirWrites(torch.from_numpy(slots[pick].copy()), rows[torch.from_numpy(src[pick].copy())])
+    room = min(b, max(0, capacity - n_before))  # the first `room` rows fill free slots in order
+    slots = np.arange(n_before, n_before + b, dtype=np.int64)
+    src = np.arange(b)
+    if room < b:
+        t = np.arange(n_before + room + 1, n_before + b + 1, dtype=np.float64)
+        u = torch.rand(b - room, generator=generator, dtype=torch.float64).numpy()
+        slots[room:] = np.floor(u * t).astype(np.int64)
+        src = np.flatnonzero(slots < capacity)
+        slots = slots[src]
+        # last write wins: unique over the reversed order keeps each slot's latest row
+        _, first_rev = np.unique(slots[::-1], return_index=True)
+        pick = (len(slots) - 1 - first_rev)[::-1]
+        pick.sort()
+        src, slots = src[pick], slots[pick]
+    return ReservoirWrites(torch.from_numpy(slots), rows[torch.from_numpy(src)])
 
 
 class Reservoir:
