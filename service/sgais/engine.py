@@ -160,7 +160,9 @@ class Sampler:
                     return model.stats_gradient(stats)
                 loglik = lambda th, i: model.grad_from_stats(th, stats[i])  # noqa: E731
             else:
-                run_rows = torch.cat([rows.expand(n_eval, b, rows.shape[1]), mb], dim=1) if bm else rows.expand(n_eval, b, rows.shape[1])
+                run_rows = rows.expand(n_eval, b, rows.shape[1])
+                if bm:
+                    run_rows = torch.cat([run_rows, mb], dim=1)
                 if not use_cv:
                     return model.run_gradient(run_rows, wts)
                 loglik = lambda th, i: model.grad_log_likelihood(th, run_rows[i], wts)  # noqa: E731
