@@ -200,6 +200,10 @@ class Recent:
     base: float
     lp: float  # the incumbent's log predictive of it
     rows: torch.Tensor | None = None  # not saved: re-read from the stream's chunks
+    # the running level and per-observation sd before this chunk (spread 0: none yet, or from
+    # an earlier regime), the baseline of a challenger that starts here
+    level: float = 0.0
+    spread: float = 0.0
 
 
 @dataclass
@@ -232,7 +236,7 @@ class DetectorState:
             "chunks": self.chunks, "count": self.count, "level": self.level.hex(), "var": self.var.hex(),
             "steps_mean": self.steps_mean.hex(), "steps_var": self.steps_var.hex(), "events": self.events,
             "cusum": [self.cusum_lo.hex(), self.cusum_hi.hex(), self.lo_from, self.hi_from],
-            "recent": [[r.seq, r.chunk, r.start, r.base.hex(), r.lp.hex()] for r in self.recent],
+            "recent": [[r.seq, r.chunk, r.start, r.base.hex(), r.lp.hex(), r.level.hex(), r.spread.hex()] for r in self.recent],
             "rng": base64.b64encode(self.rng.numpy().tobytes()).decode(),
             "challengers": [
                 {"start": c.start, "chunk": c.chunk, "seqs": c.seqs, "base": c.base_log_evidence.hex(),
@@ -269,7 +273,9 @@ class DetectorState:
                    count=h["count"], level=f(h["level"]), var=f(h["var"]), steps_mean=f(h["steps_mean"]),
                    steps_var=f(h["steps_var"]), events=h["events"], challengers=chs,
                    cusum_lo=f(h["cusum"][0]), cusum_hi=f(h["cusum"][1]), lo_from=h["cusum"][2], hi_from=h["cusum"][3],
-                   recent=[Recent(seq=r[0], chunk=r[1], start=r[2], base=f(r[3]), lp=f(r[4])) for r in h["recent"]])
+                   recent=[Recent(seq=r[0], chunk=r[1], start=r[2], base=f(r[3]), lp=f(r[4]),
+                                  level=f(r[5]) if len(r) > 5 else 0.0, spread=f(r[6]) if len(r) > 6 else 0.0)
+                           for r in h["recent"]])
 
     def oldest_seq(self) -> int | None:
         """The first input seq a restore needs (None: no challengers)."""
@@ -364,23 +370,31 @@ class Detector:
         base = new.offset_log_evidence + before.log_evidence
         lp = result.log_predictive
 
-        # 1. feed the chunk to every challenger; retire losers and the old
+        # 1. feed the chunk to every challenger; retire losers and the old. One that ages out
+        # while ahead started too early (a CUSUM excursion that began in noise before the
+        # change): its own comparison says where its advantage began, a candidate for step 2.
         kept: list[Challenger] = []
+        again: list[int] = []
         for c in new.challengers:
             if not self._feed(c, chunk, seq, lp):
                 continue  # a challenger that cannot take the data is no evidence of a change
             if c.compared and c.log_bf < cfg.retire_log_bf:
                 continue
             if c.state.n > self.capacity or c.state.n - c.memory_rows > max(self.max_age, 8 * c.first_rows):
+                at = self._where(c)
+                if c.compared and c.log_bf > 0.0 and at > 0:
+                    again.append(c.seqs[c.memory + at])
                 continue
             kept.append(c)
         new.challengers = kept
 
         # 2. nominate candidates: this chunk when it stands out from the running level, or
         # where a CUSUM excursion of those z-scores began
-        new.recent.append(Recent(seq=seq, chunk=new.chunks - 1, start=start, base=base, lp=lp, rows=chunk))
+        counted = new.count >= cfg.warmup
+        new.recent.append(Recent(seq=seq, chunk=new.chunks - 1, start=start, base=base, lp=lp, rows=chunk,
+                                 level=new.level, spread=math.sqrt(max(new.var, 1e-12)) if counted else 0.0))
         x, steps = lp / b, float(result.annealing_steps)
-        if new.count >= cfg.warmup:
+        if counted:
             sd = math.sqrt(max(new.var, 1e-12) / b)
             z = (x - new.level) / sd
             spike = steps > new.steps_mean + cfg.step_spike * math.sqrt(max(new.steps_var, 0.25)) + 1.0
@@ -404,6 +418,7 @@ class Detector:
             if new.cusum_hi >= cfg.cusum:
                 starts.append(max(new.hi_from, first))
                 new.cusum_hi = 0.0
+            starts += [j for j, r in enumerate(new.recent) if r.seq in again and j >= first]
             taken = {c.start for c in new.challengers}
             for i in sorted(set(starts)):
                 if new.recent[i].start in taken:
@@ -416,7 +431,10 @@ class Detector:
                         new.challengers.remove(weakest)
                     c = self._challenger(g, new.recent, i, memory, before)
                     if c is not None:
-                        c.level, c.spread = new.level, math.sqrt(max(new.var, 1e-12))
+                        # the baseline is the level before the candidate: a CUSUM start lies
+                        # chunks back, and the level since has followed the change part way
+                        r = new.recent[i]
+                        c.level, c.spread = (r.level, r.spread) if r.spread > 0.0 else (new.level, math.sqrt(max(new.var, 1e-12)))
                         new.challengers.append(c)
             x = new.level + z * sd
         elif new.count >= 1 and x < new.level:
@@ -463,7 +481,7 @@ class Detector:
             new.events += 1
             new.challengers = []
             if cfg.adapt and self.multimodal:  # the new incumbent's rows stay, as rows before later candidates
-                new.recent = [r for r in new.recent if r.seq >= winner.seqs[0]]
+                new.recent = [replace(r, spread=0.0) for r in new.recent if r.seq >= winner.seqs[0]]
             else:
                 new.recent = []
             new.count, new.cusum_lo, new.cusum_hi = 0, 0.0, 0.0  # a new regime: the running level starts again

@@ -146,6 +146,33 @@ def test_deterministic_and_restores_bit_for_bit():
     assert alive > 0  # some cuts fell while challengers were alive
 
 
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_small_shift_in_chunks_found_when_its_cusum_began_in_noise(seed):
+    """``cusp bench detect``'s mean-1 (0 -> 1 -> 0 sd at 400 and 700, chunks of 25). Two ways
+    it was missed: the CUSUM excursion that flags the change began in noise chunks before it,
+    so the only candidate started there and aged out (seed 0); and a candidate made late was
+    measured against a level that had already followed the change (seed 2). A challenger that
+    ages out ahead now nominates the chunk where its advantage began, and a candidate's
+    baseline is the level before its first chunk."""
+    from bench.detect import mean_shift
+
+    data, changes, spec, chunk = mean_shift(seed, 1.0)
+    events = detect_series(data, spec, chunk_size=chunk, seed=0)
+    assert len(events) == 2, locations(events)
+    assert all(abs(e.location - c) <= chunk for e, c in zip(events, changes)), locations(events)
+
+
+def test_renominated_candidates_restore_bit_for_bit():
+    from bench.detect import mean_shift
+
+    x = torch.as_tensor(mean_shift(0, 1.0)[0])
+    sampler = build_sampler(build_model("gaussian", 1, None), SGAISConfig())
+    # the candidate from the excursion's start ages out at chunk 18 and one at 400 takes over
+    full, alive = _restores(sampler, DetectorConfig(), x, 25, 40, (17, 18, 19), seed=0)
+    assert [e["location"] for _, ev in full for e in ev][:1] == [400]
+    assert alive > 0
+
+
 def test_adapt_off_reports_without_restarting():
     events = detect_series(shifts(), "gaussian", chunk_size=10, seed=0, config=DetectorConfig(adapt=False))
     assert events and not events[0].adapted and abs(events[0].location - 300) <= 10
