@@ -28,7 +28,15 @@ incumbent's log predictives). Changes that add to the old regime (new mixture co
 new class balance) keep what still holds, so a restart from the prior, which must learn the
 old parameters again, legitimately loses to the incumbent, while a model of the whole history
 is slow to give the new part weight; the short memory wins within the chunk. The two
-restarts of a candidate share its prior probability of a change (each log(2) less).
+restarts of a candidate share its prior probability of a change (each log(2) less). When a
+short memory wins for a unimodal model, the new incumbent is still the restart from the
+prior at the change: the memory is old-regime rows, and an incumbent that kept them would
+lose to the next restart a few chunks on when the change replaced the old regime.
+
+Candidates come late or early: a CUSUM excursion may begin in noise chunks before the
+change. A challenger that ages out while ahead nominates the chunk where its own advantage
+began (``_where``), and every challenger is judged against the running level from before its
+first chunk (kept with the recent chunks), not the level since, which follows the change.
 
 For models whose posterior has poor local modes (``model.multimodal``: mixtures) a winning
 restart must also show that the data moved, not the incumbent: ``_data_moved``.
@@ -467,8 +475,14 @@ class Detector:
             fed = best.seqs[best.memory:]
             i = next((j for j, r in enumerate(new.recent) if r.seq == fed[at]), None)
             winner = best
-            if at and i is not None and cfg.adapt:
-                winner = self._challenger(g, new.recent, i, best.memory > 0)
+            # For unimodal models the new incumbent restarts from the prior even when a short
+            # memory won: the memory is rows of the old regime, and an incumbent that keeps them
+            # loses at once to the next restart when the change replaced the old regime (seen
+            # as false alarms a few chunks after changes of regression coefficients). Mixtures
+            # keep it: a restart from the prior may land in a poor mode.
+            memory = best.memory > 0 and self.multimodal
+            if i is not None and cfg.adapt and (at or (best.memory > 0 and not memory)):
+                winner = self._challenger(g, new.recent, i, memory)
                 if winner is None or winner.seqs[winner.memory:] != fed[at:]:
                     winner = best  # the restart failed on some chunk: keep the one that did not
             where = new.recent[i] if i is not None else None

@@ -162,6 +162,20 @@ def test_small_shift_in_chunks_found_when_its_cusum_began_in_noise(seed):
     assert all(abs(e.location - c) <= chunk for e, c in zip(events, changes)), locations(events)
 
 
+@pytest.mark.parametrize("seed", [1, 2])
+def test_no_false_alarm_after_a_change_that_a_short_memory_detected(seed):
+    """``cusp bench detect``'s regression (coefficients move at 1,000 and 2,000, chunks of 50).
+    The short-memory restart wins within one chunk; when it became the incumbent it kept its
+    50 rows of the old regime, and the next restart beat it a few chunks later: a false alarm
+    (seeds 1 and 2, at 1,100, 1,250 and 2,150). A unimodal model's new incumbent now restarts
+    from the prior at the change."""
+    from bench.detect import regression_change
+
+    data, changes, spec, chunk = regression_change(seed)
+    events = detect_series(data, spec, chunk_size=chunk, seed=0)
+    assert locations(events) == changes
+
+
 def test_renominated_candidates_restore_bit_for_bit():
     from bench.detect import mean_shift
 
