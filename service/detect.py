@@ -36,7 +36,10 @@ lose to the next restart a few chunks on when the change replaced the old regime
 Candidates come late or early: a CUSUM excursion may begin in noise chunks before the
 change. A challenger that ages out while ahead nominates the chunk where its own advantage
 began (``_where``), and every challenger is judged against the running level from before its
-first chunk (kept with the recent chunks), not the level since, which follows the change.
+first chunk (kept with the recent chunks), not the level since, which follows the change. A
+short memory that wins at once sits at its nomination, one chunk late when the change's
+first chunk did not stand out; ``_earlier`` moves it back when a change one chunk earlier
+has the higher evidence.
 
 For models whose posterior has poor local modes (``model.multimodal``: mixtures) a winning
 restart must also show that the data moved, not the incumbent: ``_data_moved``.
@@ -481,14 +484,19 @@ class Detector:
             # as false alarms a few chunks after changes of regression coefficients). Mixtures
             # keep it: a restart from the prior may land in a poor mode.
             memory = best.memory > 0 and self.multimodal
-            if i is not None and cfg.adapt and (at or (best.memory > 0 and not memory)):
+            moved = False
+            if best.memory > 0 and not self.multimodal and at == 0 and i is not None and i > 0:
+                moved = self._earlier(g, new.recent, i, best)
+                i -= moved
+            if i is not None and cfg.adapt and (at or moved or (best.memory > 0 and not memory)):
                 winner = self._challenger(g, new.recent, i, memory)
-                if winner is None or winner.seqs[winner.memory:] != fed[at:]:
+                if winner is None or winner.seqs[winner.memory:] != [r.seq for r in new.recent[i:]]:
                     winner = best  # the restart failed on some chunk: keep the one that did not
             where = new.recent[i] if i is not None else None
             location = where.start if where is not None else best.start
             n_total = new.offset_n + after.n
-            events.append(Event(location=location, chunk=where.chunk if where else best.chunk, seq=fed[at],
+            events.append(Event(location=location, chunk=where.chunk if where else best.chunk,
+                                seq=where.seq if where else fed[at],
                                 detected_at=n_total, delay=n_total - location, confidence=confidence,
                                 log_bayes_factor=best.log_bf, log_prior_odds=self.restart_log_prior_odds(best.first_rows),
                                 adapted=cfg.adapt))
@@ -660,6 +668,18 @@ class Detector:
             sums.append(run)
         low = min(sums)
         return max(k for k, v in enumerate(sums) if v <= low + support)
+
+    def _earlier(self, g: torch.Generator, recent: list[Recent], i: int, best: Challenger) -> bool:
+        """A short memory that wins at once is placed at its own first chunk, which is where it
+        was nominated: one chunk late when the change's first chunk was not surprising enough
+        to nominate. Is a change one chunk earlier more probable? Same prior for either
+        place, so compare log p(y_{i-1}.. | memory before i-1) with the incumbent's log
+        predictive of chunk i-1 plus log p(y_i.. | memory before i)."""
+        alt = self._challenger(g, recent, i - 1, True)
+        if alt is None or not alt.memory:
+            return False
+        later = recent[i - 1].lp + best.state.log_evidence - best.train_log_z
+        return alt.state.log_evidence - alt.train_log_z > later
 
     def _track(self, s: DetectorState, x: float, b: int, steps: float) -> None:
         """Running level (exponentially weighted; plain mean over the first chunks)."""

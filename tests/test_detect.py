@@ -176,6 +176,16 @@ def test_no_false_alarm_after_a_change_that_a_short_memory_detected(seed):
     assert locations(events) == changes
 
 
+def test_a_short_memory_that_won_late_is_moved_to_the_change():
+    """mean-1, seed 2: the chunk at 700 was not surprising enough to nominate; the short memory
+    nominated at 725 won at once and was placed there. Moving the change one chunk earlier
+    has the higher evidence (``Detector._earlier``), so it is placed at 700."""
+    from bench.detect import mean_shift
+
+    data, changes, spec, chunk = mean_shift(2, 1.0)
+    assert locations(detect_series(data, spec, chunk_size=chunk, seed=0)) == changes
+
+
 def test_renominated_candidates_restore_bit_for_bit():
     from bench.detect import mean_shift
 
