@@ -290,13 +290,13 @@ class _Threads:
     def __init__(self, cfg: LoadConfig, redis_url: str, port: int):
         import uvicorn
 
-        from service.api.app import create_app
+        from service.api.app import create_app, server_options
         from service.settings import Settings
         from service.worker import Worker
 
         settings = Settings(host="127.0.0.1", port=port, workers=0, api_keys="", max_streams=max(1000, cfg.streams))
         self.server = uvicorn.Server(uvicorn.Config(create_app(settings, redis_url), host="127.0.0.1", port=port,
-                                                    log_level="warning", ws="websockets-sansio"))
+                                                    log_level="warning", **server_options(settings)))
         self.stopping = threading.Event()
         self.threads = [threading.Thread(target=self.server.run, daemon=True)]
         for i in range(cfg.workers):

@@ -54,7 +54,7 @@ def _logging(level: str) -> None:
 def serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from service.api.app import create_app
+    from service.api.app import create_app, server_options
     from service.settings import load_settings
     from service.store import EmbeddedRedis
     from service.supervise import WorkerProcesses
@@ -80,11 +80,8 @@ def serve(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:
         app = create_app(settings, url, worker_metrics=workers.metrics_urls if workers else ())
-        # A WebSocket message over CUSP_MAX_BODY_BYTES gets a 413 error message and the connection
-        # stays open; the protocol layer closes it (1009) only past twice the limit (at least
-        # uvicorn's 16 MiB default), so a raised limit is not shadowed and memory stays bounded.
         uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level.lower(),
-                    ws_max_size=max(16 * 1024 * 1024, 2 * settings.max_body_bytes))
+                    **server_options(settings))
     finally:
         if workers:
             workers.stop()

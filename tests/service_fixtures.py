@@ -7,7 +7,7 @@ import time
 import httpx
 import uvicorn
 
-from service.api.app import create_app
+from service.api.app import create_app, server_options
 from service.settings import Settings
 
 
@@ -22,7 +22,8 @@ class LiveServer:
         self.port = free_port()
         self.settings = Settings(port=self.port, workers=0, **settings)
         self.app = create_app(self.settings, redis_url)
-        self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning", ws="websockets-sansio"))
+        self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning",
+                                                    **server_options(self.settings)))
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.thread.start()
         deadline = time.monotonic() + 20

@@ -19,7 +19,7 @@ from starlette.routing import Route
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect as ws_connect
 
-from service.api.app import create_app
+from service.api.app import create_app, server_options
 from service.settings import Settings
 from service.store import EmbeddedRedis
 from tests.service_fixtures import free_port
@@ -44,8 +44,9 @@ def server(tmp_path_factory):
     configuration, as ``cusp serve`` runs it; every log record is captured."""
     redis = EmbeddedRedis(tmp_path_factory.mktemp("redis"))
     port = free_port()
-    app = create_app(Settings(port=port, workers=0, api_keys=f"{WRITER},{READER}:read"), redis.url)
-    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="debug", ws="websockets-sansio")
+    settings = Settings(port=port, workers=0, api_keys=f"{WRITER},{READER}:read")
+    app = create_app(settings, redis.url)
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="debug", **server_options(settings))
     capture = Capture()
     for name in ("", "uvicorn", "uvicorn.error", "uvicorn.access", "cusp", "cusp.api"):
         logging.getLogger(name).addHandler(capture)

@@ -402,6 +402,35 @@ def test_malformed_websocket_messages_get_errors_and_keep_the_connection(live, r
     unchanged(live, redis_url, stream)
 
 
+def test_websocket_message_past_the_protocol_limit_closes_1009_and_a_raised_limit_is_not_shadowed(live, redis_url, stream):
+    """``server_options``: uvicorn closes a connection (1009, message too big) whose message is
+    over twice CUSP_MAX_BODY_BYTES, and at least its own 16 MiB default, before the app
+    buffers it; under that the app answers (413 above). A body limit raised past 16 MiB
+    raises the protocol's too: a 17 MiB message then reaches the app."""
+    from websockets.exceptions import ConnectionClosed
+
+    from service.api.app import server_options
+
+    big = server_options(live.settings)["ws_max_size"]
+    assert big == 16 * 1024 * 1024
+    with ws_connect(f"{live.ws_url}/v1/streams/{S}/ingest", max_size=2**22) as ws:
+        ws.send(" " * (big + 1))
+        with pytest.raises(ConnectionClosed) as info:
+            ws.recv(timeout=20)
+        assert info.value.rcvd.code == 1009
+    raised = LiveServer(redis_url, max_body_bytes=20 * 1024 * 1024)  # same Redis
+    try:
+        assert server_options(raised.settings)["ws_max_size"] == 40 * 1024 * 1024
+        with ws_connect(f"{raised.ws_url}/v1/streams/{S}/ingest", max_size=2**22) as ws:
+            ws.send(" " * (17 * 1024 * 1024))
+            reply = json.loads(ws.recv(timeout=30))
+            assert reply["status"] == "error" and reply["code"] == 400, reply  # the app read it all: not JSON
+            assert "not valid JSON" in reply["detail"]
+    finally:
+        raised.stop()
+    unchanged(live, redis_url, stream)
+
+
 def test_websocket_to_unknown_stream_or_with_bad_since_is_closed_1008(live, redis_url, stream):
     from websockets.exceptions import ConnectionClosed
 

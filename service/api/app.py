@@ -143,6 +143,16 @@ class Store:
         self.url = url
 
 
+def server_options(settings: Settings) -> dict:
+    """uvicorn settings of cusp's API beyond host and port; ``cusp serve`` and the tests' live
+    servers both use these. The sans-I/O websockets implementation (uvicorn's default since
+    0.50; the legacy one is deprecated). A WebSocket message over CUSP_MAX_BODY_BYTES gets a
+    413 error message and the connection stays open; the protocol layer closes it (1009) only
+    past twice the limit (at least uvicorn's 16 MiB default), so a raised limit is not
+    shadowed and memory stays bounded."""
+    return {"ws": "websockets-sansio", "ws_max_size": max(16 * 1024 * 1024, 2 * settings.max_body_bytes)}
+
+
 def create_app(settings: Settings, redis_url: str, worker_metrics: Sequence[str] = ()) -> FastAPI:
     """The API. ``worker_metrics``: /metrics URLs of worker processes (``cusp serve``'s children)
     whose series this process's /metrics includes."""
