@@ -318,6 +318,34 @@ def test_live_evidence_websocket_and_sse_resume_without_gaps(live, redis_url):
     assert bad.status_code == 422
 
 
+def test_an_idle_worker_wakes_on_ingest_not_on_its_timeout(live, redis_url):
+    """The ingest script publishes on ``keys.WAKE``; a worker waiting for work (subscribed on its
+    first idle wait) returns as soon as a chunk arrives, not after its idle timeout. With no
+    chunk the same wait runs to its timeout, so the check below can fail."""
+    s, _ = make_stream(live, models=("gaussian",))
+    w = Worker(redis_url)
+    try:
+        w._wait_for_work(0.0)  # subscribes
+        for _ in range(3):  # the first wait may return on the subscription's confirmation
+            t0 = time.monotonic()
+            w._wait_for_work(0.3)
+            if time.monotonic() - t0 >= 0.25:
+                break
+        else:
+            pytest.fail("an idle wait with nothing published did not run to its timeout")
+        timer = threading.Timer(0.2, lambda: post(live, s, 0, gauss_rows(10)))
+        timer.start()
+        t0 = time.monotonic()
+        w._wait_for_work(60.0)
+        waited = time.monotonic() - t0
+        timer.join()
+        assert waited < 30.0, waited  # woken by the chunk's publication
+        assert w.run_until_idle() == 1
+    finally:
+        w._close_wake()
+        w.release_all()
+
+
 def test_two_workers_share_streams_without_double_applying(live, redis_url):
     streams = [make_stream(live, models=("gaussian",))[0] for _ in range(4)]
     for s in streams:
