@@ -120,16 +120,17 @@ class GaussianMixture(Model):
         return torch.cat([g_z, g_mu.reshape(m, -1), g_s.reshape(m, -1)], dim=1)
 
     def run_gradient(self, rows: torch.Tensor, weights: torch.Tensor) -> RunGradient:
-        """Per run: rows with a ones column, transposed for the log-joint product and weighted for
+        """Per run: rows with a ones column, transposed for the log-joint product, and weighted for
         the statistics product, so that an evaluation is two matrix products around one softmax
         over [M, K, B]. The prior's gradient is folded into the same expressions, and the small
         per-particle algebra runs in numpy on views of theta: at [M, K, d] sizes each torch op
         costs a few microseconds of dispatch, about a third of the evaluation, numpy's about one."""
         k, d = self.components, self.n_columns
-        ones = torch.ones(*rows.shape[:-1], 1, dtype=rows.dtype)
-        r1 = torch.cat([rows, ones], dim=-1)  # [E, B, 2d+1]: y, y^2, 1
-        r1t = r1.transpose(1, 2).contiguous()  # [E, 2d+1, B]
-        rw = r1.mul_(weights[:, None])  # [E, B, 2d+1]
+        e, b, f = rows.shape
+        r1t = torch.empty(e, f + 1, b, dtype=rows.dtype)  # [E, 2d+1, B]: y, y^2, 1
+        r1t[:, :f].copy_(rows.transpose(1, 2))
+        r1t[:, f].fill_(1.0)
+        rwt = r1t * weights  # weighted, [E, 2d+1, B]; two buffers per run, no more
         w_total = float(weights.sum())
         half_log_2pi_d = 0.5 * d * LOG_2PI
 
@@ -147,7 +148,7 @@ class GaussianMixture(Model):
             coef[..., 2 * d] = np.log(beta) - half_log_2pi_d - 0.5 * (s.sum(-1) + (mu * mp).sum(-1))
             lj = torch.mm(torch.from_numpy(coef.reshape(m * k, -1)), r1t[i]).view(m, k, -1)  # [M, K, B]
             resp = torch.softmax(lj, dim=1)
-            st = torch.mm(resp.view(m * k, -1), rw[i]).view(m, k, -1).numpy()  # sum_b w r (y, y^2, 1)
+            st = torch.mm(resp.view(m * k, -1), rwt[i].T).view(m, k, -1).numpy()  # sum_b w r (y, y^2, 1)
             s1, s2, r_sum = st[..., :d], st[..., d : 2 * d], st[..., 2 * d :]
             mu2 = mu * mu
             # likelihood terms as in grad_log_likelihood, prior terms as in grad_log_prior

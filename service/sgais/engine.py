@@ -134,7 +134,6 @@ class Sampler:
         n_eval = GRAD_EVALS[cfg.integrator](cfg.sghmc_steps)
         wts = torch.empty(b + bm, dtype=torch.float64)
         wts[b:] = (n_prev / bm) if bm else 0.0
-        res_np = res.numpy()
 
         use_cv = cfg.control_variates and bm > 0
         cv_theta, cv_grad, cv_n = state.cv_theta, state.cv_grad, state.cv_n
@@ -152,7 +151,9 @@ class Sampler:
             drawn here, in one go, and the model prepares what every evaluation reuses."""
             if bm:
                 idx = torch.randint(0, r_size, (n_eval * bm,), generator=g)
-                mb = torch.from_numpy(np.take(res_np, idx.numpy(), axis=0)).view(n_eval, bm, -1)
+                # torch's gather, not np.take: as fast with a reservoir out of cache, and numpy's
+                # buffers among torch's fragmented the heap (RSS crept ~2 MiB per 1e6 rows)
+                mb = res.index_select(0, idx).view(n_eval, bm, -1)
             if model.has_stats:
                 run = chunk_stats * lam
                 stats = model.stats(mb).mul_(n_prev / bm).add_(run) if bm else run.expand(n_eval, -1)
