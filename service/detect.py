@@ -484,11 +484,11 @@ class Detector:
             # as false alarms a few chunks after changes of regression coefficients). Mixtures
             # keep it: a restart from the prior may land in a poor mode.
             memory = best.memory > 0 and self.multimodal
-            moved = False
-            if best.memory > 0 and not self.multimodal and at == 0 and i is not None and i > 0:
-                moved = self._earlier(g, new.recent, i, best)
-                i -= moved
-            if i is not None and cfg.adapt and (at or moved or (best.memory > 0 and not memory)):
+            earlier = best.memory > 0 and not self.multimodal and at == 0 and i is not None and i > 0 \
+                and self._earlier(g, new.recent, i, best)
+            if earlier:
+                i -= 1
+            if i is not None and cfg.adapt and (at or earlier or (best.memory > 0 and not memory)):
                 winner = self._challenger(g, new.recent, i, memory)
                 if winner is None or winner.seqs[winner.memory:] != [r.seq for r in new.recent[i:]]:
                     winner = best  # the restart failed on some chunk: keep the one that did not
