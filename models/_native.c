@@ -1,0 +1,278 @@
+/* Native kernels for the models' per-run gradients (models/native.py loads this library with
+ * ctypes; it is also a valid, empty CPython extension module so that setuptools builds it
+ * and `import models._native` finds its file).
+ *
+ * gmm_grad: the diagonal Gaussian mixture's gradient of the SGHMC log target for M particles
+ * (models/mixture.py, GaussianMixture.run_gradient) in one pass over the rows per particle:
+ * log-joint, softmax over the K components and the weighted statistics sum_b w r (1, y, y^2),
+ * then the small per-particle algebra with the prior folded in. Torch needs three passes and
+ * two [M, K, B] buffers for the same (matrix product, softmax, matrix product); here a block of
+ * rows stays in L1 and the exps are vectorised (exp_nonpos).
+ *
+ * Determinism: the order of every sum is fixed (per-lane partial sums over blocks of BT rows,
+ * then a fixed-order reduction), so a run gives the same bits on one machine whatever the
+ * chunking. Different instruction sets (AVX-512, AVX2+FMA, baseline) may differ in the last
+ * bits, as torch's own kernels do; CUSP_NATIVE_ISA=0/1/2 caps the one chosen.
+ */
+#include <Python.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define BT 64 /* rows per block: K * BT doubles of log-joints stay in L1 */
+
+static const double LOG_2PI = 1.8378770664093453;
+
+/* exp(x) for x <= 0, within about 2e-15 relative: Cody-Waite reduction x = n ln2 + r with
+ * |r| <= ln2/2, degree-11 Taylor polynomial, 2^n built in the exponent bits. Branch-free so
+ * that the loops calling it vectorise. Arguments below -708 are taken as -708 (exp = 3e-308,
+ * zero for every use here: a responsibility next to one of at least 1). */
+static inline __attribute__((always_inline)) double exp_nonpos(double x)
+{
+    const double magic = 6755399441055744.0; /* 1.5 * 2^52: adding it rounds to an integer */
+    x = x < -708.0 ? -708.0 : x;
+    double t = x * 1.4426950408889634 + magic;
+    double n = t - magic;
+    double r = x - n * 6.93147180369123816490e-01;
+    r = r - n * 1.90821492927058770002e-10;
+    double p = r * (1.0 / 39916800.0) + (1.0 / 3628800.0);
+    p = p * r + (1.0 / 362880.0);
+    p = p * r + (1.0 / 40320.0);
+    p = p * r + (1.0 / 5040.0);
+    p = p * r + (1.0 / 720.0);
+    p = p * r + (1.0 / 120.0);
+    p = p * r + (1.0 / 24.0);
+    p = p * r + (1.0 / 6.0);
+    p = p * r + 0.5;
+    p = p * r + 1.0;
+    p = p * r + 1.0;
+    uint64_t ti, tm, sb;
+    double scale;
+    memcpy(&ti, &t, 8);
+    memcpy(&tm, &magic, 8);
+    sb = (ti - tm + 1023) << 52;
+    memcpy(&scale, &sb, 8);
+    return p * scale;
+}
+
+static inline __attribute__((always_inline)) double lane_sum(const double *v)
+{
+    double s = 0.0;
+    for (int i = 0; i < BT; i++) s += v[i];
+    return s;
+}
+
+/* Per particle: beta = softmax(z) and the log-joint's coefficients, log w_k + log N(y; mu_k,
+ * sigma_k^2) = cst_k + sum_j (a_kj y_j + c_kj y_j^2). theta's particle row starts at z. */
+static inline __attribute__((always_inline)) void mixture_constants(
+    int K, int d, const double *z, double *a, double *c, double *cst, double *beta)
+{
+    const double *mu = z + K, *s = mu + K * d;
+    double zmax = z[0], zs = 0.0;
+    for (int k = 1; k < K; k++) zmax = z[k] > zmax ? z[k] : zmax;
+    for (int k = 0; k < K; k++) { beta[k] = exp(z[k] - zmax); zs += beta[k]; }
+    for (int k = 0; k < K; k++) {
+        beta[k] /= zs;
+        double q = 0.0, ss = 0.0;
+        for (int j = 0; j < d; j++) {
+            int i = k * d + j;
+            double prec = exp(-s[i]);
+            a[i] = mu[i] * prec;
+            c[i] = -0.5 * prec;
+            q += mu[i] * a[i];
+            ss += s[i];
+        }
+        cst[k] = log(beta[k]) - 0.5 * (d * LOG_2PI + ss + q);
+    }
+}
+
+/* One block of BT rows (columns y_j at ycol + j * padded, y_j^2 at ycol + (d + j) * padded):
+ * lj [K][BT] <- exp(log-joint - max over k), mx [BT] <- that max, sm [BT] <- sum over k. */
+static inline __attribute__((always_inline)) void block_softmax_terms(
+    int K, int d, long padded, const double *ycol, const double *a, const double *c,
+    const double *cst, double *lj, double *mx, double *sm)
+{
+    for (int k = 0; k < K; k++) {
+        double *l = lj + (size_t)k * BT;
+        for (int i = 0; i < BT; i++) l[i] = cst[k];
+        for (int j = 0; j < d; j++) {
+            const double *y = ycol + (size_t)j * padded, *y2 = ycol + (size_t)(d + j) * padded;
+            const double aa = a[k * d + j], cc = c[k * d + j];
+            for (int i = 0; i < BT; i++) l[i] += aa * y[i] + cc * y2[i];
+        }
+    }
+    for (int i = 0; i < BT; i++) mx[i] = lj[i];
+    for (int k = 1; k < K; k++) {
+        const double *l = lj + (size_t)k * BT;
+        for (int i = 0; i < BT; i++) mx[i] = l[i] > mx[i] ? l[i] : mx[i];
+    }
+    for (int i = 0; i < BT; i++) sm[i] = 0.0;
+    for (int k = 0; k < K; k++) {
+        double *l = lj + (size_t)k * BT;
+        for (int i = 0; i < BT; i++) { double e = exp_nonpos(l[i] - mx[i]); l[i] = e; sm[i] += e; }
+    }
+}
+
+/* rows [B] (row b's y_j at rows[b * stride + j]) as columns y_j, then y_j^2, [2d][padded],
+ * zero past B */
+static inline __attribute__((always_inline)) void columns(int d, long B, long padded, const double *rows, long stride, double *ycol)
+{
+    for (int j = 0; j < d; j++) {
+        double *y = ycol + (size_t)j * padded, *y2 = ycol + (size_t)(d + j) * padded;
+        for (long b = 0; b < B; b++) { double v = rows[b * stride + j]; y[b] = v; y2[b] = v * v; }
+        for (long b = B; b < padded; b++) { y[b] = 0.0; y2[b] = 0.0; }
+    }
+}
+
+/* theta [M, K + 2Kd] = (z [K], mu [K, d], log sigma^2 [K, d]) row-major; rows [B] with row b's
+ * y_j at rows[b * stride + j]; w [B] the row weights, w_total their sum; out [M, K + 2Kd]: the
+ * gradient of sum_b w_b log p(y_b | theta) + log prior(theta). Returns 0, or 1 when the scratch
+ * could not be allocated. */
+static inline __attribute__((always_inline)) int gmm_grad_body(
+    int M, int K, int d, long B, const double *theta, const double *rows, long stride,
+    const double *w, double w_total, double *out)
+{
+    const int D = K * (1 + 2 * d), S = K * (1 + 2 * d);
+    const long nblocks = (B + BT - 1) / BT, padded = nblocks * BT;
+    /* scratch: rows as columns (y_j, y_j^2) [2d][padded], weights [padded] (zero past B),
+       exps of the log-joints [K][BT], per-lane statistics [S][BT], four [BT] rows */
+    double *buf = aligned_alloc(64, sizeof(double) * ((size_t)(2 * d + 1) * padded + (size_t)(K + S + 4) * BT));
+    if (!buf) return 1;
+    double *ycol = buf, *wcol = buf + (size_t)2 * d * padded;
+    double *lj = wcol + padded, *acc = lj + (size_t)K * BT, *mx = acc + (size_t)S * BT;
+    double *sm = mx + BT, *inv = sm + BT, *r = inv + BT;
+    columns(d, B, padded, rows, stride, ycol);
+    memcpy(wcol, w, sizeof(double) * B);
+    for (long b = B; b < padded; b++) wcol[b] = 0.0;
+
+    double a[K * d], c[K * d], cst[K], beta[K];
+    for (int m = 0; m < M; m++) {
+        const double *z = theta + (size_t)m * D, *mu = z + K;
+        mixture_constants(K, d, z, a, c, cst, beta);
+        memset(acc, 0, sizeof(double) * (size_t)S * BT);
+        for (long b0 = 0; b0 < padded; b0 += BT) {
+            block_softmax_terms(K, d, padded, ycol + b0, a, c, cst, lj, mx, sm);
+            for (int i = 0; i < BT; i++) inv[i] = wcol[b0 + i] / sm[i];
+            for (int k = 0; k < K; k++) {
+                const double *l = lj + (size_t)k * BT;
+                double *a0 = acc + (size_t)k * BT;
+                for (int i = 0; i < BT; i++) { r[i] = l[i] * inv[i]; a0[i] += r[i]; }
+                for (int j = 0; j < d; j++) {
+                    const double *y = ycol + (size_t)j * padded + b0, *y2 = ycol + (size_t)(d + j) * padded + b0;
+                    double *a1 = acc + (size_t)(K + k * d + j) * BT, *a2 = acc + (size_t)(K + K * d + k * d + j) * BT;
+                    for (int i = 0; i < BT; i++) { a1[i] += r[i] * y[i]; a2[i] += r[i] * y2[i]; }
+                }
+            }
+        }
+        double *o = out + (size_t)m * D;
+        for (int k = 0; k < K; k++) {
+            const double s0 = lane_sum(acc + (size_t)k * BT);
+            o[k] = s0 - beta[k] * w_total + 1.0 - exp(z[k]);
+            for (int j = 0; j < d; j++) {
+                const int q = k * d + j;
+                const double prec = -2.0 * c[q], m1 = mu[q], m2 = m1 * m1;
+                const double s1 = lane_sum(acc + (size_t)(K + q) * BT), s2 = lane_sum(acc + (size_t)(K + K * d + q) * BT);
+                o[K + q] = prec * (s1 - m1 * s0 - 0.25 * m1);
+                o[K + K * d + q] = prec * (0.5 * s2 - m1 * s1 + 0.5 * m2 * s0 + 1.0 + 0.125 * m2) - 0.5 * s0 - 1.5;
+            }
+        }
+    }
+    free(buf);
+    return 0;
+}
+
+
+/* out [M, B]: log sum_k w_k N(y_b; mu_k, sigma_k^2) per particle and row (GaussianMixture.log_likelihood). */
+static inline __attribute__((always_inline)) int gmm_loglik_body(
+    int M, int K, int d, long B, const double *theta, const double *rows, long stride, double *out)
+{
+    const int D = K * (1 + 2 * d);
+    const long nblocks = (B + BT - 1) / BT, padded = nblocks * BT;
+    double *buf = aligned_alloc(64, sizeof(double) * ((size_t)2 * d * padded + (size_t)(K + 2) * BT));
+    if (!buf) return 1;
+    double *ycol = buf, *lj = buf + (size_t)2 * d * padded, *mx = lj + (size_t)K * BT, *sm = mx + BT;
+    columns(d, B, padded, rows, stride, ycol);
+    double a[K * d], c[K * d], cst[K], beta[K];
+    for (int m = 0; m < M; m++) {
+        mixture_constants(K, d, theta + (size_t)m * D, a, c, cst, beta);
+        double *o = out + (size_t)m * B;
+        for (long b0 = 0; b0 < padded; b0 += BT) {
+            block_softmax_terms(K, d, padded, ycol + b0, a, c, cst, lj, mx, sm);
+            const long n = B - b0 < BT ? B - b0 : BT;
+            for (long i = 0; i < n; i++) o[b0 + i] = mx[i] + log(sm[i]);
+        }
+    }
+    free(buf);
+    return 0;
+}
+
+#define GMM_ARGS int M, int K, int d, long B, const double *theta, const double *rows, long stride, \
+                 const double *w, double w_total, double *out
+#define GMM_PASS M, K, d, B, theta, rows, stride, w, w_total, out
+
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+#define CUSP_X86 1
+__attribute__((target("avx512f,avx512dq,avx2,fma"))) static int gmm_grad_avx512(GMM_ARGS) { return gmm_grad_body(GMM_PASS); }
+__attribute__((target("avx2,fma"))) static int gmm_grad_avx2(GMM_ARGS) { return gmm_grad_body(GMM_PASS); }
+#endif
+static int gmm_grad_base(GMM_ARGS) { return gmm_grad_body(GMM_PASS); }
+
+#define LL_ARGS int M, int K, int d, long B, const double *theta, const double *rows, long stride, double *out
+#define LL_PASS M, K, d, B, theta, rows, stride, out
+#ifdef CUSP_X86
+__attribute__((target("avx512f,avx512dq,avx2,fma"))) static int gmm_loglik_avx512(LL_ARGS) { return gmm_loglik_body(LL_PASS); }
+__attribute__((target("avx2,fma"))) static int gmm_loglik_avx2(LL_ARGS) { return gmm_loglik_body(LL_PASS); }
+#endif
+static int gmm_loglik_base(LL_ARGS) { return gmm_loglik_body(LL_PASS); }
+
+typedef int (*gmm_grad_fn)(GMM_ARGS);
+typedef int (*gmm_loglik_fn)(LL_ARGS);
+static gmm_grad_fn gmm_grad_chosen;
+static gmm_loglik_fn gmm_loglik_chosen;
+static int isa_chosen = -1;
+
+/* 2: AVX-512, 1: AVX2 + FMA, 0: the compiler's baseline; capped by CUSP_NATIVE_ISA */
+int cusp_isa(void)
+{
+    if (isa_chosen < 0) {
+        const char *cap = getenv("CUSP_NATIVE_ISA");
+        int want = cap && *cap ? atoi(cap) : 2;
+        isa_chosen = 0;
+        gmm_grad_chosen = gmm_grad_base;
+        gmm_loglik_chosen = gmm_loglik_base;
+#ifdef CUSP_X86
+        __builtin_cpu_init();
+        if (want >= 2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq")) {
+            isa_chosen = 2;
+            gmm_grad_chosen = gmm_grad_avx512;
+            gmm_loglik_chosen = gmm_loglik_avx512;
+        } else if (want >= 1 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+            isa_chosen = 1;
+            gmm_grad_chosen = gmm_grad_avx2;
+            gmm_loglik_chosen = gmm_loglik_avx2;
+        }
+#else
+        (void)want;
+#endif
+    }
+    return isa_chosen;
+}
+
+int cusp_gmm_grad(GMM_ARGS)
+{
+    if (isa_chosen < 0) cusp_isa();
+    return gmm_grad_chosen(GMM_PASS);
+}
+
+int cusp_gmm_loglik(LL_ARGS)
+{
+    if (isa_chosen < 0) cusp_isa();
+    return gmm_loglik_chosen(LL_PASS);
+}
+
+/* An empty module: the functions above are called through ctypes, without the GIL's help
+ * being needed (they touch no Python object). */
+static struct PyModuleDef native_module = {PyModuleDef_HEAD_INIT, "_native", NULL, 0, NULL};
+
+PyMODINIT_FUNC PyInit__native(void) { return PyModule_Create(&native_module); }

@@ -1,0 +1,127 @@
+"""The native mixture kernels (models/_native.c) against the numpy/torch path they replace.
+
+`make test` installs with a C compiler, so the kernels must be built here: a silent fallback
+would leave the GMM 2x slower with every test still green. Each instruction set the machine
+has (AVX-512, AVX2+FMA, baseline) is checked in its own process (the choice is made once per
+process, capped by CUSP_NATIVE_ISA).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from models import build_model, mixture, native
+
+CASES = [  # (components, dims, rows): blocks of 64 rows, with and without a tail; one row
+    (5, 2, 1000), (1, 1, 1), (3, 4, 64), (7, 3, 65), (2, 1, 130),
+]
+
+
+def _problem(k: int, d: int, b: int, seed: int, spread: float = 1.0):
+    m = build_model(f"gmm:components={k}", n_columns=d)
+    g = torch.Generator().manual_seed(seed)
+    theta = m.sample_prior(g, 6)
+    y = 3.0 * torch.randn(3, b, d, generator=g, dtype=torch.float64) * spread
+    rows = torch.stack([m.featurize(y[i]) for i in range(3)])  # [E=3, B, 2d]
+    w = torch.rand(b, generator=g, dtype=torch.float64) * 7
+    return m, theta, rows, w
+
+
+def _reference(monkeypatch, m, theta, rows, w):
+    with monkeypatch.context() as mp:
+        mp.setattr(mixture, "kernels", lambda: None)
+        grad = m.run_gradient(rows, w)
+        return [grad(theta, i) for i in range(rows.shape[0])], m.log_likelihood(theta, rows[0])
+
+
+def test_the_kernels_are_built():
+    assert native.kernels() is not None, (
+        f"{native.status()}: install with a C compiler (pip install -e .) so that models/_native.c is built")
+
+
+@pytest.mark.parametrize("k,d,b", CASES)
+def test_native_mixture_equals_the_numpy_path(monkeypatch, k, d, b):
+    m, theta, rows, w = _problem(k, d, b, seed=k * 100 + d * 10 + b)
+    want_grads, want_ll = _reference(monkeypatch, m, theta, rows, w)
+    grad = m.run_gradient(rows, w)
+    for i in (2, 0, 1):
+        got = grad(theta, i)
+        scale = want_grads[i].abs().max()
+        assert torch.allclose(got, want_grads[i], rtol=1e-10, atol=1e-11 * float(scale)), (i, (got - want_grads[i]).abs().max())
+    got_ll = m.log_likelihood(theta, rows[0])
+    assert got_ll.shape == want_ll.shape
+    assert torch.allclose(got_ll, want_ll, rtol=1e-12, atol=1e-10)
+
+
+def test_far_components_underflow_to_zero_responsibility(monkeypatch):
+    # log-joints a thousand nats apart: exp's clamp at -708 must act as zero, as torch's softmax does
+    m, theta, rows, w = _problem(4, 2, 200, seed=3, spread=300.0)
+    want_grads, want_ll = _reference(monkeypatch, m, theta, rows, w)
+    grad = m.run_gradient(rows, w)
+    for i in range(3):
+        scale = float(want_grads[i].abs().max())
+        assert torch.allclose(grad(theta, i), want_grads[i], rtol=1e-10, atol=1e-11 * scale)
+    assert torch.allclose(m.log_likelihood(theta, rows[0]), want_ll, rtol=1e-12)
+
+
+def test_same_inputs_same_bits_and_inputs_untouched():
+    m, theta, rows, w = _problem(5, 2, 777, seed=11)
+    theta0, rows0, w0 = theta.clone(), rows.clone(), w.clone()
+    a = m.run_gradient(rows, w)(theta, 1)
+    w.fill_(0.0)  # the engine rewrites its weights between runs: a prepared run must not see it
+    b = m.run_gradient(rows, w0)(theta, 1)
+    assert torch.equal(a, b)
+    assert torch.equal(theta, theta0) and torch.equal(rows, rows0)
+
+
+def test_bad_arguments_are_refused_not_read():
+    k = native.kernels()
+    grad = k.gmm_grad_run(3, np.zeros((2, 10, 2)), np.ones(10))
+    with pytest.raises(ValueError):
+        grad(np.zeros((4, 9)), 2)  # evaluation index out of the run
+    with pytest.raises(ValueError):
+        grad(np.zeros((9, 4)).T, 0)  # not C-contiguous
+    with pytest.raises(ValueError):
+        k.gmm_grad_run(3, np.zeros((2, 10, 2)), np.ones(9))
+
+
+_ISA_SCRIPT = r"""
+import json, sys, torch
+sys.path.insert(0, sys.argv[1])
+from models import build_model, native
+from tests.test_native import CASES, _problem
+out = {"isa": native.kernels().isa, "cases": []}
+for k, d, b in CASES:
+    m, theta, rows, w = _problem(k, d, b, seed=k * 100 + d * 10 + b)
+    g = m.run_gradient(rows, w)(theta, 1)
+    out["cases"].append([g.tolist(), m.log_likelihood(theta, rows[0]).tolist()])
+print(json.dumps(out))
+"""
+
+
+def test_every_instruction_set_agrees(monkeypatch):
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    runs = {}
+    for cap in ("2", "1", "0"):
+        env = dict(os.environ, CUSP_NATIVE_ISA=cap)
+        done = subprocess.run([sys.executable, "-c", _ISA_SCRIPT, root], env=env, capture_output=True, text=True,
+                              timeout=120, cwd=root)
+        assert done.returncode == 0, done.stderr[-2000:]
+        r = json.loads(done.stdout)
+        runs[r["isa"]] = r["cases"]
+    assert "baseline" in runs  # the cap reaches the baseline build on any x86 machine
+    for j, (k, d, b) in enumerate(CASES):
+        m, theta, rows, w = _problem(k, d, b, seed=k * 100 + d * 10 + b)
+        want_grads, want_ll = _reference(monkeypatch, m, theta, rows, w)
+        for isa, cases in runs.items():
+            g, ll = torch.tensor(cases[j][0], dtype=torch.float64), torch.tensor(cases[j][1], dtype=torch.float64)
+            scale = float(want_grads[1].abs().max())
+            assert torch.allclose(g, want_grads[1], rtol=1e-10, atol=1e-11 * scale), (isa, k, d, b)
+            assert torch.allclose(ll, want_ll, rtol=1e-12, atol=1e-10), (isa, k, d, b)
