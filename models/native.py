@@ -73,9 +73,23 @@ class NativeKernels:
         return out
 
 
+_ON = ("1", "true", "t", "yes", "y", "on")
+_OFF = ("0", "false", "f", "no", "n", "off")
+
+
+def _enabled() -> bool:
+    raw = os.environ.get("CUSP_NATIVE", "1").strip().lower()
+    if raw not in _ON + _OFF:
+        raise ValueError(f"CUSP_NATIVE={raw!r}: expected one of {', '.join(_ON + _OFF)}")
+    return raw in _ON
+
+
 @cache
 def kernels() -> NativeKernels | None:
-    if os.environ.get("CUSP_NATIVE", "1").strip().lower() in ("0", "false", "no", "off"):
+    """The loaded kernels, or None (not built, or CUSP_NATIVE off). The service validates
+    CUSP_NATIVE and CUSP_NATIVE_ISA at start-up (service/settings.py); the library accepts
+    the same values."""
+    if not _enabled():
         return None
     spec = importlib.util.find_spec("models._native")
     if spec is None or not spec.origin or not spec.origin.endswith((".so", ".pyd", ".dylib")):
@@ -90,5 +104,6 @@ def status() -> str:
     k = kernels()
     if k is not None:
         return f"native ({k.isa})"
-    return "numpy/torch (native kernels off: CUSP_NATIVE=0)" if os.environ.get("CUSP_NATIVE", "1").strip().lower() in (
-        "0", "false", "no", "off") else "numpy/torch (native kernels not built)"
+    if not _enabled():
+        return "numpy/torch (native kernel off: CUSP_NATIVE)"
+    return "numpy/torch (native kernel not built: install with a C compiler)"

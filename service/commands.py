@@ -109,7 +109,9 @@ def worker(args: argparse.Namespace) -> int:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    log.info("worker %s started", w.id)
+    from models import native
+
+    log.info("worker %s started; mixture kernel: %s", w.id, native.status())
     w.run_forever(stop)
     return 0
 

@@ -37,6 +37,10 @@ class Settings(BaseSettings):
     max_attempts: int = Field(3, ge=1, le=100, description="Attempts at a chunk that makes a model fail before it is dead-lettered.")
     result_maxlen: int = Field(200_000, ge=100, description="Approximate cap on each result stream's length (XADD MAXLEN ~).")
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="Log level.")
+    # read by models/native.py from the environment directly (the models package does not
+    # depend on the service); declared here so that a bad value stops start-up
+    native: bool = Field(True, description="Use the native mixture kernel (models/_native.c) where it is built; false: the numpy/torch path.")
+    native_isa: int = Field(2, ge=0, le=2, description="Highest instruction set the native kernel may use: 2 AVX-512, 1 AVX2+FMA, 0 the compiler's baseline.")
 
     @field_validator("log_level", mode="before")
     @classmethod

@@ -125,3 +125,21 @@ def test_every_instruction_set_agrees(monkeypatch):
             scale = float(want_grads[1].abs().max())
             assert torch.allclose(g, want_grads[1], rtol=1e-10, atol=1e-11 * scale), (isa, k, d, b)
             assert torch.allclose(ll, want_ll, rtol=1e-12, atol=1e-10), (isa, k, d, b)
+
+
+@pytest.mark.parametrize("var,value", [("CUSP_NATIVE", "maybe"), ("CUSP_NATIVE_ISA", "3"), ("CUSP_NATIVE_ISA", "avx")])
+def test_bad_native_settings_stop_start_up_naming_the_variable(monkeypatch, var, value):
+    from service.settings import load_settings
+
+    monkeypatch.setenv(var, value)
+    with pytest.raises(SystemExit) as exc:
+        load_settings()
+    assert var in str(exc.value)
+
+
+def test_the_library_reads_the_same_switch(monkeypatch):
+    monkeypatch.setenv("CUSP_NATIVE", "off")
+    assert native._enabled() is False  # kernels() reads it once per process (cached)
+    monkeypatch.setenv("CUSP_NATIVE", "maybe")
+    with pytest.raises(ValueError, match="CUSP_NATIVE"):
+        native._enabled()
