@@ -696,7 +696,8 @@ class PaperBench:
             "",
             f"- Machine: {m.get('Model name', 'unknown')}, {m.get('CPU(s)', '?')} cores"
             + (f" ({m['Hypervisor vendor']} guest)" if "Hypervisor vendor" in m else "")
-            + f"; Python {m['python']}, torch {m['torch']}, numpy {m['numpy']}, dynesty {m['dynesty']}.",
+            + f"; Python {m['python']}, torch {m['torch']}, numpy {m['numpy']}, dynesty {m['dynesty']}; "
+            f"mixture kernel: {m['mixture kernel']}.",
             "- Every run uses one thread (`torch.set_num_threads(1)`) in its own process, as in the paper (section 6.1).",
             f"- Load average (1/5/15 min) at the start: {', '.join(f'{v:.2f}' for v in self.load_start)}; at the end: "
             f"{', '.join(f'{v:.2f}' for v in load_end)}. The machine is shared and noisy: absolute times drift from run "
