@@ -1,6 +1,7 @@
-/* Native kernels for the models' per-run gradients (models/native.py loads this library with
- * ctypes; it is also a valid, empty CPython extension module so that setuptools builds it
- * and `import models._native` finds its file).
+/* Native kernels for the models' per-run gradients. models/native.py loads this library with
+ * ctypes. setuptools builds it as an extension (so it lands next to the package, named with
+ * the interpreter's suffix), but it is plain C: no Python.h, so no python3-dev headers are
+ * needed to build it, and it is never imported as a module.
  *
  * gmm_grad: the diagonal Gaussian mixture's gradient of the SGHMC log target for M particles
  * (models/mixture.py, GaussianMixture.run_gradient) in one pass over the rows per particle:
@@ -14,7 +15,6 @@
  * chunking. Different instruction sets (AVX-512, AVX2+FMA, baseline) may differ in the last
  * bits, as torch's own kernels do; CUSP_NATIVE_ISA=0/1/2 caps the one chosen.
  */
-#include <Python.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -270,9 +270,3 @@ int cusp_gmm_loglik(LL_ARGS)
     if (isa_chosen < 0) cusp_isa();
     return gmm_loglik_chosen(LL_PASS);
 }
-
-/* An empty module: the functions above are called through ctypes, without the GIL's help
- * being needed (they touch no Python object). */
-static struct PyModuleDef native_module = {PyModuleDef_HEAD_INIT, "_native", NULL, 0, NULL};
-
-PyMODINIT_FUNC PyInit__native(void) { return PyModule_Create(&native_module); }
