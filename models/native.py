@@ -2,7 +2,7 @@
 built (no C compiler at install time) or are turned off with ``CUSP_NATIVE=0``.
 
 Callers keep their numpy/torch path as the fallback and as the reference the native result
-is tested against (tests/test_models.py). ``status()`` says which path runs, for logs and the
+is tested against (tests/test_native.py). ``status()`` says which path runs, for logs and the
 benchmark report.
 """
 

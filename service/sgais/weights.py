@@ -31,7 +31,9 @@ def log_normalise(logw: np.ndarray) -> tuple[np.ndarray, float]:
 
 
 def ess(logw: np.ndarray) -> float:
-    """Effective sample size (sum w)^2 / sum w^2 of (possibly unnormalised) log-weights ``[M]``."""
+    """Effective sample size (sum w)^2 / sum w^2 of (possibly unnormalised) log-weights ``[M]``.
+    (``_ess_rows`` is the batched form; this one stays 1-D: numpy's row sums can differ from
+    its 1-D sum in the last bit, and resampling decisions compare this value.)"""
     a = logw - np.max(logw)
     w = np.exp(a)
     return float(np.sum(w) ** 2 / np.sum(w * w))
@@ -39,15 +41,11 @@ def ess(logw: np.ndarray) -> float:
 
 def conditional_ess(logw: np.ndarray, incr: np.ndarray) -> float:
     """M (sum W w)^2 / sum W w^2 for normalised current weights W and incremental log-weights ``incr``."""
-    W = np.exp(logw - np.max(logw))
-    W /= W.sum()
-    x = incr - np.max(incr)
-    om = np.exp(x)
-    return float(len(logw) * np.sum(W * om) ** 2 / np.sum(W * om * om))
+    return float(_conditional_ess_rows(logw, incr[None, :])[0])
 
 
 def _ess_rows(x: np.ndarray) -> np.ndarray:
-    """ESS of each row of unnormalised log-weights ``[G, M]``."""
+    """``ess`` of each row of unnormalised log-weights ``[G, M]``."""
     w = np.exp(x - x.max(axis=1, keepdims=True))
     return w.sum(axis=1) ** 2 / (w * w).sum(axis=1)
 
