@@ -133,14 +133,14 @@ static inline __attribute__((always_inline)) int gmm_grad_body(
     int M, int K, int d, long B, const double *theta, const double *rows, long stride,
     const double *w, double w_total, double *out)
 {
-    const int D = K * (1 + 2 * d), S = K * (1 + 2 * d);
+    const int D = K * (1 + 2 * d); /* parameters per particle, and statistics per particle: one per gradient entry */
     const long nblocks = (B + BT - 1) / BT, padded = nblocks * BT;
     /* scratch: rows as columns (y_j, y_j^2) [2d][padded], weights [padded] (zero past B),
-       exps of the log-joints [K][BT], per-lane statistics [S][BT], four [BT] rows */
-    double *buf = aligned_alloc(64, sizeof(double) * ((size_t)(2 * d + 1) * padded + (size_t)(K + S + 4) * BT));
+       exps of the log-joints [K][BT], per-lane statistics [D][BT], four [BT] rows */
+    double *buf = aligned_alloc(64, sizeof(double) * ((size_t)(2 * d + 1) * padded + (size_t)(K + D + 4) * BT));
     if (!buf) return 1;
     double *ycol = buf, *wcol = buf + (size_t)2 * d * padded;
-    double *lj = wcol + padded, *acc = lj + (size_t)K * BT, *mx = acc + (size_t)S * BT;
+    double *lj = wcol + padded, *acc = lj + (size_t)K * BT, *mx = acc + (size_t)D * BT;
     double *sm = mx + BT, *inv = sm + BT, *r = inv + BT;
     columns(d, B, padded, rows, stride, ycol);
     memcpy(wcol, w, sizeof(double) * B);
@@ -150,7 +150,7 @@ static inline __attribute__((always_inline)) int gmm_grad_body(
     for (int m = 0; m < M; m++) {
         const double *z = theta + (size_t)m * D, *mu = z + K;
         mixture_constants(K, d, z, a, c, cst, beta);
-        memset(acc, 0, sizeof(double) * (size_t)S * BT);
+        memset(acc, 0, sizeof(double) * (size_t)D * BT);
         for (long b0 = 0; b0 < padded; b0 += BT) {
             block_softmax_terms(K, d, padded, ycol + b0, a, c, cst, lj, mx, sm);
             for (int i = 0; i < BT; i++) inv[i] = wcol[b0 + i] / sm[i];

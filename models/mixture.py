@@ -106,7 +106,7 @@ class GaussianMixture(Model):
     def log_likelihood(self, theta: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         native = kernels()
         if native is not None and not theta.requires_grad:
-            return torch.from_numpy(native.gmm_loglik(theta.detach().numpy(), self.components, rows.numpy()))
+            return torch.from_numpy(native.gmm_loglik(theta.numpy(), self.components, rows.numpy()))
         lj, *_ = self._log_joint(theta, rows)
         return torch.logsumexp(lj, dim=1)
 

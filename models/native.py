@@ -18,8 +18,7 @@ import numpy as np
 
 
 class NativeKernels:
-    def __init__(self, lib: ctypes.CDLL, path: str) -> None:
-        self.path = path
+    def __init__(self, lib: ctypes.CDLL) -> None:
         p, i, L, f = ctypes.c_void_p, ctypes.c_int, ctypes.c_long, ctypes.c_double
         self._gmm_grad = lib.cusp_gmm_grad
         self._gmm_grad.argtypes = [i, i, i, L, p, p, L, p, f, p]
@@ -95,7 +94,7 @@ def kernels() -> NativeKernels | None:
     if spec is None or not spec.origin or not spec.origin.endswith((".so", ".pyd", ".dylib")):
         return None
     try:
-        return NativeKernels(ctypes.CDLL(spec.origin), spec.origin)
+        return NativeKernels(ctypes.CDLL(spec.origin))
     except OSError:
         return None
 

@@ -95,7 +95,7 @@ def test_bad_arguments_are_refused_not_read():
 _ISA_SCRIPT = r"""
 import json, sys, torch
 sys.path.insert(0, sys.argv[1])
-from models import build_model, native
+from models import native
 from tests.test_native import CASES, _problem
 out = {"isa": native.kernels().isa, "cases": []}
 for k, d, b in CASES:
