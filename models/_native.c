@@ -114,38 +114,63 @@ static inline __attribute__((always_inline)) void block_softmax_terms(
     }
 }
 
-/* rows [B] (row b's y_j at rows[b * stride + j]) as columns y_j, then y_j^2, [2d][padded],
- * zero past B */
-static inline __attribute__((always_inline)) void columns(int d, long B, long padded, const double *rows, long stride, double *ycol)
+/* rows [B] (row b's y_j at rows[b * stride + j], or at rows[idx[b] * stride + j] when idx is not
+ * NULL) into columns y_j, then y_j^2, of a [2d][padded] layout, starting at position `at` */
+static inline __attribute__((always_inline)) void columns_at(
+    int d, long B, long padded, long at, const double *rows, long stride, const int64_t *idx, double *ycol)
 {
-    for (int j = 0; j < d; j++) {
-        double *y = ycol + (size_t)j * padded, *y2 = ycol + (size_t)(d + j) * padded;
-        for (long b = 0; b < B; b++) { double v = rows[b * stride + j]; y[b] = v; y2[b] = v * v; }
-        for (long b = B; b < padded; b++) { y[b] = 0.0; y2[b] = 0.0; }
+    for (long b = 0; b < B; b++) {
+        const double *row = rows + (idx ? idx[b] : b) * stride;
+        for (int j = 0; j < d; j++) {
+            double v = row[j];
+            ycol[(size_t)j * padded + at + b] = v;
+            ycol[(size_t)(d + j) * padded + at + b] = v * v;
+        }
     }
 }
 
-/* theta [M, K + 2Kd] = (z [K], mu [K, d], log sigma^2 [K, d]) row-major; rows [B] with row b's
- * y_j at rows[b * stride + j]; w [B] the row weights, w_total their sum; out [M, K + 2Kd]: the
- * gradient of sum_b w_b log p(y_b | theta) + log prior(theta). Returns 0, or 1 when the scratch
- * could not be allocated. */
-static inline __attribute__((always_inline)) int gmm_grad_body(
-    int M, int K, int d, long B, const double *theta, const double *rows, long stride,
-    const double *w, double w_total, double *out)
+/* zero the columns and the weights from position `from` to padded: padding rows weigh nothing */
+static inline __attribute__((always_inline)) void pad_tail(int d, long from, long padded, double *ycol, double *wcol)
+{
+    for (int j = 0; j < 2 * d; j++)
+        for (long b = from; b < padded; b++) ycol[(size_t)j * padded + b] = 0.0;
+    for (long b = from; b < padded; b++) wcol[b] = 0.0;
+}
+
+/* Scratch for one gradient: rows as columns (y_j, y_j^2) [2d][padded], weights [padded] (zero
+ * past the rows), exps of the log-joints [K][BT], per-lane statistics [D][BT], four [BT] rows. */
+typedef struct {
+    double *buf, *ycol, *wcol, *lj, *acc, *mx, *sm, *inv, *r;
+    long padded;
+} scratch;
+
+static inline __attribute__((always_inline)) int scratch_alloc(scratch *s, int K, int d, long B)
+{
+    const int D = K * (1 + 2 * d);
+    s->padded = (B + BT - 1) / BT * BT;
+    s->buf = aligned_alloc(64, sizeof(double) * ((size_t)(2 * d + 1) * s->padded + (size_t)(K + D + 4) * BT));
+    if (!s->buf) return 1;
+    s->ycol = s->buf;
+    s->wcol = s->buf + (size_t)2 * d * s->padded;
+    s->lj = s->wcol + s->padded;
+    s->acc = s->lj + (size_t)K * BT;
+    s->mx = s->acc + (size_t)D * BT;
+    s->sm = s->mx + BT;
+    s->inv = s->sm + BT;
+    s->r = s->inv + BT;
+    return 0;
+}
+
+/* theta [M, K + 2Kd] = (z [K], mu [K, d], log sigma^2 [K, d]) row-major; the rows and their
+ * weights w (w_total their sum) already in s's columns; out [M, K + 2Kd]: the gradient of
+ * sum_b w_b log p(y_b | theta) + log prior(theta). */
+static inline __attribute__((always_inline)) void grad_core(
+    int M, int K, int d, const scratch *s, double w_total, const double *theta, double *out)
 {
     const int D = K * (1 + 2 * d); /* parameters per particle, and statistics per particle: one per gradient entry */
-    const long nblocks = (B + BT - 1) / BT, padded = nblocks * BT;
-    /* scratch: rows as columns (y_j, y_j^2) [2d][padded], weights [padded] (zero past B),
-       exps of the log-joints [K][BT], per-lane statistics [D][BT], four [BT] rows */
-    double *buf = aligned_alloc(64, sizeof(double) * ((size_t)(2 * d + 1) * padded + (size_t)(K + D + 4) * BT));
-    if (!buf) return 1;
-    double *ycol = buf, *wcol = buf + (size_t)2 * d * padded;
-    double *lj = wcol + padded, *acc = lj + (size_t)K * BT, *mx = acc + (size_t)D * BT;
-    double *sm = mx + BT, *inv = sm + BT, *r = inv + BT;
-    columns(d, B, padded, rows, stride, ycol);
-    memcpy(wcol, w, sizeof(double) * B);
-    for (long b = B; b < padded; b++) wcol[b] = 0.0;
-
+    const long padded = s->padded;
+    const double *ycol = s->ycol, *wcol = s->wcol;
+    double *lj = s->lj, *acc = s->acc, *mx = s->mx, *sm = s->sm, *inv = s->inv, *r = s->r;
     double a[K * d], c[K * d], cst[K], beta[K];
     for (int m = 0; m < M; m++) {
         const double *z = theta + (size_t)m * D, *mu = z + K;
@@ -178,7 +203,63 @@ static inline __attribute__((always_inline)) int gmm_grad_body(
             }
         }
     }
-    free(buf);
+}
+
+/* The gradient for rows [B] with y_j at rows[b * stride + j] and weights w [B] (w_total their
+ * sum). Returns 0, or 1 when the scratch could not be allocated. */
+static inline __attribute__((always_inline)) int gmm_grad_body(
+    int M, int K, int d, long B, const double *theta, const double *rows, long stride,
+    const double *w, double w_total, double *out)
+{
+    scratch s;
+    if (scratch_alloc(&s, K, d, B)) return 1;
+    columns_at(d, B, s.padded, 0, rows, stride, NULL, s.ycol);
+    memcpy(s.wcol, w, sizeof(double) * B);
+    pad_tail(d, B, s.padded, s.ycol, s.wcol);
+    grad_core(M, K, d, &s, w_total, theta, out);
+    free(s.buf);
+    return 0;
+}
+
+/* One SGHMC run's gradients on the engine's rows, without gathering them first: the chunk
+ * [Bc] (y_j at chunk[b * cstride + j]) with weight lam, then evaluation i's mini-batch of Bm
+ * rows pool[idx[i * Bm + b]] (y_j at pool[idx * pstride + j]) with weight wp. The chunk's
+ * columns are built once per run; each evaluation gathers only its mini-batch.
+ *
+ * v NULL: out [M, D] <- the gradient at theta on evaluation 0's rows (idx already offset by
+ * the caller). v not NULL: `steps` steps of the paper's Euler update (service/sgais/kernel.py,
+ * euler) in place on theta and v [M, D], v <- decay v + eta grad + noise[i] (noise [steps, M, D],
+ * or NULL for none), theta <- theta + v, with out [M, D] as the gradient's buffer. Returns 0,
+ * or 1 when the scratch could not be allocated. */
+static inline __attribute__((always_inline)) int gmm_run_body(
+    int M, int K, int d, long Bc, const double *chunk, long cstride, double lam,
+    long Bm, const double *pool, long pstride, const int64_t *idx, double wp,
+    int steps, double eta, double decay, const double *noise, double *theta, double *v, double *out)
+{
+    const int D = K * (1 + 2 * d);
+    const long B = Bc + Bm;
+    const double w_total = (double)Bc * lam + (double)Bm * wp;
+    scratch s;
+    if (scratch_alloc(&s, K, d, B)) return 1;
+    columns_at(d, Bc, s.padded, 0, chunk, cstride, NULL, s.ycol);
+    for (long b = 0; b < Bc; b++) s.wcol[b] = lam;
+    for (long b = Bc; b < B; b++) s.wcol[b] = wp;
+    pad_tail(d, B, s.padded, s.ycol, s.wcol);
+    const int evals = v ? steps : 1;
+    for (int i = 0; i < evals; i++) {
+        if (Bm) columns_at(d, Bm, s.padded, Bc, pool, pstride, idx + (size_t)i * Bm, s.ycol);
+        grad_core(M, K, d, &s, w_total, theta, out);
+        if (!v) break;
+        const double *nz = noise ? noise + (size_t)i * M * D : NULL;
+        for (size_t q = 0; q < (size_t)M * D; q++) {
+            double u = v[q] * decay;
+            u = u + eta * out[q];
+            if (nz) u = u + nz[q];
+            v[q] = u;
+            theta[q] += u;
+        }
+    }
+    free(s.buf);
     return 0;
 }
 
@@ -192,7 +273,9 @@ static inline __attribute__((always_inline)) int gmm_loglik_body(
     double *buf = aligned_alloc(64, sizeof(double) * ((size_t)2 * d * padded + (size_t)(K + 2) * BT));
     if (!buf) return 1;
     double *ycol = buf, *lj = buf + (size_t)2 * d * padded, *mx = lj + (size_t)K * BT, *sm = mx + BT;
-    columns(d, B, padded, rows, stride, ycol);
+    columns_at(d, B, padded, 0, rows, stride, NULL, ycol);
+    for (int j = 0; j < 2 * d; j++)
+        for (long b = B; b < padded; b++) ycol[(size_t)j * padded + b] = 0.0;
     double a[K * d], c[K * d], cst[K], beta[K];
     for (int m = 0; m < M; m++) {
         mixture_constants(K, d, theta + (size_t)m * D, a, c, cst, beta);
@@ -226,10 +309,22 @@ __attribute__((target("avx2,fma"))) static int gmm_loglik_avx2(LL_ARGS) { return
 #endif
 static int gmm_loglik_base(LL_ARGS) { return gmm_loglik_body(LL_PASS); }
 
+#define RUN_ARGS int M, int K, int d, long Bc, const double *chunk, long cstride, double lam, \
+                 long Bm, const double *pool, long pstride, const int64_t *idx, double wp, \
+                 int steps, double eta, double decay, const double *noise, double *theta, double *v, double *out
+#define RUN_PASS M, K, d, Bc, chunk, cstride, lam, Bm, pool, pstride, idx, wp, steps, eta, decay, noise, theta, v, out
+#ifdef CUSP_X86
+__attribute__((target("avx512f,avx512dq,avx2,fma"))) static int gmm_run_avx512(RUN_ARGS) { return gmm_run_body(RUN_PASS); }
+__attribute__((target("avx2,fma"))) static int gmm_run_avx2(RUN_ARGS) { return gmm_run_body(RUN_PASS); }
+#endif
+static int gmm_run_base(RUN_ARGS) { return gmm_run_body(RUN_PASS); }
+
 typedef int (*gmm_grad_fn)(GMM_ARGS);
 typedef int (*gmm_loglik_fn)(LL_ARGS);
+typedef int (*gmm_run_fn)(RUN_ARGS);
 static gmm_grad_fn gmm_grad_chosen;
 static gmm_loglik_fn gmm_loglik_chosen;
+static gmm_run_fn gmm_run_chosen;
 static int isa_chosen = -1;
 
 /* 2: AVX-512, 1: AVX2 + FMA, 0: the compiler's baseline; capped by CUSP_NATIVE_ISA */
@@ -241,16 +336,19 @@ int cusp_isa(void)
         isa_chosen = 0;
         gmm_grad_chosen = gmm_grad_base;
         gmm_loglik_chosen = gmm_loglik_base;
+        gmm_run_chosen = gmm_run_base;
 #ifdef CUSP_X86
         __builtin_cpu_init();
         if (want >= 2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq")) {
             isa_chosen = 2;
             gmm_grad_chosen = gmm_grad_avx512;
             gmm_loglik_chosen = gmm_loglik_avx512;
+            gmm_run_chosen = gmm_run_avx512;
         } else if (want >= 1 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
             isa_chosen = 1;
             gmm_grad_chosen = gmm_grad_avx2;
             gmm_loglik_chosen = gmm_loglik_avx2;
+            gmm_run_chosen = gmm_run_avx2;
         }
 #else
         (void)want;
@@ -269,4 +367,10 @@ int cusp_gmm_loglik(LL_ARGS)
 {
     if (isa_chosen < 0) cusp_isa();
     return gmm_loglik_chosen(LL_PASS);
+}
+
+int cusp_gmm_run(RUN_ARGS)
+{
+    if (isa_chosen < 0) cusp_isa();
+    return gmm_run_chosen(RUN_PASS);
 }

@@ -122,6 +122,24 @@ class Model:
         ``i``, for rows ``[E, B, F]`` and weights ``[B]``."""
         return lambda theta, i: self.grad_log_likelihood(theta, rows[i], weights) + self.grad_log_prior(theta)
 
+    def sampled_run_gradient(
+        self, chunk: torch.Tensor, lam: float, pool: torch.Tensor, idx: torch.Tensor, pool_weight: float,
+    ) -> RunGradient:
+        """The engine's form of ``run_gradient``: evaluation ``i`` sees the chunk ``[B, F]`` with
+        weight ``lam`` followed by the mini-batch ``pool[idx[i]]`` (``idx [E, Bm]``, Bm may be 0)
+        with weight ``pool_weight``. The default gathers those rows and calls ``run_gradient``; a
+        model can gather inside its own kernel instead. The returned gradient may also carry
+        ``euler(theta, v, noise, eta, decay)``, the whole run's Euler integration in place on
+        numpy arrays, which ``service.sgais.kernel.euler`` then uses."""
+        e, bm = idx.shape
+        b = chunk.shape[0]
+        rows = chunk.expand(e, b, chunk.shape[1])
+        weights = torch.full((b + bm,), float(lam), dtype=torch.float64)
+        if bm:
+            rows = torch.cat([rows, pool.index_select(0, idx.reshape(-1)).view(e, bm, -1)], dim=1)
+            weights[b:] = pool_weight
+        return self.run_gradient(rows, weights)
+
     def stats_gradient(self, stats: torch.Tensor) -> RunGradient:
         """As ``run_gradient``, from the statistics of each evaluation's weighted rows ``[E, S]``."""
         return lambda theta, i: self.grad_from_stats(theta, stats[i]) + self.grad_log_prior(theta)

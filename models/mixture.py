@@ -123,6 +123,20 @@ class GaussianMixture(Model):
         g_s = -0.5 * r_sum[..., None] + 0.5 * prec * (s2 - 2.0 * mu * s1 + mu * mu * r_sum[..., None])
         return torch.cat([g_z, g_mu.reshape(m, -1), g_s.reshape(m, -1)], dim=1)
 
+    def sampled_run_gradient(
+        self, chunk: torch.Tensor, lam: float, pool: torch.Tensor, idx: torch.Tensor, pool_weight: float,
+    ) -> RunGradient:
+        """With the native kernel: the mini-batches are gathered inside it, and the returned
+        gradient carries ``euler``, the run's whole Euler integration in one foreign call (no
+        Python between steps). Without it: the base class's gather and ``run_gradient``."""
+        native = kernels()
+        if native is None:
+            return super().sampled_run_gradient(chunk, lam, pool, idx, pool_weight)
+        run = native.gmm_run(self.components, chunk.numpy(), lam, pool.numpy(), idx.numpy(), pool_weight)
+        grad = lambda theta, i: torch.from_numpy(run(theta.numpy(), i))  # noqa: E731
+        grad.euler = run.euler
+        return grad
+
     def run_gradient(self, rows: torch.Tensor, weights: torch.Tensor) -> RunGradient:
         """Per run. With the native kernel (models/_native.c, the default where it is built): one
         fused pass over the rows per particle, log-joint, softmax and weighted statistics with the

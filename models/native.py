@@ -26,6 +26,9 @@ class NativeKernels:
         self._gmm_loglik = lib.cusp_gmm_loglik
         self._gmm_loglik.argtypes = [i, i, i, L, p, p, L, p]
         self._gmm_loglik.restype = i
+        self._gmm_run = lib.cusp_gmm_run
+        self._gmm_run.argtypes = [i, i, i, L, p, L, f, L, p, L, p, f, i, f, f, p, p, p, p]
+        self._gmm_run.restype = i
         lib.cusp_isa.restype = i
         self.isa = ("baseline", "avx2+fma", "avx512")[lib.cusp_isa()]
 
@@ -57,6 +60,13 @@ class NativeKernels:
         grad.keep = (rows, weights)  # the pointers above stay valid while grad lives
         return grad
 
+    def gmm_run(self, components: int, chunk: np.ndarray, lam: float, pool: np.ndarray, idx: np.ndarray,
+                pool_weight: float) -> "GmmRun":
+        """The mixture's gradient for one SGHMC run whose evaluation i sees the chunk ``[Bc, >= d]``
+        with weight ``lam`` plus the mini-batch ``pool[idx[i]]`` (``idx [E, Bm]`` int64) with
+        weight ``pool_weight``, gathered inside the kernel. Checked once here."""
+        return GmmRun(self._gmm_run, components, chunk, lam, pool, idx, pool_weight)
+
     def gmm_loglik(self, theta: np.ndarray, components: int, rows: np.ndarray) -> np.ndarray:
         """log p(y_b | theta_m) ``[M, B]`` for ``rows [B, >= d]`` (y in the first d columns)."""
         theta = np.ascontiguousarray(theta, dtype=np.float64)
@@ -70,6 +80,67 @@ class NativeKernels:
         if self._gmm_loglik(m, components, d, b, theta.ctypes.data, rows.ctypes.data, f, out.ctypes.data):
             raise MemoryError("gmm_loglik: scratch allocation failed")
         return out
+
+
+class GmmRun:
+    """``grad(theta [M, D], i) -> [M, D]`` for one SGHMC run (``NativeKernels.gmm_run``), and
+    ``euler``: the run's whole Euler integration in one foreign call (service/sgais/kernel.py)."""
+
+    def __init__(self, fn, components: int, chunk: np.ndarray, lam: float, pool: np.ndarray, idx: np.ndarray,
+                 pool_weight: float) -> None:
+        chunk = np.ascontiguousarray(chunk, dtype=np.float64)
+        pool = np.ascontiguousarray(pool, dtype=np.float64)
+        idx = np.ascontiguousarray(idx, dtype=np.int64)
+        if chunk.ndim != 2 or pool.ndim != 2 or idx.ndim != 2 or pool.shape[1] != chunk.shape[1]:
+            raise ValueError(f"gmm_run: chunk {chunk.shape}, pool {pool.shape} and idx {idx.shape} do not fit")
+        if idx.size and not (0 <= int(idx.min()) and int(idx.max()) < pool.shape[0]):
+            raise ValueError(f"gmm_run: indices outside the pool of {pool.shape[0]} rows")
+        self._fn, self.components = fn, components
+        self._chunk, self._pool, self._idx = chunk, pool, idx  # the pointers below stay valid while self lives
+        self._lam, self._wp = float(lam), float(pool_weight)
+        self.evaluations = idx.shape[0]
+
+    def _call(self, theta: np.ndarray, i: int, steps: int, eta: float, decay: float, noise, v, out) -> None:
+        m, dim = theta.shape
+        d = (dim // self.components - 1) // 2
+        if self._chunk.shape[1] < d:
+            raise ValueError(f"gmm_run: rows of width {self._chunk.shape[1]} for {d} dimensions")
+        bc, bm = self._chunk.shape[0], self._idx.shape[1]
+        err = self._fn(
+            m, self.components, d, bc, self._chunk.ctypes.data, self._chunk.shape[1], self._lam,
+            bm, self._pool.ctypes.data, self._pool.shape[1], self._idx.ctypes.data + i * bm * 8, self._wp,
+            steps, eta, decay, noise, theta.ctypes.data, v, out.ctypes.data,
+        )
+        if err:
+            raise MemoryError("gmm_run: scratch allocation failed")
+
+    @staticmethod
+    def _theta(theta: np.ndarray) -> np.ndarray:
+        if not (theta.ndim == 2 and theta.flags.c_contiguous and theta.dtype == np.float64):
+            raise ValueError("gmm_run: theta must be a C-contiguous float64 [M, D] array")
+        return theta
+
+    def __call__(self, theta: np.ndarray, i: int) -> np.ndarray:
+        theta = self._theta(theta)
+        if not 0 <= i < self.evaluations:
+            raise ValueError(f"gmm_run: evaluation {i} of a run of {self.evaluations}")
+        out = np.empty(theta.shape)
+        self._call(theta, i, 0, 0.0, 0.0, None, None, out)
+        return out
+
+    def euler(self, theta: np.ndarray, v: np.ndarray, noise: np.ndarray | None, eta: float, decay: float) -> None:
+        """All E evaluations' Euler steps, in place on ``theta`` and ``v [M, D]``:
+        v <- decay v + eta grad + noise[i] (``noise [E, M, D]`` or None), theta <- theta + v."""
+        theta = self._theta(theta)
+        v = self._theta(v)
+        if v.shape != theta.shape:
+            raise ValueError(f"gmm_run: v {v.shape} and theta {theta.shape} differ")
+        if noise is not None and not (noise.flags.c_contiguous and noise.dtype == np.float64
+                                      and noise.shape == (self.evaluations, *theta.shape)):
+            raise ValueError(f"gmm_run: noise must be C-contiguous float64 of shape {(self.evaluations, *theta.shape)}")
+        out = np.empty(theta.shape)
+        self._call(theta, 0, self.evaluations, float(eta), float(decay),
+                   None if noise is None else noise.ctypes.data, v.ctypes.data, out)
 
 
 _ON = ("1", "true", "t", "yes", "y", "on")

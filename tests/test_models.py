@@ -102,6 +102,25 @@ def test_run_gradients_equal_the_per_evaluation_gradients(name):
     assert torch.equal(th, th0)
 
 
+def test_sampled_run_gradients_equal_the_gradients_on_the_gathered_rows(name):
+    # the engine's form: the chunk at weight lam plus mini-batch pool[idx[i]] at the pool's
+    # weight (the GMM gathers inside its native kernel; the others use the base class's gather)
+    m = make(name)
+    th = m.sample_prior(torch.Generator().manual_seed(6), 5)
+    chunk = m.featurize(data_for(name, 9, seed=7))
+    pool = m.featurize(data_for(name, 30, seed=8))
+    idx = torch.randint(0, 30, (3, 7), generator=torch.Generator().manual_seed(9))
+    w = torch.tensor([0.3] * 9 + [30 / 7] * 7, dtype=torch.float64)
+    grad = m.sampled_run_gradient(chunk, 0.3, pool, idx, 30 / 7)
+    for i in (2, 0, 1):
+        rows = torch.cat([chunk, pool[idx[i]]])
+        expect = m.grad_log_likelihood(th, rows, w) + m.grad_log_prior(th)
+        assert torch.allclose(grad(th, i), expect, rtol=1e-10, atol=1e-9), i
+    no_pool = m.sampled_run_gradient(chunk, 1.0, pool[:0], idx[:, :0], 0.0)  # the first chunk: no history
+    ones = torch.ones(9, dtype=torch.float64)
+    assert torch.allclose(no_pool(th, 1), m.grad_log_likelihood(th, chunk, ones) + m.grad_log_prior(th), rtol=1e-10, atol=1e-9)
+
+
 def test_same_seed_same_draws(name):
     m = make(name)
     a = m.sample_prior(torch.Generator().manual_seed(9), 4)

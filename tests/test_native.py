@@ -92,23 +92,77 @@ def test_bad_arguments_are_refused_not_read():
         k.gmm_grad_run(3, np.zeros((2, 10, 2)), np.ones(9))
 
 
+def _sampled(k: int, d: int, seed: int):
+    """A run as the engine prepares it: chunk rows at weight lam, mini-batches from a pool."""
+    m, theta, rows, _ = _problem(k, d, 130, seed=seed)
+    g = torch.Generator().manual_seed(seed + 1)
+    pool = m.featurize(3.0 * torch.randn(300, d, generator=g, dtype=torch.float64))
+    idx = torch.randint(0, 300, (4, 70), generator=g)
+    return m, theta, rows[0], pool, idx, g
+
+
+@pytest.mark.parametrize("k,d", [(5, 2), (3, 1), (2, 3)])
+def test_the_fused_euler_run_equals_steps_on_the_reference_gradient(monkeypatch, k, d):
+    # the whole SGHMC run inside the kernel (mini-batches gathered there, no Python between
+    # steps) against service.sgais.kernel.euler stepping on the numpy/torch gradient
+    from service.sgais.kernel import euler
+
+    m, theta, chunk, pool, idx, g = _sampled(k, d, seed=k + 10 * d)
+    v = 1e-3 * torch.randn(theta.shape, generator=g, dtype=torch.float64)
+    state = g.get_state()
+    fused = m.sampled_run_gradient(chunk, 0.4, pool, idx, 300 / 70)
+    assert fused.euler is not None
+    t1, v1 = euler(g, theta, v, fused, 1e-4, 0.2, 0.0, 4)
+    with monkeypatch.context() as mp:
+        mp.setattr(mixture, "kernels", lambda: None)
+        plain = m.sampled_run_gradient(chunk, 0.4, pool, idx, 300 / 70)
+        assert getattr(plain, "euler", None) is None
+        g.set_state(state)
+        t2, v2 = euler(g, theta, v, plain, 1e-4, 0.2, 0.0, 4)
+    assert torch.allclose(v1, v2, rtol=1e-9, atol=1e-13) and torch.allclose(t1, t2, rtol=1e-12, atol=1e-13)
+    assert not torch.equal(t1, theta)  # it moved, and theta and v themselves are untouched
+    g.set_state(state)
+    t3, v3 = euler(g, theta, v, m.sampled_run_gradient(chunk, 0.4, pool, idx, 300 / 70), 1e-4, 0.2, 0.0, 4)
+    assert torch.equal(t1, t3) and torch.equal(v1, v3)
+
+
+def test_bad_run_arguments_are_refused_not_read():
+    k = native.kernels()
+    chunk, pool = np.zeros((10, 4)), np.zeros((20, 4))
+    with pytest.raises(ValueError, match="outside the pool"):
+        k.gmm_run(3, chunk, 1.0, pool, np.array([[0, 20]]), 1.0)
+    with pytest.raises(ValueError, match="outside the pool"):
+        k.gmm_run(3, chunk, 1.0, pool, np.array([[-1, 2]]), 1.0)
+    with pytest.raises(ValueError, match="do not fit"):
+        k.gmm_run(3, chunk, 1.0, np.zeros((20, 3)), np.array([[0, 2]]), 1.0)
+    run = k.gmm_run(3, chunk, 1.0, pool, np.array([[0, 2], [3, 4]]), 1.0)
+    with pytest.raises(ValueError):
+        run(np.zeros((4, 15)), 2)  # evaluation index out of the run
+    with pytest.raises(ValueError, match="noise"):
+        run.euler(np.zeros((4, 15)), np.zeros((4, 15)), np.zeros((3, 4, 15)), 1e-3, 0.8)
+    with pytest.raises(ValueError):
+        run.euler(np.zeros((4, 15)), np.zeros((3, 15)), None, 1e-3, 0.8)
+
+
 _ISA_SCRIPT = r"""
 import json, sys, torch
 sys.path.insert(0, sys.argv[1])
 from models import native
-from tests.test_native import CASES, _problem
+from tests.test_native import CASES, _problem, _sampled
 out = {"isa": native.kernels().isa, "cases": []}
 for k, d, b in CASES:
     m, theta, rows, w = _problem(k, d, b, seed=k * 100 + d * 10 + b)
     g = m.run_gradient(rows, w)(theta, 1)
     out["cases"].append([g.tolist(), m.log_likelihood(theta, rows[0]).tolist()])
+m, theta, chunk, pool, idx, _ = _sampled(5, 2, seed=25)
+out["sampled"] = m.sampled_run_gradient(chunk, 0.4, pool, idx, 300 / 70)(theta, 3).tolist()
 print(json.dumps(out))
 """
 
 
 def test_every_instruction_set_agrees(monkeypatch):
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    runs = {}
+    runs, sampled = {}, {}
     for cap in ("2", "1", "0"):
         env = dict(os.environ, CUSP_NATIVE_ISA=cap)
         done = subprocess.run([sys.executable, "-c", _ISA_SCRIPT, root], env=env, capture_output=True, text=True,
@@ -116,6 +170,7 @@ def test_every_instruction_set_agrees(monkeypatch):
         assert done.returncode == 0, done.stderr[-2000:]
         r = json.loads(done.stdout)
         runs[r["isa"]] = r["cases"]
+        sampled[r["isa"]] = torch.tensor(r["sampled"], dtype=torch.float64)
     assert "baseline" in runs  # the cap reaches the baseline build on any x86 machine
     for j, (k, d, b) in enumerate(CASES):
         m, theta, rows, w = _problem(k, d, b, seed=k * 100 + d * 10 + b)
@@ -125,6 +180,12 @@ def test_every_instruction_set_agrees(monkeypatch):
             scale = float(want_grads[1].abs().max())
             assert torch.allclose(g, want_grads[1], rtol=1e-10, atol=1e-11 * scale), (isa, k, d, b)
             assert torch.allclose(ll, want_ll, rtol=1e-12, atol=1e-10), (isa, k, d, b)
+    m, theta, chunk, pool, idx, _ = _sampled(5, 2, seed=25)
+    with monkeypatch.context() as mp:
+        mp.setattr(mixture, "kernels", lambda: None)
+        want = m.sampled_run_gradient(chunk, 0.4, pool, idx, 300 / 70)(theta, 3)
+    for isa, got in sampled.items():
+        assert torch.allclose(got, want, rtol=1e-10, atol=1e-11 * float(want.abs().max())), isa
 
 
 @pytest.mark.parametrize("var,value", [("CUSP_NATIVE", "maybe"), ("CUSP_NATIVE_ISA", "3"), ("CUSP_NATIVE_ISA", "avx")])

@@ -132,8 +132,7 @@ class Sampler:
         # Rows the gradient sees at evaluation i: the chunk (weight lambda) then mini-batch i
         # (weight n_prev / bm), all evaluations of one SGHMC run gathered in one go.
         n_eval = GRAD_EVALS[cfg.integrator](cfg.sghmc_steps)
-        wts = torch.empty(b + bm, dtype=torch.float64)
-        wts[b:] = (n_prev / bm) if bm else 0.0
+        pool_weight = (n_prev / bm) if bm else 0.0
 
         use_cv = cfg.control_variates and bm > 0
         cv_theta, cv_grad, cv_n = state.cv_theta, state.cv_grad, state.cv_n
@@ -149,23 +148,24 @@ class Sampler:
         def run_gradient(lam: float):
             """The gradient function of one SGHMC run at temperature ``lam``: its mini-batches are
             drawn here, in one go, and the model prepares what every evaluation reuses."""
-            if bm:
-                idx = torch.randint(0, r_size, (n_eval * bm,), generator=g)
-                # torch's gather, not np.take: as fast with a reservoir out of cache, and numpy's
-                # buffers among torch's fragmented the heap (RSS crept ~2 MiB per 1e6 rows)
-                mb = res.index_select(0, idx).view(n_eval, bm, -1)
+            idx = torch.randint(0, r_size, (n_eval, bm), generator=g) if bm else torch.empty((n_eval, 0), dtype=torch.int64)
+            if not model.has_stats and not use_cv:
+                return model.sampled_run_gradient(rows, lam, res, idx, pool_weight)
+            # torch's gather, not np.take: as fast with a reservoir out of cache, and numpy's
+            # buffers among torch's fragmented the heap (RSS crept ~2 MiB per 1e6 rows)
+            mb = res.index_select(0, idx.view(-1)).view(n_eval, bm, -1) if bm else None
             if model.has_stats:
                 run = chunk_stats * lam
-                stats = model.stats(mb).mul_(n_prev / bm).add_(run) if bm else run.expand(n_eval, -1)
+                stats = model.stats(mb).mul_(pool_weight).add_(run) if bm else run.expand(n_eval, -1)
                 if not use_cv:
                     return model.stats_gradient(stats)
                 loglik = lambda th, i: model.grad_from_stats(th, stats[i])  # noqa: E731
             else:
                 run_rows = rows.expand(n_eval, b, rows.shape[1])
+                wts = torch.full((b + bm,), lam, dtype=torch.float64)
                 if bm:
                     run_rows = torch.cat([run_rows, mb], dim=1)
-                if not use_cv:
-                    return model.run_gradient(run_rows, wts)
+                    wts[b:] = pool_weight
                 loglik = lambda th, i: model.grad_log_likelihood(th, run_rows[i], wts)  # noqa: E731
 
             def grad_cv(th: torch.Tensor, i: int) -> torch.Tensor:
@@ -205,7 +205,6 @@ class Sampler:
                 logw = np.full(m, -math.log(m))
                 resamples += 1
             if cfg.sghmc_steps:
-                wts[:b] = lam
                 grad_fn = run_gradient(lam)
                 v = math.sqrt(eta) * torch.randn(theta.shape, generator=g, dtype=torch.float64)
                 theta, _ = self._integrate(g, theta, v, grad_fn, eta, cfg.alpha, cfg.beta_hat, cfg.sghmc_steps)
