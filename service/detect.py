@@ -741,6 +741,64 @@ def detect_series(data, model_spec: str, chunk_size: int = 500, seed: int = 0, c
     return events
 
 
+@dataclass(frozen=True)
+class StreamChange:
+    """A change point of a stream with several models, averaged over them: location (from the
+    model that weighs most in its support), detected_at (observations seen when the bound below
+    first reached the threshold), confidence (that bound), and each supporting model's
+    posterior probability and event confidence at that time."""
+
+    location: int
+    detected_at: int
+    confidence: float
+    support: dict[str, tuple[float, float]]
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def model_averaged_changes(events: dict[str, list[Event]], log_evidence: dict[str, list[tuple[int, float]]],
+                           window: int, threshold: float = 0.99) -> list[StreamChange]:
+    """Change points of one stream from its models' events, weighted by the models' posterior
+    probabilities (equal prior odds): P(change near l | data) = sum_m p(m | data) P(change near
+    l | data, m) >= sum over the models m that reported an event within ``window`` observations
+    of l of p(m | data) x that event's confidence (a model with no such event counts 0: a lower
+    bound). ``log_evidence[m]``: (observations seen, running log-evidence) after each chunk, the
+    same n for every model (they read the same chunks). The bound is evaluated at every n from
+    the earliest report on; a stream change is reported when it first reaches ``threshold``.
+
+    A misspecified model that misses a change (a 3-component mixture when 3 clusters become 5)
+    then does not hide it, and one that fires alone while the data overwhelmingly favour the
+    others (posterior probability near 0) does not raise one."""
+    names = sorted(events)
+    if set(log_evidence) != set(names):
+        raise ValueError(f"log_evidence covers {sorted(log_evidence)}, events {names}")
+    ns = [n for n, _ in log_evidence[names[0]]] if names else []
+    for m in names:
+        if [n for n, _ in log_evidence[m]] != ns:
+            raise ValueError(f"model {m!r}: its chunks end at other observation counts than {names[0]!r}'s")
+    from service.data import log_model_probabilities
+
+    probs = [log_model_probabilities({m: log_evidence[m][i][1] for m in names}) for i in range(len(ns))]
+    reported = sorted(((e.detected_at, e.location, m, e.confidence) for m in names for e in events[m]))
+    out: list[StreamChange] = []
+    for _, loc, _, _ in reported:  # candidate locations, in the order they were first reported
+        if any(abs(loc - c.location) <= window for c in out):
+            continue
+        for i, n in enumerate(ns):
+            best: dict[str, tuple[float, float, int]] = {}
+            for at, where, m, conf in reported:
+                if at <= n and abs(where - loc) <= window and conf > best.get(m, (0.0, 0.0, 0))[1]:
+                    best[m] = (probs[i][m], conf, where)
+            bound = sum(p * c for p, c, _ in best.values())
+            if best and bound >= threshold:
+                top = max(best, key=lambda m: best[m][0] * best[m][1])
+                out.append(StreamChange(location=best[top][2], detected_at=n, confidence=min(bound, 1.0),
+                                        support={m: (p, c) for m, (p, c, _) in best.items()}))
+                break
+    return sorted(out, key=lambda c: c.location)
+
+
 def detector_seed(model_seed: int) -> int:
     """The detector's generator seed, derived from (and distinct from) its model's seed."""
     return (int(model_seed) * 6364136223846793005 + 1442695040888963407) % (2**63)

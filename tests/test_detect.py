@@ -5,12 +5,14 @@ Data are seeded; the tolerances are one chunk for the location (the detector wor
 and zero false alarms on the stationary series used here (measured: none on 5 seeds of these
 series; the false-alarm rate over long series is measured in ``cusp bench detect``)."""
 
+import math
+
 import numpy as np
 import pytest
 import torch
 
 from models import build_model
-from service.detect import Detector, DetectorConfig, DetectorState, Event, OfflineRun, detect_series
+from service.detect import Detector, DetectorConfig, DetectorState, Event, OfflineRun, detect_series, model_averaged_changes
 from service.sgais import ConfigError, Reservoir, SGAISConfig, SGAISState, build_sampler
 
 
@@ -90,6 +92,61 @@ def test_paper_clusters_both_changes_within_one_chunk_and_quiet_when_shuffled():
         assert all(e.location in changes for e in ev), locations(ev)
         assert detect_series(shuffled, "gmm:components=5", 500, seed=seed) == []
     assert both >= 3
+
+
+def _event(location: int, detected_at: int, confidence: float) -> Event:
+    return Event(location=location, chunk=location, seq=0, detected_at=detected_at, delay=detected_at - location,
+                 confidence=confidence, log_bayes_factor=0.0, log_prior_odds=0.0, adapted=True)
+
+
+def test_model_averaged_changes_weigh_each_models_event_by_its_posterior_probability():
+    ns = [500, 1000, 1500, 2000]
+    # a dominates (by 30 nats): its event is the stream's, with its confidence
+    le = {"a": [(n, -n * 1.0) for n in ns], "b": [(n, -n * 1.0 - 30.0) for n in ns]}
+    got = model_averaged_changes({"a": [_event(1000, 1500, 0.999)], "b": []}, le, window=500)
+    pb = math.exp(-30.0) / (1.0 + math.exp(-30.0))
+    assert [(c.location, c.detected_at) for c in got] == [(1000, 1500)]
+    assert got[0].confidence == pytest.approx((1.0 - pb) * 0.999, rel=1e-12)
+    # the same event from the model the data reject raises nothing
+    assert model_averaged_changes({"a": [], "b": [_event(1000, 1500, 0.999)]}, le, window=500) == []
+    # equal evidence: one model's event alone is worth half its confidence; two within the
+    # window add up, located where the heavier supporter put it
+    eq = {"a": [(n, -float(n)) for n in ns], "b": [(n, -float(n)) for n in ns]}
+    assert model_averaged_changes({"a": [_event(1000, 1500, 0.999)], "b": []}, eq, window=500) == []
+    both = model_averaged_changes({"a": [_event(1000, 1500, 0.995)], "b": [_event(1500, 2000, 0.9999)]}, eq, window=500)
+    assert [(c.location, c.detected_at) for c in both] == [(1500, 2000)]
+    assert both[0].confidence == pytest.approx(0.5 * 0.995 + 0.5 * 0.9999)
+    # outside the window they are two candidates, each at half: nothing
+    assert model_averaged_changes({"a": [_event(1000, 1500, 0.995)], "b": [_event(1600, 2000, 0.9999)]}, eq, window=500) == []
+    # evidence moving to a after its report: the stream change comes when p(a) x 0.999 >= 0.99
+    moving = {"a": [(500, -500.0), (1000, -1000.0), (1500, -1500.0), (2000, -1990.0)],
+              "b": [(n, -float(n)) for n in ns]}
+    late = model_averaged_changes({"a": [_event(1000, 1500, 0.999)], "b": []}, moving, window=500)
+    assert [(c.location, c.detected_at) for c in late] == [(1000, 2000)]
+    with pytest.raises(ValueError, match="observation counts"):
+        model_averaged_changes({"a": [], "b": []}, {"a": [(500, -1.0)], "b": [(499, -1.0)]}, window=500)
+    with pytest.raises(ValueError, match="covers"):
+        model_averaged_changes({"a": []}, {"b": [(500, -1.0)]}, window=500)
+
+
+def test_a_model_that_misses_a_change_does_not_hide_it_from_the_stream():
+    """The paper's clusters, first 2,500 rows: 3 clusters become 5 at 1,000. A 3-component GMM
+    cannot tell (the old clusters are part of the new five, so its restart honestly loses);
+    the 5-component one finds it at once, and the data give it all the posterior weight, so the
+    stream-level, model-averaged change is at 1,000 with the 5-component model's confidence."""
+    from bench import data as D
+
+    x, _ = D.distribution_shift_data(2_500, 0)
+    events, trace = {}, {}
+    for k in (3, 5):
+        t: list = []
+        events[f"K={k}"] = detect_series(x.numpy(), f"gmm:components={k}", 500, seed=0,
+                                         on_chunk=lambda r, f, t=t: t.append((r.n, r.log_evidence)))
+        trace[f"K={k}"] = t
+    assert locations(events["K=3"]) == [] and locations(events["K=5"]) == [1000]
+    got = model_averaged_changes(events, trace, window=500)
+    assert [(c.location, c.detected_at) for c in got] == [(1000, 1500)]
+    assert got[0].support["K=5"][0] > 1 - 1e-9 and got[0].confidence >= 0.99
 
 
 def _restores(sampler, cfg, x, size, end, cuts, seed=4):

@@ -242,3 +242,29 @@ def test_smoke_quick_run_writes_only_its_section(tmp_path):
     assert bench.main(["detect", "--quick", "--only", "nile", "--methods", "BOCPD,PELT", "--out", str(out)]) == 0
     doc2 = out.read_text()
     assert doc2.count("## Change-point detection") == 1 and "| mean-4 |" not in doc2 and "kept" in doc2
+
+
+def test_paper_summary_adds_the_model_averaged_stream_row():
+    # two GMMs on the clusters: K=3 misses 1,000 and has posterior weight ~0; the stream row
+    # takes K=5's events; on the shuffled rows one model's lone event at half weight is no alarm
+    x = np.zeros((2000, 2))
+    ns = [500, 1000, 1500, 2000]
+
+    def result(key, k, locs, ats, confs, logz_per_obs, changes=(1000,)):
+        s = B.Series(key=key, group=key, title=key, data=x, changes=changes, annotations={"truth": list(changes)},
+                     spec=f"gmm:components={k}", chunk=500)
+        o = B.Outcome("cusp", locs, ats, confidences=confs, evidence=[(n, logz_per_obs * n) for n in ns])
+        return B.Result(s, {"cusp": o}, {})
+
+    res = [result("clusters/K=3", 3, [], [], [], -4.5), result("clusters/K=5", 5, [1000], [1500], [0.999], -4.0),
+           result("clusters-shuffled/K=3", 3, [700], [1000], [0.999], -4.0, ()),
+           result("clusters-shuffled/K=5", 5, [], [], [], -4.0, ())]
+    rows = B.paper_summary(res)
+    assert [r["K"] for r in rows] == ["3", "5", "3, 5 (model-averaged)"]
+    assert [r["within_chunk"] for r in rows] == [False, True, True]
+    avg = rows[-1]
+    assert avg["changes"][0]["location"] == 1000 and avg["changes"][0]["delay"] == 500
+    assert avg["changes"][0]["support"] == {"K=5": 1.0}
+    assert avg["shuffled_alarms"] == 0 and rows[0]["shuffled_alarms"] == 1
+    text = B.render(res, ["cusp"], quick=False, elapsed=1.0, tcpd_dirs=[])
+    assert "3, 5 (model-averaged)" in text and "K=5 1" in text
