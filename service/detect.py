@@ -758,9 +758,10 @@ class StreamChange:
 
 
 def model_averaged_changes(events: dict[str, list[Event]], log_evidence: dict[str, list[tuple[int, float]]],
-                           window: int, threshold: float = 0.99) -> list[StreamChange]:
+                           window: int, threshold: float = 0.99,
+                           log_prior: dict[str, float] | None = None) -> list[StreamChange]:
     """Change points of one stream from its models' events, weighted by the models' posterior
-    probabilities (equal prior odds): P(change near l | data) = sum_m p(m | data) P(change near
+    probabilities (``log_prior``: the models' log prior probabilities; equal when None): P(change near l | data) = sum_m p(m | data) P(change near
     l | data, m) >= sum over the models m that reported an event within ``window`` observations
     of l of p(m | data) x that event's confidence (a model with no such event counts 0: a lower
     bound). ``log_evidence[m]``: (observations seen, running log-evidence) after each chunk, the
@@ -779,7 +780,7 @@ def model_averaged_changes(events: dict[str, list[Event]], log_evidence: dict[st
             raise ValueError(f"model {m!r}: its chunks end at other observation counts than {names[0]!r}'s")
     from service.data import log_model_probabilities
 
-    probs = [log_model_probabilities({m: log_evidence[m][i][1] for m in names}) for i in range(len(ns))]
+    probs = [log_model_probabilities({m: log_evidence[m][i][1] for m in names}, log_prior) for i in range(len(ns))]
     reported = sorted(((e.detected_at, e.location, m, e.confidence) for m in names for e in events[m]))
     out: list[StreamChange] = []
     for _, loc, _, _ in reported:  # candidate locations, in the order they were first reported
@@ -797,6 +798,32 @@ def model_averaged_changes(events: dict[str, list[Event]], log_evidence: dict[st
                                         support={m: (p, c) for m, (p, c, _) in best.items()}))
                 break
     return sorted(out, key=lambda c: c.location)
+
+
+def model_averaged_from_entries(entries: list[dict], threshold: float = 0.99,
+                                log_prior: dict[str, float] | None = None) -> list[StreamChange]:
+    """``model_averaged_changes`` over a stream's result and change-point entries as the service
+    stores them (dicts with 'model', 'kind' and the ChunkResult / Event fields): the models'
+    traces are aligned on the chunks (seq) that every model processed at the same observation
+    count (a model added later, or one that dead-lettered a chunk, is compared where it read
+    the same data); the window is the largest chunk. Fewer than two models: no stream changes."""
+    traces: dict[str, dict[int, tuple[int, float]]] = {}
+    events: dict[str, list[Event]] = {}
+    window = 0
+    names = set(Event.__dataclass_fields__)
+    for e in entries:
+        if e.get("kind") == "result":
+            traces.setdefault(e["model"], {})[int(e["seq"])] = (int(e["n"]), float(e["log_evidence"]))
+            window = max(window, int(e["rows"]))
+        elif e.get("kind") == "changepoint":
+            events.setdefault(e["model"], []).append(Event(**{k: v for k, v in e.items() if k in names}))
+    if len(traces) < 2:
+        return []
+    seqs = sorted(set.intersection(*(set(t) for t in traces.values())))
+    seqs = [s for s in seqs if len({t[s][0] for t in traces.values()}) == 1]
+    return model_averaged_changes({m: events.get(m, []) for m in traces},
+                                  {m: [t[s] for s in seqs] for m, t in traces.items()}, window=window, threshold=threshold,
+                                  log_prior=None if log_prior is None else {m: log_prior[m] for m in traces})
 
 
 def detector_seed(model_seed: int) -> int:

@@ -5,6 +5,7 @@ Data are seeded; the tolerances are one chunk for the location (the detector wor
 and zero false alarms on the stationary series used here (measured: none on 5 seeds of these
 series; the false-alarm rate over long series is measured in ``cusp bench detect``)."""
 
+import json
 import math
 
 import numpy as np
@@ -113,6 +114,10 @@ def test_model_averaged_changes_weigh_each_models_event_by_its_posterior_probabi
     # window add up, located where the heavier supporter put it
     eq = {"a": [(n, -float(n)) for n in ns], "b": [(n, -float(n)) for n in ns]}
     assert model_averaged_changes({"a": [_event(1000, 1500, 0.999)], "b": []}, eq, window=500) == []
+    # ... unless the prior odds favour it (a stream's model priors)
+    odds = model_averaged_changes({"a": [_event(1000, 1500, 0.999)], "b": []}, eq, window=500,
+                                  log_prior={"a": math.log(0.9999), "b": math.log(0.0001)})
+    assert [c.location for c in odds] == [1000] and odds[0].confidence == pytest.approx(0.9999 * 0.999)
     both = model_averaged_changes({"a": [_event(1000, 1500, 0.995)], "b": [_event(1500, 2000, 0.9999)]}, eq, window=500)
     assert [(c.location, c.detected_at) for c in both] == [(1500, 2000)]
     assert both[0].confidence == pytest.approx(0.5 * 0.995 + 0.5 * 0.9999)
@@ -312,6 +317,44 @@ def test_service_reports_the_same_change_points_as_offline(tmp_path):
         assert 'cusp_changepoints_total{model="gaussian",stream="cp"} 1.0' in text
         info = live.client.get("/v1/streams/cp").json()
         assert info["detector"] == {"threshold": 0.995} and info["models"][0]["observations"] == 600
+    finally:
+        live.stop()
+        redis.close()
+
+
+def test_service_lists_the_streams_model_averaged_change_points(tmp_path):
+    """Two models on one stream, both detecting the shift: /changepoints lists each model's
+    event and, under ``stream``, the model-averaged change, equal to the offline computation
+    on the same traces and events (a one-model stream has none: see the test above)."""
+    from service.runtime import model_seed
+    from service.store import EmbeddedRedis, StreamConfig, connect, keys
+    from tests.service_fixtures import LiveServer
+    from tests.test_service import burst
+
+    redis = EmbeddedRedis(tmp_path / "redis")
+    live = LiveServer(redis.url)
+    specs = ["gaussian", "gaussian:kappa0=0.1"]
+    try:
+        r = live.client.post("/v1/streams", json={"name": "two", "columns": ["v"], "models": specs, "seed": 3})
+        assert r.status_code == 201, r.text
+        x = shifts(4)[:600]
+        for seq in range(60):
+            assert live.client.post("/v1/streams/two/chunks", json={"seq": seq, "rows": x[10 * seq : 10 * seq + 10].tolist()}).status_code == 202
+        burst(redis.url)
+        got = live.client.get("/v1/streams/two/changepoints").json()
+        cfg = StreamConfig.from_json(connect(redis.url).get(keys.config("two")))
+        names = [mc.name for mc in cfg.models]
+        assert {c["model"] for c in got["changepoints"]} == set(names)
+        events, traces = {}, {}
+        for mc in cfg.models:
+            t: list = []
+            events[mc.name] = detect_series(x, mc.spec, 10, seed=model_seed(cfg, mc),
+                                            on_chunk=lambda res, ev, t=t: t.append((res.n, res.log_evidence)))
+            traces[mc.name] = t
+        want = model_averaged_changes(events, traces, window=10)
+        assert len(want) == 1 and abs(want[0].location - 300) <= 10 and want[0].confidence >= 0.99
+        assert got["stream"] == [json.loads(json.dumps(c.to_dict())) for c in want]
+        assert set(got["stream"][0]["support"]) == set(names)
     finally:
         live.stop()
         redis.close()

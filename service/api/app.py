@@ -29,7 +29,7 @@ from service.api import chunks as C
 from service.api.schemas import (ChangepointList, ChunkAck, ChunkColumns, ChunkRows, DeadLetters, EvidencePage, Health, ModelIn,
                                  ModelOut, Problem, Ready, StreamIn, StreamList, StreamOut)
 from service.data import log_model_probabilities
-from service.detect import DetectorConfig
+from service.detect import DetectorConfig, model_averaged_from_entries
 from service.runtime import build, cached_model, model_seed
 from service.settings import Settings
 from service.sgais import ConfigError
@@ -385,10 +385,7 @@ def create_app(settings: Settings, redis_url: str, worker_metrics: Sequence[str]
         # posterior model probabilities among models that have seen the same observations
         ns = {r["observations"] for r in out}
         if len(ns) == 1 and ns != {0}:
-            top = max(m.prior for m in cfg.models)  # normalise in logs: priors may be as large as 1e308 or as small as 5e-324
-            log_total = math.log(top) + math.log(sum(m.prior / top for m in cfg.models))
-            probs = log_model_probabilities({r["name"]: r["log_evidence"] for r in out},
-                                            {m.name: math.log(m.prior) - log_total for m in cfg.models})
+            probs = log_model_probabilities({r["name"]: r["log_evidence"] for r in out}, log_model_priors(cfg))
             for r in out:
                 r["posterior_probability"] = probs[r["name"]]
         return {"last_seq": last_in, "dead": int(dead), "models": out}
@@ -474,6 +471,12 @@ def create_app(settings: Settings, redis_url: str, worker_metrics: Sequence[str]
         return JSONResponse(ack, status_code=status)
 
     # --- results ----------------------------------------------------------------------------
+    def log_model_priors(cfg: StreamConfig) -> dict[str, float]:
+        """The models' log prior probabilities, normalised in logs: priors may be as large as 1e308 or as small as 5e-324."""
+        top = max(m.prior for m in cfg.models)
+        log_total = math.log(top) + math.log(sum(m.prior / top for m in cfg.models))
+        return {m.name: math.log(m.prior) - log_total for m in cfg.models}
+
     def entry_out(eid: bytes, fields: dict) -> dict:
         d = json.loads(fields[b"data"])
         return {"id": eid.decode(), "model": fields[b"model"].decode(), "kind": fields[b"kind"].decode(), **d}
@@ -508,15 +511,22 @@ def create_app(settings: Settings, redis_url: str, worker_metrics: Sequence[str]
     @app.get("/v1/streams/{stream}/changepoints", tags=["results"], dependencies=[Read], response_model=ChangepointList,
              responses=errors(*READ, 404, 422))
     async def changepoints(stream: str, st: StoreDep) -> dict:
-        await stream_config(stream, st)
+        cfg = await stream_config(stream, st)
+        several = len(cfg.models) > 1  # then the results too: the models' evidence weighs their events
+        kinds = (b"changepoint", b"result") if several else (b"changepoint",)
         out, start = [], "-"
         while True:
             entries = await st.r.xrange(keys.out(stream), min=start, count=5000)
-            out += [entry_out(e, f) for e, f in entries if f[b"kind"] == b"changepoint"]
+            out += [entry_out(e, f) for e, f in entries if f[b"kind"] in kinds]
             if len(entries) < 5000:
                 break
             start = "(" + entries[-1][0].decode()
-        return {"changepoints": out}
+        # several models: the stream's change points, each model's events weighted by its
+        # posterior probability (service.detect.model_averaged_changes)
+        threshold = DetectorConfig.from_dict(cfg.detector).threshold
+        found = await asyncio.to_thread(model_averaged_from_entries, out, threshold, log_model_priors(cfg))
+        stream_level = [c.to_dict() for c in found]
+        return {"changepoints": [c for c in out if c["kind"] == "changepoint"], "stream": stream_level}
 
     @app.get("/v1/streams/{stream}/dead-letters", tags=["results"], dependencies=[Read], response_model=DeadLetters,
              responses=errors(*READ, 404, 422))

@@ -104,7 +104,11 @@ class StreamList(BaseModel):
 
 
 class ChangepointList(BaseModel):
-    changepoints: list[dict[str, Any]]
+    changepoints: list[dict[str, Any]] = Field(description="each model's change points, in the order they were reported")
+    stream: list[dict[str, Any]] = Field(
+        description="with several models: the stream's change points, each model's events weighted by its posterior "
+                    "probability (location, detected_at, confidence: a lower bound on the posterior probability of a "
+                    "change within one chunk of location; support: model -> [posterior probability, event confidence])")
 
 
 class DeadLetters(BaseModel):
