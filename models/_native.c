@@ -374,3 +374,33 @@ int cusp_gmm_run(RUN_ARGS)
     if (isa_chosen < 0) cusp_isa();
     return gmm_run_chosen(RUN_PASS);
 }
+
+/* Linear regression's SGHMC run (models/linear.py, stats_gradient): its log target's gradient
+ * is affine in theta, grad_i(theta) = c[i] + theta A[i] (A [E, D, D], c [E, D]), so the run's
+ * E Euler steps (service/sgais/kernel.py, euler) need no Python between them:
+ * v <- decay v + eta grad_i(theta) + noise[i] (noise [E, M, D], or NULL), theta <- theta + v,
+ * in place on theta and v [M, D]. Tiny matrices: plain C, no dispatch. */
+void cusp_affine_euler(int M, int D, int E, const double *A, const double *c, double eta, double decay,
+                       const double *noise, double *theta, double *v)
+{
+    double g[D];
+    for (int i = 0; i < E; i++) {
+        const double *a = A + (size_t)i * D * D, *ci = c + (size_t)i * D;
+        const double *nz = noise ? noise + (size_t)i * M * D : NULL;
+        for (int m = 0; m < M; m++) {
+            double *t = theta + (size_t)m * D, *vm = v + (size_t)m * D;
+            for (int q = 0; q < D; q++) g[q] = ci[q];
+            for (int p = 0; p < D; p++) {
+                const double tp = t[p];
+                for (int q = 0; q < D; q++) g[q] += tp * a[p * D + q];
+            }
+            for (int q = 0; q < D; q++) {
+                double u = vm[q] * decay;
+                u = u + eta * g[q];
+                if (nz) u = u + nz[(size_t)m * D + q];
+                vm[q] = u;
+                t[q] += u;
+            }
+        }
+    }
+}

@@ -29,6 +29,9 @@ class NativeKernels:
         self._gmm_run = lib.cusp_gmm_run
         self._gmm_run.argtypes = [i, i, i, L, p, L, f, L, p, L, p, f, i, f, f, p, p, p, p]
         self._gmm_run.restype = i
+        self._affine_euler = lib.cusp_affine_euler
+        self._affine_euler.argtypes = [i, i, i, p, p, f, f, p, p, p]
+        self._affine_euler.restype = None
         lib.cusp_isa.restype = i
         self.isa = ("baseline", "avx2+fma", "avx512")[lib.cusp_isa()]
 
@@ -66,6 +69,30 @@ class NativeKernels:
         with weight ``lam`` plus the mini-batch ``pool[idx[i]]`` (``idx [E, Bm]`` int64) with
         weight ``pool_weight``, gathered inside the kernel. Checked once here."""
         return GmmRun(self._gmm_run, components, chunk, lam, pool, idx, pool_weight)
+
+    def affine_euler(self, a: np.ndarray, c: np.ndarray) -> Callable[..., None]:
+        """For a log target whose gradient at evaluation i is ``c[i] + theta @ a[i]`` (``a [E, D, D]``,
+        ``c [E, D]`` float64): ``euler(theta, v, noise, eta, decay)``, the run's E Euler steps in
+        place on ``theta`` and ``v [M, D]`` (the protocol of service/sgais/kernel.py)."""
+        a = np.ascontiguousarray(a, dtype=np.float64)
+        c = np.ascontiguousarray(c, dtype=np.float64)
+        e, dim = c.shape
+        if a.shape != (e, dim, dim):
+            raise ValueError(f"affine_euler: a {a.shape} and c {c.shape} do not fit")
+        fn = self._affine_euler
+
+        def euler(theta: np.ndarray, v: np.ndarray, noise: np.ndarray | None, eta: float, decay: float) -> None:
+            m = theta.shape[0]
+            for x in (theta, v):
+                if not (x.flags.c_contiguous and x.dtype == np.float64 and x.shape == (m, dim)):
+                    raise ValueError(f"affine_euler: theta and v must be C-contiguous float64 [M, {dim}]")
+            if noise is not None and not (noise.flags.c_contiguous and noise.dtype == np.float64 and noise.shape == (e, m, dim)):
+                raise ValueError(f"affine_euler: noise must be C-contiguous float64 of shape {(e, m, dim)}")
+            fn(m, dim, e, a.ctypes.data, c.ctypes.data, float(eta), float(decay),
+               None if noise is None else noise.ctypes.data, theta.ctypes.data, v.ctypes.data)
+
+        euler.keep = (a, c)
+        return euler
 
     def gmm_loglik(self, theta: np.ndarray, components: int, rows: np.ndarray) -> np.ndarray:
         """log p(y_b | theta_m) ``[M, B]`` for ``rows [B, >= d]`` (y in the first d columns)."""

@@ -126,6 +126,39 @@ def test_the_fused_euler_run_equals_steps_on_the_reference_gradient(monkeypatch,
     assert torch.equal(t1, t3) and torch.equal(v1, v3)
 
 
+def test_the_fused_affine_euler_run_equals_steps_on_addmm(monkeypatch):
+    # linear regression's run (gradient affine in theta) in one foreign call, against
+    # service.sgais.kernel.euler stepping on its addmm gradient
+    from service.sgais.kernel import euler
+
+    m = build_model("linear-regression", n_columns=4)
+    g = torch.Generator().manual_seed(5)
+    theta = m.sample_prior(g, 7)
+    rows = m.featurize(torch.randn(3, 300, 4, generator=g, dtype=torch.float64).view(-1, 4)).view(3, 300, -1)
+    stats = m.stats(rows, torch.full((300,), 2.5, dtype=torch.float64))
+    v = 1e-3 * torch.randn(theta.shape, generator=g, dtype=torch.float64)
+    state = g.get_state()
+    fused = m.stats_gradient(stats)
+    assert fused.euler is not None
+    t1, v1 = euler(g, theta, v, fused, 1e-4, 0.2, 0.0, 3)
+    with monkeypatch.context() as mp:
+        mp.setattr("models.linear.kernels", lambda: None)
+        plain = m.stats_gradient(stats)
+        assert getattr(plain, "euler", None) is None
+        g.set_state(state)
+        t2, v2 = euler(g, theta, v, plain, 1e-4, 0.2, 0.0, 3)
+    assert torch.allclose(v1, v2, rtol=1e-10, atol=1e-14) and torch.allclose(t1, t2, rtol=1e-12, atol=1e-14)
+    assert not torch.equal(t1, theta)
+    k = native.kernels()
+    run = k.affine_euler(np.zeros((3, 5, 5)), np.zeros((3, 5)))
+    with pytest.raises(ValueError):
+        run(np.zeros((4, 6)), np.zeros((4, 6)), None, 1e-3, 0.8)  # D does not fit
+    with pytest.raises(ValueError, match="noise"):
+        run(np.zeros((4, 5)), np.zeros((4, 5)), np.zeros((2, 4, 5)), 1e-3, 0.8)
+    with pytest.raises(ValueError, match="do not fit"):
+        k.affine_euler(np.zeros((3, 5, 4)), np.zeros((3, 5)))
+
+
 def test_bad_run_arguments_are_refused_not_read():
     k = native.kernels()
     chunk, pool = np.zeros((10, 4)), np.zeros((20, 4))
