@@ -274,13 +274,18 @@ def entries(client: httpx.Client, s: str) -> list[dict]:
         since = page["next"]
 
 
-def reference(client: httpx.Client, redis_url: str, spec: str, chunks, overrides: dict | None = None) -> list[dict]:
-    """The uninterrupted run: same config and seed on a fresh stream, one in-process worker in burst mode."""
+def reference(client: httpx.Client, redis_url: str, spec: str, chunks, overrides: dict | None = None,
+              timing: list | None = None) -> list[dict]:
+    """The uninterrupted run: same config and seed on a fresh stream, one in-process worker in
+    burst mode. ``timing``: gets the worker's mean wall time per chunk appended."""
     s = create(client, spec, overrides)
     post_all(client, s, chunks)
     w = Worker(redis_url, lease_seconds=30, worker_id="reference")
     try:
+        t0 = time.monotonic()
         w.run_until_idle(timeout=600)
+        if timing is not None:
+            timing.append((time.monotonic() - t0) / len(chunks))
     finally:
         w.release_all()
     return entries(client, s)
@@ -332,12 +337,15 @@ def test_worker_sigkilled_repeatedly_gives_bit_identical_results(cluster, spec, 
     procs, redis, client, workers = cluster
     r = connect(redis.url)
     chunks = shift_chunks(100_000)
-    want = reference(client, redis.url, spec, chunks)
+    timing: list[float] = []
+    want = reference(client, redis.url, spec, chunks, timing=timing)
     s = create(client, spec)
     feeder = threading.Thread(target=post_all, args=(client, s, chunks), daemon=True)
     feeder.start()
     rng = random.Random(seed)
-    chunk_seconds = 0.02 if spec == "gaussian" else 0.5
+    # measured, not assumed: a fixed guess (it was 0.5 s for the GMM) let a faster worker
+    # finish the stream inside one sleep, before the kills were done
+    chunk_seconds = timing[0]
     targets, at_kill = sorted(rng.sample(range(1, len(chunks) - 25), kills)), []
     for k in range(kills):
         name = f"crash-{spec}-{k}"
