@@ -761,10 +761,10 @@ def model_averaged_changes(events: dict[str, list[Event]], log_evidence: dict[st
                            window: int, threshold: float = 0.99,
                            log_prior: dict[str, float] | None = None) -> list[StreamChange]:
     """Change points of one stream from its models' events, weighted by the models' posterior
-    probabilities (``log_prior``: the models' log prior probabilities; equal when None): P(change near l | data) = sum_m p(m | data) P(change near
-    l | data, m) >= sum over the models m that reported an event within ``window`` observations
-    of l of p(m | data) x that event's confidence (a model with no such event counts 0: a lower
-    bound). ``log_evidence[m]``: (observations seen, running log-evidence) after each chunk, the
+    probabilities (``log_prior``: the models' log prior probabilities; equal when None):
+    P(change near l | data) = sum_m p(m | data) P(change near l | data, m) >= sum over the
+    models m that reported an event within ``window`` observations of l of p(m | data) x that
+    event's confidence (a model with no such event counts 0: a lower bound). ``log_evidence[m]``: (observations seen, running log-evidence) after each chunk, the
     same n for every model (they read the same chunks). The bound is evaluated at every n from
     the earliest report on; a stream change is reported when it first reaches ``threshold``.
 

@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
-from models.base import Model
+from models.base import Model, gather, sampled_rows
 from service.sgais.config import SGAISConfig
 from service.sgais.kernel import GRAD_EVALS, INTEGRATORS
 from service.sgais.reservoir import Reservoir, ReservoirWrites, algorithm_r
@@ -149,23 +149,16 @@ class Sampler:
             """The gradient function of one SGHMC run at temperature ``lam``: its mini-batches are
             drawn here, in one go, and the model prepares what every evaluation reuses."""
             idx = torch.randint(0, r_size, (n_eval, bm), generator=g) if bm else torch.empty((n_eval, 0), dtype=torch.int64)
-            if not model.has_stats and not use_cv:
-                return model.sampled_run_gradient(rows, lam, res, idx, pool_weight)
-            # torch's gather, not np.take: as fast with a reservoir out of cache, and numpy's
-            # buffers among torch's fragmented the heap (RSS crept ~2 MiB per 1e6 rows)
-            mb = res.index_select(0, idx.view(-1)).view(n_eval, bm, -1) if bm else None
             if model.has_stats:
                 run = chunk_stats * lam
-                stats = model.stats(mb).mul_(pool_weight).add_(run) if bm else run.expand(n_eval, -1)
+                stats = model.stats(gather(res, idx)).mul_(pool_weight).add_(run) if bm else run.expand(n_eval, -1)
                 if not use_cv:
                     return model.stats_gradient(stats)
                 loglik = lambda th, i: model.grad_from_stats(th, stats[i])  # noqa: E731
+            elif not use_cv:
+                return model.sampled_run_gradient(rows, lam, res, idx, pool_weight)
             else:
-                run_rows = rows.expand(n_eval, b, rows.shape[1])
-                wts = torch.full((b + bm,), lam, dtype=torch.float64)
-                if bm:
-                    run_rows = torch.cat([run_rows, mb], dim=1)
-                    wts[b:] = pool_weight
+                run_rows, wts = sampled_rows(rows, lam, res, idx, pool_weight)
                 loglik = lambda th, i: model.grad_log_likelihood(th, run_rows[i], wts)  # noqa: E731
 
             def grad_cv(th: torch.Tensor, i: int) -> torch.Tensor:
