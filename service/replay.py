@@ -12,7 +12,7 @@ import torch
 
 from models import ModelError, build_model
 from service.data import DataError, log_model_probabilities, read_table, resolve_target
-from service.detect import DetectorConfig, OfflineRun
+from service.detect import DetectorConfig, OfflineRun, model_averaged_changes
 from service.sgais import ConfigError, EngineError, SGAISConfig, build_sampler
 
 
@@ -67,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
     out = open(args.out, "w") if args.out else sys.stdout  # noqa: SIM115 - closed below
     progress = Progress(data.shape[0], sys.stderr.isatty())
     traces: dict[str, list[dict]] = {label: [] for label in labels}
-    found: dict[str, list[int]] = {label: [] for label in labels}
+    found: dict[str, list] = {label: [] for label in labels}
     try:
         runs = {label: OfflineRun(s, args.seed, dcfg) for label, s in samplers.items()}
         for chunk, lo in enumerate(range(0, data.shape[0], args.chunk_size)):
@@ -77,12 +77,19 @@ def run(args: argparse.Namespace) -> int:
                 traces[label].append(line)
                 out.write(json.dumps(line) + "\n")
                 for ev in events:
-                    found[label].append(ev.location)
+                    found[label].append(ev)
                     out.write(json.dumps({"model": label, "kind": "changepoint", **ev.to_dict()}) + "\n")
                     print(f"{label}: change point at observation {ev.location} (chunk {ev.chunk}), confidence "
                           f"{ev.confidence:.4f}, log Bayes factor {ev.log_bayes_factor:.1f}, detected at {ev.detected_at}",
                           file=sys.stderr)
             progress(min(lo + args.chunk_size, data.shape[0]))
+        if args.detect and len(labels) > 1:  # the stream's answer: each model's events weighted by its posterior probability
+            evidence = {label: [(t["n"], t["log_evidence"]) for t in traces[label]] for label in labels}
+            for c in model_averaged_changes(found, evidence, window=args.chunk_size, threshold=dcfg.threshold):
+                out.write(json.dumps({"model": "*", "kind": "stream_changepoint", **c.to_dict()}) + "\n")
+                support = ", ".join(f"{m} p={p:.3g}" for m, (p, _) in sorted(c.support.items()))
+                print(f"stream (model-averaged): change point at observation {c.location}, confidence {c.confidence:.4f}, "
+                      f"detected at {c.detected_at} ({support})", file=sys.stderr)
     finally:
         if out is not sys.stdout:
             out.close()
@@ -92,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"{label}: log-evidence {final[label]:.3f} nats over {data.shape[0]} observations, "
               f"posterior probability {probs[label]:.4f}", file=sys.stderr)
     if args.plot:
-        plot_traces(traces, args.plot, found if args.detect else None)
+        plot_traces(traces, args.plot, {label: [e.location for e in evs] for label, evs in found.items()} if args.detect else None)
     return 0
 
 

@@ -98,6 +98,15 @@ def test_replay_detect_prints_marks_and_traces_change_points(tmp_path):
     assert len(cps) == 1 and abs(cps[0]["location"] - 300) <= 10 and cps[0]["confidence"] >= 0.99, cps
     assert f"gaussian: change point at observation {cps[0]['location']}" in r.stderr
     assert png.read_bytes()[:4] == b"\x89PNG"
+    # two models: each model's events and the stream's model-averaged change
+    r = cusp(str(p), "--model", "gaussian", "--model", "gaussian:kappa0=0.1", "--chunk-size", "10", "--detect", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    lines = list(map(json.loads, out.read_text().splitlines()))
+    assert {d["model"] for d in lines if d.get("kind") == "changepoint"} == {"gaussian", "gaussian:kappa0=0.1"}
+    stream = [d for d in lines if d.get("kind") == "stream_changepoint"]
+    assert len(stream) == 1 and abs(stream[0]["location"] - 300) <= 10 and stream[0]["confidence"] >= 0.99, stream
+    assert set(stream[0]["support"]) == {"gaussian", "gaussian:kappa0=0.1"}
+    assert f"stream (model-averaged): change point at observation {stream[0]['location']}" in r.stderr
     # without --detect: no change points; bad detector settings stop with a clear message
     r = cusp(str(p), "--model", "gaussian", "--chunk-size", "10", "--out", str(out))
     assert r.returncode == 0 and "changepoint" not in out.read_text()
