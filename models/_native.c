@@ -129,12 +129,14 @@ static inline __attribute__((always_inline)) void columns_at(
     }
 }
 
-/* zero the columns and the weights from position `from` to padded: padding rows weigh nothing */
+/* zero the columns and (wcol not NULL) the weights from position `from` to padded: padding
+ * rows weigh nothing */
 static inline __attribute__((always_inline)) void pad_tail(int d, long from, long padded, double *ycol, double *wcol)
 {
     for (int j = 0; j < 2 * d; j++)
         for (long b = from; b < padded; b++) ycol[(size_t)j * padded + b] = 0.0;
-    for (long b = from; b < padded; b++) wcol[b] = 0.0;
+    if (wcol)
+        for (long b = from; b < padded; b++) wcol[b] = 0.0;
 }
 
 /* Scratch for one gradient: rows as columns (y_j, y_j^2) [2d][padded], weights [padded] (zero
@@ -274,8 +276,7 @@ static inline __attribute__((always_inline)) int gmm_loglik_body(
     if (!buf) return 1;
     double *ycol = buf, *lj = buf + (size_t)2 * d * padded, *mx = lj + (size_t)K * BT, *sm = mx + BT;
     columns_at(d, B, padded, 0, rows, stride, NULL, ycol);
-    for (int j = 0; j < 2 * d; j++)
-        for (long b = B; b < padded; b++) ycol[(size_t)j * padded + b] = 0.0;
+    pad_tail(d, B, padded, ycol, NULL);
     double a[K * d], c[K * d], cst[K], beta[K];
     for (int m = 0; m < M; m++) {
         mixture_constants(K, d, theta + (size_t)m * D, a, c, cst, beta);

@@ -129,7 +129,7 @@ class Model:
         weight ``lam`` followed by the mini-batch ``pool[idx[i]]`` (``idx [E, Bm]``, Bm may be 0)
         with weight ``pool_weight``. The default gathers those rows and calls ``run_gradient``; a
         model can gather inside its own kernel instead. The returned gradient may also carry
-        ``euler(theta, v, noise, eta, decay)``, the whole run's Euler integration in place on
+        ``euler(theta, v, noise, eta, decay, steps)``, the whole run's Euler integration in place on
         numpy arrays, which ``service.sgais.kernel.euler`` then uses."""
         return self.run_gradient(*sampled_rows(chunk, lam, pool, idx, pool_weight))
 

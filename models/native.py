@@ -72,7 +72,7 @@ class NativeKernels:
 
     def affine_euler(self, a: np.ndarray, c: np.ndarray) -> Callable[..., None]:
         """For a log target whose gradient at evaluation i is ``c[i] + theta @ a[i]`` (``a [E, D, D]``,
-        ``c [E, D]`` float64): ``euler(theta, v, noise, eta, decay)``, the run's E Euler steps in
+        ``c [E, D]`` float64): ``euler(theta, v, noise, eta, decay, steps)``, the run's E Euler steps in
         place on ``theta`` and ``v [M, D]`` (the protocol of service/sgais/kernel.py)."""
         a = np.ascontiguousarray(a, dtype=np.float64)
         c = np.ascontiguousarray(c, dtype=np.float64)
@@ -81,13 +81,9 @@ class NativeKernels:
             raise ValueError(f"affine_euler: a {a.shape} and c {c.shape} do not fit")
         fn = self._affine_euler
 
-        def euler(theta: np.ndarray, v: np.ndarray, noise: np.ndarray | None, eta: float, decay: float) -> None:
+        def euler(theta: np.ndarray, v: np.ndarray, noise: np.ndarray | None, eta: float, decay: float, steps: int) -> None:
+            _check_euler("affine_euler", theta, v, noise, e, steps, dim)
             m = theta.shape[0]
-            for x in (theta, v):
-                if not (x.flags.c_contiguous and x.dtype == np.float64 and x.shape == (m, dim)):
-                    raise ValueError(f"affine_euler: theta and v must be C-contiguous float64 [M, {dim}]")
-            if noise is not None and not (noise.flags.c_contiguous and noise.dtype == np.float64 and noise.shape == (e, m, dim)):
-                raise ValueError(f"affine_euler: noise must be C-contiguous float64 of shape {(e, m, dim)}")
             fn(m, dim, e, a.ctypes.data, c.ctypes.data, float(eta), float(decay),
                None if noise is None else noise.ctypes.data, theta.ctypes.data, v.ctypes.data)
 
@@ -107,6 +103,23 @@ class NativeKernels:
         if self._gmm_loglik(m, components, d, b, theta.ctypes.data, rows.ctypes.data, f, out.ctypes.data):
             raise MemoryError("gmm_loglik: scratch allocation failed")
         return out
+
+
+def _check_euler(name: str, theta: np.ndarray, v: np.ndarray, noise: np.ndarray | None, evaluations: int,
+                 steps: int, dim: int | None = None) -> None:
+    """The arguments of a fused Euler run (service/sgais/kernel.py's protocol), before C reads
+    them: as many steps as the run has evaluations, theta and v C-contiguous float64 ``[M, D]``
+    (D = ``dim`` when given), noise None or ``[evaluations, M, D]``."""
+    if steps != evaluations:
+        raise ValueError(f"{name}: {steps} steps asked of a run prepared for {evaluations} evaluations")
+    shape = theta.shape if theta.ndim == 2 and (dim is None or theta.shape[1] == dim) else None
+    for x in (theta, v):
+        if shape is None or not (x.flags.c_contiguous and x.dtype == np.float64 and x.shape == shape):
+            raise ValueError(f"{name}: theta and v must be C-contiguous float64 arrays of one shape [M, "
+                             f"{'D' if dim is None else dim}], got {theta.shape} and {v.shape}")
+    if noise is not None and not (noise.flags.c_contiguous and noise.dtype == np.float64
+                                  and noise.shape == (evaluations, *shape)):
+        raise ValueError(f"{name}: noise must be C-contiguous float64 of shape {(evaluations, *shape)}")
 
 
 class GmmRun:
@@ -155,16 +168,10 @@ class GmmRun:
         self._call(theta, i, 0, 0.0, 0.0, None, None, out)
         return out
 
-    def euler(self, theta: np.ndarray, v: np.ndarray, noise: np.ndarray | None, eta: float, decay: float) -> None:
+    def euler(self, theta: np.ndarray, v: np.ndarray, noise: np.ndarray | None, eta: float, decay: float, steps: int) -> None:
         """All E evaluations' Euler steps, in place on ``theta`` and ``v [M, D]``:
         v <- decay v + eta grad + noise[i] (``noise [E, M, D]`` or None), theta <- theta + v."""
-        theta = self._theta(theta)
-        v = self._theta(v)
-        if v.shape != theta.shape:
-            raise ValueError(f"gmm_run: v {v.shape} and theta {theta.shape} differ")
-        if noise is not None and not (noise.flags.c_contiguous and noise.dtype == np.float64
-                                      and noise.shape == (self.evaluations, *theta.shape)):
-            raise ValueError(f"gmm_run: noise must be C-contiguous float64 of shape {(self.evaluations, *theta.shape)}")
+        _check_euler("gmm_run", theta, v, noise, self.evaluations, steps)
         out = np.empty(theta.shape)
         self._call(theta, 0, self.evaluations, float(eta), float(decay),
                    None if noise is None else noise.ctypes.data, v.ctypes.data, out)

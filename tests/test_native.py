@@ -152,9 +152,11 @@ def test_the_fused_affine_euler_run_equals_steps_on_addmm(monkeypatch):
     k = native.kernels()
     run = k.affine_euler(np.zeros((3, 5, 5)), np.zeros((3, 5)))
     with pytest.raises(ValueError):
-        run(np.zeros((4, 6)), np.zeros((4, 6)), None, 1e-3, 0.8)  # D does not fit
+        run(np.zeros((4, 6)), np.zeros((4, 6)), None, 1e-3, 0.8, 3)  # D does not fit
     with pytest.raises(ValueError, match="noise"):
-        run(np.zeros((4, 5)), np.zeros((4, 5)), np.zeros((2, 4, 5)), 1e-3, 0.8)
+        run(np.zeros((4, 5)), np.zeros((4, 5)), np.zeros((2, 4, 5)), 1e-3, 0.8, 3)
+    with pytest.raises(ValueError, match="2 steps"):
+        run(np.zeros((4, 5)), np.zeros((4, 5)), None, 1e-3, 0.8, 2)  # the run was prepared for 3
     with pytest.raises(ValueError, match="do not fit"):
         k.affine_euler(np.zeros((3, 5, 4)), np.zeros((3, 5)))
 
@@ -172,9 +174,11 @@ def test_bad_run_arguments_are_refused_not_read():
     with pytest.raises(ValueError):
         run(np.zeros((4, 15)), 2)  # evaluation index out of the run
     with pytest.raises(ValueError, match="noise"):
-        run.euler(np.zeros((4, 15)), np.zeros((4, 15)), np.zeros((3, 4, 15)), 1e-3, 0.8)
+        run.euler(np.zeros((4, 15)), np.zeros((4, 15)), np.zeros((3, 4, 15)), 1e-3, 0.8, 2)
     with pytest.raises(ValueError):
-        run.euler(np.zeros((4, 15)), np.zeros((3, 15)), None, 1e-3, 0.8)
+        run.euler(np.zeros((4, 15)), np.zeros((3, 15)), None, 1e-3, 0.8, 2)
+    with pytest.raises(ValueError, match="3 steps"):
+        run.euler(np.zeros((4, 15)), np.zeros((4, 15)), None, 1e-3, 0.8, 3)  # prepared for 2 evaluations
 
 
 _ISA_SCRIPT = r"""

@@ -13,7 +13,7 @@ gamma * epsilon. Stationary velocity variance is eta, so a run starts from v ~ N
 i.e. minus the potential gradient, at gradient evaluation ``i`` (0-based; a stochastic
 gradient uses its i-th pre-drawn mini-batch). ``euler`` evaluates ``steps`` gradients,
 ``baoab`` ``steps + 1``. The injected noise of a whole run is drawn in one call. A gradient
-that carries ``euler(theta, v, noise, eta, decay)`` (``Model.sampled_run_gradient``) does the
+that carries ``euler(theta, v, noise, eta, decay, steps)`` (``Model.sampled_run_gradient``) does the
 whole Euler run in its own kernel, on the same draws, with no Python between steps.
 Functions return new tensors and do not mutate inputs.
 """
@@ -38,7 +38,7 @@ def euler(
     noise = torch.randn((steps, *v.shape), generator=generator, dtype=v.dtype).mul_(noise_sd) if noise_sd > 0.0 else None
     fused = getattr(grad_fn, "euler", None)
     if fused is not None:
-        fused(theta.numpy(), v.numpy(), None if noise is None else noise.numpy(), eta, decay)
+        fused(theta.numpy(), v.numpy(), None if noise is None else noise.numpy(), eta, decay, steps)
         return theta, v
     for i in range(steps):
         g = grad_fn(theta, i)
