@@ -10,6 +10,9 @@
  * two [M, K, B] buffers for the same (matrix product, softmax, matrix product); here a block of
  * rows stays in L1 and the exps are vectorised (exp_nonpos).
  *
+ * gmm_run: one SGHMC run (the engine's hot loop) in one call, mini-batches gathered from the
+ * reservoir inside, the gradient in float32 on centred rows (grad_core32).
+ *
  * Determinism: the order of every sum is fixed (per-lane partial sums over blocks of BT rows,
  * then a fixed-order reduction), so a run gives the same bits on one machine whatever the
  * chunking. Different instruction sets (AVX-512, AVX2+FMA, baseline) may differ in the last
@@ -223,6 +226,165 @@ static inline __attribute__((always_inline)) int gmm_grad_body(
     return 0;
 }
 
+/* ---- float32 gradient for the fused SGHMC run ------------------------------------------------
+ * The run's gradient only moves particles (the evidence comes from gmm_loglik, in float64), and
+ * its mini-batch noise is orders of magnitude above float32 rounding, so the run computes it in
+ * float32: twice the lanes per vector and half the memory traffic of the float64 core. To keep
+ * float32 safe for data far from zero, every quantity is centred and scaled per component first,
+ * u = (y - mu) / sigma (one FMA from y, as y / sigma - mu / sigma), and the statistics are
+ * sum w r, sum w r u and sum w r u^2 (no raw moments, so no cancellation). The per-particle
+ * constants and the final algebra, prior included, stay in float64. */
+
+#define BTF 48 /* float32 rows per block */
+
+/* exp(x) for x <= 0 in float32, within about 2e-7 relative (Cephes expf's polynomial on a
+ * Cody-Waite reduction); exactly 0 below -87 (and for -inf), where float32 would go subnormal.
+ * Zero, not a floor: a responsibility floor of 1e-38 times u^2 = 1e40 would not be small.
+ * Branch-free, so that the loops calling it vectorise. */
+static inline __attribute__((always_inline)) float expf_nonpos(float x0)
+{
+    const float magic = 12582912.0f; /* 1.5 * 2^23 */
+    float x = x0 < -87.0f ? -87.0f : x0;
+    float t = x * 1.44269504088896341f + magic;
+    float n = t - magic;
+    float r = x - n * 0.693359375f;
+    r = r - n * -2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * (r * r) + r + 1.0f;
+    uint32_t ti, tm, sb;
+    float scale;
+    memcpy(&ti, &t, 4);
+    memcpy(&tm, &magic, 4);
+    sb = (ti - tm + 127) << 23;
+    memcpy(&scale, &sb, 4);
+    return x0 < -87.0f ? 0.0f : p * scale;
+}
+
+static inline __attribute__((always_inline)) double lane_sum_f(const float *v)
+{
+    double s = 0.0;
+    for (int i = 0; i < BTF; i++) s += v[i];
+    return s;
+}
+
+/* Scratch for the float32 gradient: rows as columns y_j [d][padded], weights [padded] (zero past
+ * the rows), exps [K][BTF], per-lane statistics [D][BTF], three [BTF] rows. */
+typedef struct {
+    float *buf, *ycol, *wcol, *lj, *acc, *mx, *sm, *r;
+    long padded;
+} scratch32;
+
+static inline __attribute__((always_inline)) int scratch32_alloc(scratch32 *s, int K, int d, long B)
+{
+    const int D = K * (1 + 2 * d);
+    s->padded = (B + BTF - 1) / BTF * BTF;
+    s->buf = aligned_alloc(64, sizeof(float) * ((size_t)(d + 1) * s->padded + (size_t)(K + D + 3) * BTF));
+    if (!s->buf) return 1;
+    s->ycol = s->buf;
+    s->wcol = s->buf + (size_t)d * s->padded;
+    s->lj = s->wcol + s->padded;
+    s->acc = s->lj + (size_t)K * BTF;
+    s->mx = s->acc + (size_t)D * BTF;
+    s->sm = s->mx + BTF;
+    s->r = s->sm + BTF;
+    return 0;
+}
+
+/* rows [B] (row b at rows[b * stride], or rows[idx[b] * stride] when idx is not NULL) into the
+ * float32 columns y_j of a [d][padded] layout, from position `at` */
+static inline __attribute__((always_inline)) void columns32_at(
+    int d, long B, long padded, long at, const double *rows, long stride, const int64_t *idx, float *ycol)
+{
+    for (long b = 0; b < B; b++) {
+        const double *row = rows + (idx ? idx[b] : b) * stride;
+        for (int j = 0; j < d; j++) ycol[(size_t)j * padded + at + b] = (float)row[j];
+    }
+}
+
+/* The gradient of grad_core, in float32 on the centred and scaled rows (see above). */
+static inline __attribute__((always_inline)) void grad_core32(
+    int M, int K, int d, const scratch32 *s, double w_total, const double *theta, double *out)
+{
+    const int D = K * (1 + 2 * d);
+    const long padded = s->padded;
+    const float *ycol = s->ycol, *wcol = s->wcol;
+    float *lj = s->lj, *acc = s->acc, *mx = s->mx, *sm = s->sm, *r = s->r;
+    float isd[K * d], nmu[K * d], cst[K];
+    double beta[K], prec[K * d], isd_d[K * d];
+    for (int m = 0; m < M; m++) {
+        const double *z = theta + (size_t)m * D, *mu = z + K, *ls = mu + K * d;
+        double zmax = z[0], zs = 0.0;
+        for (int k = 1; k < K; k++) zmax = z[k] > zmax ? z[k] : zmax;
+        for (int k = 0; k < K; k++) { beta[k] = exp(z[k] - zmax); zs += beta[k]; }
+        for (int k = 0; k < K; k++) {
+            beta[k] /= zs;
+            double ss = 0.0;
+            for (int j = 0; j < d; j++) {
+                const int q = k * d + j;
+                isd_d[q] = exp(-0.5 * ls[q]);
+                prec[q] = isd_d[q] * isd_d[q];
+                isd[q] = (float)isd_d[q];
+                nmu[q] = (float)(-mu[q] * isd_d[q]);
+                ss += ls[q];
+            }
+            cst[k] = (float)(log(beta[k]) - 0.5 * (d * LOG_2PI + ss));
+        }
+        memset(acc, 0, sizeof(float) * (size_t)D * BTF);
+        for (long b0 = 0; b0 < padded; b0 += BTF) {
+            for (int k = 0; k < K; k++) {
+                float *l = lj + (size_t)k * BTF;
+                for (int i = 0; i < BTF; i++) l[i] = cst[k];
+                for (int j = 0; j < d; j++) {
+                    const float *y = ycol + (size_t)j * padded + b0;
+                    const float is = isd[k * d + j], nm = nmu[k * d + j];
+                    for (int i = 0; i < BTF; i++) { float u = y[i] * is + nm; l[i] -= 0.5f * u * u; }
+                }
+            }
+            /* the max starts at -1e30, not at component 0: -inf - -inf would be NaN */
+            for (int i = 0; i < BTF; i++) mx[i] = -1e30f;
+            for (int k = 0; k < K; k++) {
+                const float *l = lj + (size_t)k * BTF;
+                for (int i = 0; i < BTF; i++) mx[i] = l[i] > mx[i] ? l[i] : mx[i];
+            }
+            for (int i = 0; i < BTF; i++) sm[i] = 0.0f;
+            for (int k = 0; k < K; k++) {
+                float *l = lj + (size_t)k * BTF;
+                for (int i = 0; i < BTF; i++) { float e = expf_nonpos(l[i] - mx[i]); l[i] = e; sm[i] += e; }
+            }
+            /* sm 0: a row every component puts at -inf (u * u past float32) weighs nothing */
+            for (int i = 0; i < BTF; i++) sm[i] = sm[i] > 0.0f ? wcol[b0 + i] / sm[i] : 0.0f;
+            for (int k = 0; k < K; k++) {
+                const float *l = lj + (size_t)k * BTF;
+                float *a0 = acc + (size_t)k * BTF;
+                for (int i = 0; i < BTF; i++) { r[i] = l[i] * sm[i]; a0[i] += r[i]; }
+                for (int j = 0; j < d; j++) {
+                    const float *y = ycol + (size_t)j * padded + b0;
+                    const float is = isd[k * d + j], nm = nmu[k * d + j];
+                    float *a1 = acc + (size_t)(K + k * d + j) * BTF, *a2 = acc + (size_t)(K + K * d + k * d + j) * BTF;
+                    for (int i = 0; i < BTF; i++) { float u = y[i] * is + nm, ru = r[i] * u; a1[i] += ru; a2[i] += ru * u; }
+                }
+            }
+        }
+        double *o = out + (size_t)m * D;
+        for (int k = 0; k < K; k++) {
+            const double s0 = lane_sum_f(acc + (size_t)k * BTF);
+            o[k] = s0 - beta[k] * w_total + 1.0 - exp(z[k]);
+            for (int j = 0; j < d; j++) {
+                const int q = k * d + j;
+                const double m1 = mu[q];
+                const double s1 = lane_sum_f(acc + (size_t)(K + q) * BTF), s2 = lane_sum_f(acc + (size_t)(K + K * d + q) * BTF);
+                o[K + q] = isd_d[q] * s1 - 0.25 * prec[q] * m1;
+                o[K + K * d + q] = 0.5 * s2 - 0.5 * s0 + prec[q] * (1.0 + 0.125 * m1 * m1) - 1.5;
+            }
+        }
+    }
+}
+
 /* One SGHMC run's gradients on the engine's rows, without gathering them first: the chunk
  * [Bc] (y_j at chunk[b * cstride + j]) with weight lam, then evaluation i's mini-batch of Bm
  * rows pool[idx[i * Bm + b]] (y_j at pool[idx * pstride + j]) with weight wp. The chunk's
@@ -241,16 +403,19 @@ static inline __attribute__((always_inline)) int gmm_run_body(
     const int D = K * (1 + 2 * d);
     const long B = Bc + Bm;
     const double w_total = (double)Bc * lam + (double)Bm * wp;
-    scratch s;
-    if (scratch_alloc(&s, K, d, B)) return 1;
-    columns_at(d, Bc, s.padded, 0, chunk, cstride, NULL, s.ycol);
-    for (long b = 0; b < Bc; b++) s.wcol[b] = lam;
-    for (long b = Bc; b < B; b++) s.wcol[b] = wp;
-    pad_tail(d, B, s.padded, s.ycol, s.wcol);
+    scratch32 s;
+    if (scratch32_alloc(&s, K, d, B)) return 1;
+    columns32_at(d, Bc, s.padded, 0, chunk, cstride, NULL, s.ycol);
+    for (long b = 0; b < Bc; b++) s.wcol[b] = (float)lam;
+    for (long b = Bc; b < B; b++) s.wcol[b] = (float)wp;
+    for (long b = B; b < s.padded; b++) {
+        s.wcol[b] = 0.0f;
+        for (int j = 0; j < d; j++) s.ycol[(size_t)j * s.padded + b] = 0.0f;
+    }
     const int evals = v ? steps : 1;
     for (int i = 0; i < evals; i++) {
-        if (Bm) columns_at(d, Bm, s.padded, Bc, pool, pstride, idx + (size_t)i * Bm, s.ycol);
-        grad_core(M, K, d, &s, w_total, theta, out);
+        if (Bm) columns32_at(d, Bm, s.padded, Bc, pool, pstride, idx + (size_t)i * Bm, s.ycol);
+        grad_core32(M, K, d, &s, w_total, theta, out);
         if (!v) break;
         const double *nz = noise ? noise + (size_t)i * M * D : NULL;
         for (size_t q = 0; q < (size_t)M * D; q++) {

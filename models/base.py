@@ -102,6 +102,11 @@ class Model:
     #: log-likelihood gradient is a function of additive per-row statistics, so the engine can
     #: reduce a whole SGHMC run's mini-batches in one batched product.
     has_stats: ClassVar[bool] = False
+    #: The arithmetic of ``sampled_run_gradient``, the gradient that moves the particles ('float64'
+    #: or 'float32'). It never enters the evidence (log-likelihoods are float64), and float32
+    #: rounding (about 1e-7 relative) sits far under the mini-batch noise of that gradient;
+    #: tests hold each model's run gradient to the rounding of its declared precision.
+    run_precision: ClassVar[str] = "float64"
 
     def stats(self, rows: torch.Tensor, weights: torch.Tensor | None = None) -> torch.Tensor:  # pragma: no cover - optional
         """``sum_b weights[b] * phi(rows[..., b, :])`` for rows ``[..., B, F]``: ``[..., S]``

@@ -112,13 +112,20 @@ def test_sampled_run_gradients_equal_the_gradients_on_the_gathered_rows(name):
     idx = torch.randint(0, 30, (3, 7), generator=torch.Generator().manual_seed(9))
     w = torch.tensor([0.3] * 9 + [30 / 7] * 7, dtype=torch.float64)
     grad = m.sampled_run_gradient(chunk, 0.3, pool, idx, 30 / 7)
+    assert m.run_precision in ("float64", "float32")
+
+    def close(got, want):  # float32: the bounds derived in tests/test_native.py
+        if m.run_precision == "float32":
+            return torch.allclose(got, want, rtol=1e-5, atol=1e-6 * float(want.abs().max()))
+        return torch.allclose(got, want, rtol=1e-10, atol=1e-9)
+
     for i in (2, 0, 1):
         rows = torch.cat([chunk, pool[idx[i]]])
         expect = m.grad_log_likelihood(th, rows, w) + m.grad_log_prior(th)
-        assert torch.allclose(grad(th, i), expect, rtol=1e-10, atol=1e-9), i
+        assert close(grad(th, i), expect), i
     no_pool = m.sampled_run_gradient(chunk, 1.0, pool[:0], idx[:, :0], 0.0)  # the first chunk: no history
     ones = torch.ones(9, dtype=torch.float64)
-    assert torch.allclose(no_pool(th, 1), m.grad_log_likelihood(th, chunk, ones) + m.grad_log_prior(th), rtol=1e-10, atol=1e-9)
+    assert close(no_pool(th, 1), m.grad_log_likelihood(th, chunk, ones) + m.grad_log_prior(th))
 
 
 def test_same_seed_same_draws(name):
