@@ -11,7 +11,8 @@
  * rows stays in L1 and the exps are vectorised (exp_nonpos).
  *
  * gmm_run: one SGHMC run (the engine's hot loop) in one call, mini-batches gathered from the
- * reservoir inside, the gradient in float32 on centred rows (grad_core32).
+ * reservoir inside, the gradient in float32 on centred rows (grad_core32). gather_gram: linear
+ * regression's mini-batch Gram matrices straight from the reservoir.
  *
  * Determinism: the order of every sum is fixed (per-lane partial sums over blocks of BT rows,
  * then a fixed-order reduction), so a run gives the same bits on one machine whatever the
@@ -539,6 +540,93 @@ int cusp_gmm_run(RUN_ARGS)
 {
     if (isa_chosen < 0) cusp_isa();
     return gmm_run_chosen(RUN_PASS);
+}
+
+/* Gram matrices of gathered rows (models/linear.py, sampled_stats): out [E, F, F] with
+ * out[e] = sum_b r_b r_b^T over the rows r_b = pool[idx[e * Bm + b]] (F columns at row stride
+ * `stride`). Each evaluation's rows are gathered into columns (prefetching the next rows: the
+ * reservoir is out of cache), then each entry is a dot product of two columns in per-lane
+ * partial sums (fixed order: the same bits on one machine whatever the data), mirrored below the
+ * diagonal. Replaces index_select + bmm, which materialise the [E, Bm, F] rows. Returns 0, or 1
+ * when the scratch could not be allocated. */
+#define GL 8 /* lanes of the dot products */
+static inline __attribute__((always_inline)) int gather_gram_body(
+    int E, long Bm, int F, const double *pool, long stride, const int64_t *idx, double *out)
+{
+    if (F <= GL) { /* the common case (up to 6 features): rows padded to GL, outer products in registers */
+        typedef double vgl __attribute__((vector_size(GL * sizeof(double))));
+        vgl *rb = aligned_alloc(64, sizeof(vgl) * (size_t)(Bm > 0 ? Bm : 1));
+        if (!rb) return 1;
+        for (int e = 0; e < E; e++) {
+            const int64_t *ix = idx + (size_t)e * Bm;
+            for (long b = 0; b < Bm; b++) {
+                if (b + 16 < Bm) __builtin_prefetch(pool + ix[b + 16] * stride);
+                const double *row = pool + ix[b] * stride;
+                double *t = (double *)(rb + b);
+                for (int j = 0; j < F; j++) t[j] = row[j];
+                for (int j = F; j < GL; j++) t[j] = 0.0;
+            }
+            vgl acc[GL];
+            for (int p = 0; p < GL; p++) acc[p] = (vgl){0.0};
+            for (long b = 0; b < Bm; b++) {
+                const vgl r = rb[b];
+#pragma GCC unroll 8
+                for (int p = 0; p < GL; p++) acc[p] += r[p] * r;
+            }
+            double *g = out + (size_t)e * F * F;
+            for (int p = 0; p < F; p++)
+                for (int q = 0; q < F; q++) g[p * F + q] = acc[p][q];
+        }
+        free(rb);
+        return 0;
+    }
+    const long padded = (Bm + GL - 1) / GL * GL;
+    double *col = aligned_alloc(64, sizeof(double) * (size_t)F * padded);
+    if (!col) return 1;
+    for (int j = 0; j < F; j++)
+        for (long b = Bm; b < padded; b++) col[(size_t)j * padded + b] = 0.0;
+    for (int e = 0; e < E; e++) {
+        const int64_t *ix = idx + (size_t)e * Bm;
+        for (long b = 0; b < Bm; b++) {
+            if (b + 16 < Bm) __builtin_prefetch(pool + ix[b + 16] * stride);
+            const double *row = pool + ix[b] * stride;
+            for (int j = 0; j < F; j++) col[(size_t)j * padded + b] = row[j];
+        }
+        double *g = out + (size_t)e * F * F;
+        for (int p = 0; p < F; p++) {
+            const double *cp = col + (size_t)p * padded;
+            for (int q = p; q < F; q++) {
+                const double *cq = col + (size_t)q * padded;
+                double lane[GL] = {0.0};
+                for (long b = 0; b < padded; b += GL)
+                    for (int l = 0; l < GL; l++) lane[l] += cp[b + l] * cq[b + l];
+                double sum = 0.0;
+                for (int l = 0; l < GL; l++) sum += lane[l];
+                g[p * F + q] = sum;
+                g[q * F + p] = sum;
+            }
+        }
+    }
+    free(col);
+    return 0;
+}
+
+#define GG_ARGS int E, long Bm, int F, const double *pool, long stride, const int64_t *idx, double *out
+#define GG_PASS E, Bm, F, pool, stride, idx, out
+#ifdef CUSP_X86
+__attribute__((target("avx512f,avx512dq,avx2,fma"))) static int gather_gram_avx512(GG_ARGS) { return gather_gram_body(GG_PASS); }
+__attribute__((target("avx2,fma"))) static int gather_gram_avx2(GG_ARGS) { return gather_gram_body(GG_PASS); }
+#endif
+static int gather_gram_base(GG_ARGS) { return gather_gram_body(GG_PASS); }
+
+int cusp_gather_gram(GG_ARGS)
+{
+    if (isa_chosen < 0) cusp_isa();
+#ifdef CUSP_X86
+    if (isa_chosen == 2) return gather_gram_avx512(GG_PASS);
+    if (isa_chosen == 1) return gather_gram_avx2(GG_PASS);
+#endif
+    return gather_gram_base(GG_PASS);
 }
 
 /* Linear regression's SGHMC run (models/linear.py, stats_gradient): its log target's gradient

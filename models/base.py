@@ -117,6 +117,11 @@ class Model:
         """``[M, D]``, equal to ``grad_log_likelihood(theta, rows, weights)`` for ``stats = stats(rows, weights)``."""
         raise NotImplementedError
 
+    def sampled_stats(self, pool: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+        """``stats`` of each mini-batch ``pool[idx[i]]`` (``idx [E, Bm]``, Bm > 0), unweighted: ``[E, S]``.
+        The default gathers the rows; a model can reduce them inside its own kernel instead."""
+        return self.stats(gather(pool, idx))
+
     # --- one SGHMC run's gradients (the engine's hot loop) -------------------------------------
     # An SGHMC run evaluates the gradient E times on rows fixed before it starts. These hooks
     # let a model prepare, once per run, whatever every evaluation reuses; the defaults just

@@ -91,6 +91,14 @@ class LinearRegression(_IsotropicGaussianPrior, Model):
         gram = rows.transpose(-1, -2) @ (rows if weights is None else rows * weights[:, None])
         return gram.flatten(-2)
 
+    def sampled_stats(self, pool: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+        """The mini-batches' Gram matrices straight from the reservoir (models/_native.c,
+        gather_gram), without materialising the [E, Bm, F] rows; the default where not built."""
+        native = kernels()
+        if native is None:
+            return super().sampled_stats(pool, idx)
+        return torch.from_numpy(native.gather_gram(pool.numpy(), idx.numpy())).flatten(-2)
+
     def grad_from_stats(self, theta: torch.Tensor, stats: torch.Tensor) -> torch.Tensor:
         d = self.dim
         gram = stats.view(d + 1, d + 1)

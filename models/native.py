@@ -32,6 +32,9 @@ class NativeKernels:
         self._affine_euler = lib.cusp_affine_euler
         self._affine_euler.argtypes = [i, i, i, p, p, f, f, p, p, p]
         self._affine_euler.restype = None
+        self._gather_gram = lib.cusp_gather_gram
+        self._gather_gram.argtypes = [i, L, i, p, L, p, p]
+        self._gather_gram.restype = i
         lib.cusp_isa.restype = i
         self.isa = ("baseline", "avx2+fma", "avx512")[lib.cusp_isa()]
 
@@ -89,6 +92,22 @@ class NativeKernels:
 
         euler.keep = (a, c)
         return euler
+
+    def gather_gram(self, pool: np.ndarray, idx: np.ndarray) -> np.ndarray:
+        """``out [E, F, F]``, ``out[i] = pool[idx[i]].T @ pool[idx[i]]`` for ``pool [R, F]`` float64 and
+        ``idx [E, Bm]`` int64 indices into it, without gathering the rows first."""
+        pool = np.ascontiguousarray(pool, dtype=np.float64)
+        idx = np.ascontiguousarray(idx, dtype=np.int64)
+        if pool.ndim != 2 or idx.ndim != 2:
+            raise ValueError(f"gather_gram: pool {pool.shape} and idx {idx.shape} must be 2-D")
+        if idx.size and not (0 <= int(idx.min()) and int(idx.max()) < pool.shape[0]):
+            raise ValueError(f"gather_gram: indices outside the pool of {pool.shape[0]} rows")
+        e, bm = idx.shape
+        f = pool.shape[1]
+        out = np.empty((e, f, f))
+        if self._gather_gram(e, bm, f, pool.ctypes.data, f, idx.ctypes.data, out.ctypes.data):
+            raise MemoryError("gather_gram: scratch allocation failed")
+        return out
 
     def gmm_loglik(self, theta: np.ndarray, components: int, rows: np.ndarray) -> np.ndarray:
         """log p(y_b | theta_m) ``[M, B]`` for ``rows [B, >= d]`` (y in the first d columns)."""

@@ -252,6 +252,45 @@ def test_bad_run_arguments_are_refused_not_read():
         run.euler(np.zeros((4, 15)), np.zeros((4, 15)), None, 1e-3, 0.8, 3)  # prepared for 2 evaluations
 
 
+@pytest.mark.parametrize("f,bm", [(7, 500), (1, 1), (8, 7), (9, 33), (12, 500), (3, 0)])
+def test_gather_gram_equals_the_gathered_rows_product(f, bm):
+    # linear regression's mini-batch statistics straight from the reservoir: registers up to 8
+    # columns, per-column dot products beyond
+    g = torch.Generator().manual_seed(f * 1000 + bm)
+    pool = torch.randn(400, f, generator=g, dtype=torch.float64) * 3 + 1
+    idx = torch.randint(0, 400, (5, bm), generator=g)
+    got = torch.from_numpy(native.kernels().gather_gram(pool.numpy(), idx.numpy()))
+    rows = pool[idx]
+    want = rows.transpose(-1, -2) @ rows
+    assert got.shape == (5, f, f)
+    assert torch.allclose(got, want, rtol=1e-12, atol=1e-12 * max(1.0, float(want.abs().max())))
+    assert torch.equal(got, got.transpose(-1, -2))  # exactly symmetric
+
+
+def test_the_linear_model_reads_its_mini_batch_statistics_natively(monkeypatch):
+    m = build_model("linear-regression", n_columns=6)
+    g = torch.Generator().manual_seed(2)
+    pool = m.featurize(torch.randn(300, 6, generator=g, dtype=torch.float64))
+    idx = torch.randint(0, 300, (20, 50), generator=g)
+    got = m.sampled_stats(pool, idx)
+    with monkeypatch.context() as mp:
+        from models import linear
+        mp.setattr(linear, "kernels", lambda: None)
+        want = m.sampled_stats(pool, idx)
+    assert got.shape == want.shape == (20, 49)
+    assert torch.allclose(got, want, rtol=1e-12, atol=1e-10)
+
+
+def test_bad_gather_gram_arguments_are_refused_not_read():
+    k = native.kernels()
+    with pytest.raises(ValueError, match="outside the pool"):
+        k.gather_gram(np.zeros((10, 7)), np.array([[0, 10]]))
+    with pytest.raises(ValueError, match="outside the pool"):
+        k.gather_gram(np.zeros((10, 7)), np.array([[-1, 0]]))
+    with pytest.raises(ValueError, match="2-D"):
+        k.gather_gram(np.zeros(10), np.array([[0, 1]]))
+
+
 _ISA_SCRIPT = r"""
 import json, sys, torch
 sys.path.insert(0, sys.argv[1])
@@ -264,13 +303,17 @@ for k, d, b in CASES:
     out["cases"].append([g.tolist(), m.log_likelihood(theta, rows[0]).tolist()])
 m, theta, chunk, pool, idx, _ = _sampled(5, 2, seed=25)
 out["sampled"] = m.sampled_run_gradient(chunk, 0.4, pool, idx, 300 / 70)(theta, 3).tolist()
+gp = torch.randn(200, 7, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+gi = torch.randint(0, 200, (3, 90), generator=torch.Generator().manual_seed(2))
+out["gram"] = [native.kernels().gather_gram(gp.numpy(), gi.numpy()).tolist(),
+               native.kernels().gather_gram(torch.cat([gp, gp[:, :3]], 1).numpy(), gi.numpy()).tolist()]
 print(json.dumps(out))
 """
 
 
 def test_every_instruction_set_agrees(monkeypatch):
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    runs, sampled = {}, {}
+    runs, sampled, grams = {}, {}, {}
     for cap in ("2", "1", "0"):
         env = dict(os.environ, CUSP_NATIVE_ISA=cap)
         done = subprocess.run([sys.executable, "-c", _ISA_SCRIPT, root], env=env, capture_output=True, text=True,
@@ -279,6 +322,7 @@ def test_every_instruction_set_agrees(monkeypatch):
         r = json.loads(done.stdout)
         runs[r["isa"]] = r["cases"]
         sampled[r["isa"]] = torch.tensor(r["sampled"], dtype=torch.float64)
+        grams[r["isa"]] = r["gram"]
     assert "baseline" in runs  # the cap reaches the baseline build on any x86 machine
     for j, (k, d, b) in enumerate(CASES):
         m, theta, rows, w = _problem(k, d, b, seed=k * 100 + d * 10 + b)
@@ -292,6 +336,12 @@ def test_every_instruction_set_agrees(monkeypatch):
     want = _sampled_reference(monkeypatch, m, chunk, pool, idx)(theta, 3)
     for isa, got in sampled.items():
         assert _f32_close(got, want), isa
+    gp = torch.randn(200, 7, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    gi = torch.randint(0, 200, (3, 90), generator=torch.Generator().manual_seed(2))
+    for j, pool_g in enumerate((gp, torch.cat([gp, gp[:, :3]], 1))):  # 7 columns (registers), 10 (dot products)
+        want_g = pool_g[gi].transpose(-1, -2) @ pool_g[gi]
+        for isa, got in grams.items():
+            assert torch.allclose(torch.tensor(got[j], dtype=torch.float64), want_g, rtol=1e-12, atol=1e-11), (isa, j)
 
 
 @pytest.mark.parametrize("var,value", [("CUSP_NATIVE", "maybe"), ("CUSP_NATIVE_ISA", "3"), ("CUSP_NATIVE_ISA", "avx")])

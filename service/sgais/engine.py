@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
-from models.base import Model, gather, sampled_rows
+from models.base import Model, sampled_rows
 from service.sgais.config import SGAISConfig
 from service.sgais.kernel import GRAD_EVALS, INTEGRATORS
 from service.sgais.reservoir import Reservoir, ReservoirWrites, algorithm_r
@@ -151,7 +151,7 @@ class Sampler:
             idx = torch.randint(0, r_size, (n_eval, bm), generator=g) if bm else torch.empty((n_eval, 0), dtype=torch.int64)
             if model.has_stats:
                 run = chunk_stats * lam
-                stats = model.stats(gather(res, idx)).mul_(pool_weight).add_(run) if bm else run.expand(n_eval, -1)
+                stats = model.sampled_stats(res, idx).mul_(pool_weight).add_(run) if bm else run.expand(n_eval, -1)
                 if not use_cv:
                     return model.stats_gradient(stats)
                 loglik = lambda th, i: model.grad_from_stats(th, stats[i])  # noqa: E731
