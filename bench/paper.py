@@ -430,7 +430,9 @@ class PaperBench:
             spread = ""
             if key == "linear" and len(lin_runs) > 1:
                 spread = f" (median of {len(lin_runs)} seeds; {n / lin_runs[-1]['seconds']:,.0f} – {n / lin_runs[0]['seconds']:,.0f})"
-            rows.append([T.DATASETS[key].title, fmt_n(n), fmt_seconds(run["seconds"]), f"{rate:,.0f}{spread}", f"{target:,}",
+            steal = run.get("steal")
+            rows.append([T.DATASETS[key].title, fmt_n(n), fmt_seconds(run["seconds"]), f"{rate:,.0f}{spread}",
+                         "n/a" if steal is None else f"{100 * steal:.1f}%", f"{target:,}",
                          f"{rate / target:.2f}", verdict(rate >= target) if n >= 1_000_000 else "n/a (quick: n < 1e6)"])
             self.summary.append([f"{key} throughput >= {target:,} obs/s over 1e6 (paper preset)",
                                  f"{rate:,.0f} obs/s over {fmt_n(n)}{spread}", verdict(rate >= target) if n >= 1_000_000 else "n/a"])
@@ -472,9 +474,12 @@ class PaperBench:
             "",
             "Throughput is observations / the sampler's wall time for one `paper`-preset pass (chunks of 500, one thread; "
             "data generation excluded); the linear run is the median-time one of section 1's `paper` seeds, the mixture run "
-            "section 2's in-order run; the per-chunk, memory and figure rows below come from the same two runs.",
+            "section 2's in-order run; the per-chunk, memory and figure rows below come from the same two runs. CPU steal "
+            "is the share of the machine's CPU time the hypervisor gave to other guests during that run (/proc/stat): "
+            "time the run waited for a CPU it could not see, so a high figure means the machine, not the code, was slow.",
             "",
-            markdown_table(["model", "n", "time", "obs/s", "target obs/s", "measured / target", "target"], rows),
+            markdown_table(["model", "n", "time", "obs/s", "CPU steal during the run", "target obs/s", "measured / target",
+                            "target"], rows),
             "Time per chunk early against late (median of many chunks, from the same runs). Chunks early in a stream need "
             "more annealing steps, so the time per annealing step is shown too: it isolates the cost of one step as the "
             "history grows.",

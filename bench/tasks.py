@@ -155,6 +155,28 @@ def maxrss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # pragma: no cover
 
 
+def cpu_jiffies() -> tuple[int, int] | None:
+    """(steal, total) jiffies of the whole machine since boot (/proc/stat), or None where not
+    available. Steal is time this guest's CPUs were runnable but the hypervisor ran something
+    else: the neighbours' share of a shared machine, which slows a timed run without any sign in
+    the run itself."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):  # pragma: no cover - not Linux
+        return None
+    if len(fields) < 8:  # pragma: no cover - very old kernels
+        return None
+    return fields[7], sum(fields[:8])
+
+
+def steal_share(start: tuple[int, int] | None, end: tuple[int, int] | None) -> float | None:
+    """The fraction of the machine's CPU time stolen by the hypervisor between two ``cpu_jiffies``."""
+    if start is None or end is None or end[1] <= start[1]:
+        return None
+    return (end[0] - start[0]) / (end[1] - start[1])
+
+
 def rss_mib() -> float:
     try:
         with open("/proc/self/statm") as f:
@@ -181,6 +203,7 @@ def sgais_run(key: str, n: int, seed: int = 0, preset: str = "paper", order: str
     cols = {k: [] for k in ("n", "log_evidence", "steps", "seconds", "wall", "capped", "resamples", "ess_min")}
     mem = []
     elapsed = 0.0
+    jiffies0 = cpu_jiffies()
     it = sampler.run(x, chunk_size, seed=seed)
     while True:
         t0 = time.perf_counter()
@@ -201,7 +224,7 @@ def sgais_run(key: str, n: int, seed: int = 0, preset: str = "paper", order: str
             mem.append({"n": r.n, "maxrss_mib": maxrss_mib() - base_maxrss, "rss_mib": rss_mib() - base_rss})
     return {
         "trace": {k: np.asarray(v) for k, v in cols.items()}, "memory": mem,
-        "base_maxrss_mib": base_maxrss, "seconds": elapsed,
+        "base_maxrss_mib": base_maxrss, "seconds": elapsed, "steal": steal_share(jiffies0, cpu_jiffies()),
     }
 
 
