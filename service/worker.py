@@ -299,7 +299,9 @@ class Worker:
             if step.promoted is not None:  # the model restarts at the change: its state and history
                 state, writes, reservoir = step.promoted, step.writes, step.reservoir
             det_bytes = dstate.to_bytes()
-        data = {"seq": seq, "chunk": state.chunks - 1, **result.to_dict()}
+        # the stream's chunk count: a model restarted at a change has a state of its own count
+        chunks = dstate.chunks if dstate is not None else state.chunks
+        data = {"seq": seq, "chunk": chunks - 1, **result.to_dict()}
         outs = [m, "result", json.dumps(data)]
         for ev in events:
             outs += [m, "changepoint", json.dumps({"seq": seq, **ev.to_dict()})]
@@ -307,7 +309,7 @@ class Worker:
         slot_args = self._slot_runs(writes)
         status = self._apply(
             keys=[keys.state(s, m), keys.reservoir(s, m), keys.fence(s, m), keys.out(s), keys.attempts(s, m)],
-            args=[hot.token, seq, state.to_bytes(), result.n, repr(result.log_evidence), state.chunks, det_bytes,
+            args=[hot.token, seq, state.to_bytes(), result.n, repr(result.log_evidence), chunks, det_bytes,
                   self._keep_from(seq, dstate), row_bytes, self.result_maxlen, len(outs) // 3, *outs, *slot_args],
         )
         status = status.decode() if isinstance(status, bytes) else status

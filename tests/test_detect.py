@@ -319,10 +319,13 @@ def test_service_reports_the_same_change_points_as_offline(tmp_path):
         res = [e for e in results(live, "cp") if e["kind"] == "result"]
         assert [e["log_evidence"] for e in res] == [t.log_evidence for t in traced]
         assert [e["n"] for e in res] == [10 * (i + 1) for i in range(60)]
+        # the stream's chunk index and count, not the restarted model's own (it began at the change)
+        assert [e["chunk"] for e in res] == list(range(60))
         text = live.client.get("/metrics").text
         assert 'cusp_changepoints_total{model="gaussian",stream="cp"} 1.0' in text
         info = live.client.get("/v1/streams/cp").json()
         assert info["detector"] == {"threshold": 0.995} and info["models"][0]["observations"] == 600
+        assert info["models"][0]["chunks"] == 60
     finally:
         live.stop()
         redis.close()
