@@ -100,8 +100,7 @@ class NativeKernels:
         idx = np.ascontiguousarray(idx, dtype=np.int64)
         if pool.ndim != 2 or idx.ndim != 2:
             raise ValueError(f"gather_gram: pool {pool.shape} and idx {idx.shape} must be 2-D")
-        if idx.size and not (0 <= int(idx.min()) and int(idx.max()) < pool.shape[0]):
-            raise ValueError(f"gather_gram: indices outside the pool of {pool.shape[0]} rows")
+        _check_indices("gather_gram", idx, pool.shape[0])
         e, bm = idx.shape
         f = pool.shape[1]
         out = np.empty((e, f, f))
@@ -122,6 +121,12 @@ class NativeKernels:
         if self._gmm_loglik(m, components, d, b, theta.ctypes.data, rows.ctypes.data, f, out.ctypes.data):
             raise MemoryError("gmm_loglik: scratch allocation failed")
         return out
+
+
+def _check_indices(name: str, idx: np.ndarray, rows: int) -> None:
+    """Row indices ``idx`` into a pool of ``rows`` rows, before C reads through them."""
+    if idx.size and not (0 <= int(idx.min()) and int(idx.max()) < rows):
+        raise ValueError(f"{name}: indices outside the pool of {rows} rows")
 
 
 def _check_euler(name: str, theta: np.ndarray, v: np.ndarray, noise: np.ndarray | None, evaluations: int,
@@ -152,8 +157,7 @@ class GmmRun:
         idx = np.ascontiguousarray(idx, dtype=np.int64)
         if chunk.ndim != 2 or pool.ndim != 2 or idx.ndim != 2 or pool.shape[1] != chunk.shape[1]:
             raise ValueError(f"gmm_run: chunk {chunk.shape}, pool {pool.shape} and idx {idx.shape} do not fit")
-        if idx.size and not (0 <= int(idx.min()) and int(idx.max()) < pool.shape[0]):
-            raise ValueError(f"gmm_run: indices outside the pool of {pool.shape[0]} rows")
+        _check_indices("gmm_run", idx, pool.shape[0])
         self._fn, self.components = fn, components
         self._chunk, self._pool, self._idx = chunk, pool, idx  # the pointers below stay valid while self lives
         self._lam, self._wp = float(lam), float(pool_weight)
