@@ -42,8 +42,15 @@ class Model:
     #: the posterior can have poor local modes (label switching, merged components): a
     #: restart may beat the incumbent with no change in the data (``service.detect``)
     multimodal: ClassVar[bool] = False
+    #: the model has a closed-form posterior and evidence (``exact_init`` / ``exact_update`` /
+    #: ``exact_row_log_predictive``): conjugate models
+    conjugate: ClassVar[bool] = False
     #: number of raw columns the model reads (set by the factory from the stream's columns)
     n_columns: int = field(default=1, kw_only=True)
+    #: how the evidence is computed: 'exact' (closed form; conjugate models only), 'sgais', or
+    #: 'auto' (exact where the model has a closed form, else SGAIS). A spec setting like any other
+    #: (``gaussian:sampler=sgais``), so it is chosen per model.
+    sampler: str = field(default="auto", kw_only=True)
 
     # --- shape -------------------------------------------------------------------------
     @property
@@ -148,15 +155,45 @@ class Model:
         return lambda theta, i: self.grad_from_stats(theta, stats[i]) + self.grad_log_prior(theta)
 
     # --- exact answers (conjugate models only) ---------------------------------------------
+    # The posterior is a flat float64 vector of its parameters ``post [P]``; these functions are
+    # pure (inputs unchanged) and O(rows) per call, O(1) in the history.
+    def exact_init(self) -> torch.Tensor:  # pragma: no cover - conjugate models only
+        """The prior's parameters ``[P]``."""
+        raise NotImplementedError
+
+    def exact_update(self, post: torch.Tensor, rows: torch.Tensor) -> tuple[torch.Tensor, float]:  # pragma: no cover
+        """(the posterior after featurized ``rows [B, F]``, log p(rows | post)): the chunk's exact
+        log predictive given everything ``post`` has seen."""
+        raise NotImplementedError
+
+    def exact_row_log_predictive(self, post: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:  # pragma: no cover
+        """log p(row_b | post) of each featurized row on its own: ``[B]``."""
+        raise NotImplementedError
+
     def exact_log_evidence(self, rows: torch.Tensor) -> float | None:
         """Closed-form log p(rows) for conjugate models (featurized rows); None where there is none."""
-        return None
+        if not self.conjugate:
+            return None
+        return self.exact_update(self.exact_init(), rows)[1]
+
+    @property
+    def exact(self) -> bool:
+        """Does the engine compute this model's evidence in closed form (``service.sgais.exact``)?"""
+        return self.conjugate and self.sampler != "sgais"
+
+    def check_sampler(self) -> None:
+        if self.sampler not in ("auto", "exact", "sgais"):
+            raise ModelError(f"model {self.name!r}: sampler must be 'auto', 'exact' or 'sgais', got {self.sampler!r}")
+        if self.sampler == "exact" and not self.conjugate:
+            raise ModelError(f"model {self.name!r} has no closed-form evidence: sampler=exact is for conjugate "
+                             "models (gaussian, linear-regression); use sampler=sgais or leave it out")
 
     def spec(self) -> str:
         """The ``name:key=value,...`` spec that rebuilds this model (with the same column count)."""
         from dataclasses import fields
 
-        parts = [f"{f.name}={getattr(self, f.name)}" for f in fields(self) if f.name != "n_columns"]
+        parts = [f"{f.name}={getattr(self, f.name)}" for f in fields(self)
+                 if f.name != "n_columns" and not (f.name == "sampler" and self.sampler == "auto")]
         return self.name + (":" + ",".join(parts) if parts else "")
 
 

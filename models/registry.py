@@ -78,4 +78,6 @@ def build_model(spec: str, n_columns: int, target: int | None = None) -> Model:
             kwargs["target"] = target
     elif n_columns < 1:
         raise ModelError(f"model {name!r} needs at least 1 column")
-    return cls(n_columns=n_columns, **kwargs)
+    model = cls(n_columns=n_columns, **kwargs)
+    model.check_sampler()
+    return model

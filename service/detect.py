@@ -64,7 +64,7 @@ from typing import Any, Callable
 
 import torch
 
-from service.sgais import ChunkResult, Reservoir, ReservoirWrites, Sampler, SGAISConfig, SGAISState, build_sampler
+from service.sgais import ChunkResult, Reservoir, ReservoirWrites, Sampler, SGAISConfig, SGAISState, build_sampler, load_state
 from service.sgais.config import ConfigError
 
 MAGIC = "cusp-detector-1"
@@ -277,7 +277,7 @@ class DetectorState:
                        diffs=[f(d) for d in c["diffs"]], memory=c.get("memory", [0, 0])[0],
                        memory_rows=c.get("memory", [0, 0])[1], old_seqs=list(c.get("old", [[], ""])[0]),
                        old_fit=f(c["old"][1]) if "old" in c else 0.0,
-                       state=SGAISState.from_bytes(base64.b64decode(c["state"])))
+                       state=load_state(base64.b64decode(c["state"])))
             for c in h["challengers"]
         ]
         return cls(rng=rng, offset_n=h["offset_n"], offset_log_evidence=f(h["offset_log_evidence"]), chunks=h["chunks"],
@@ -531,10 +531,8 @@ class Detector:
         return step
 
     def _fit(self, state: SGAISState, rows: torch.Tensor) -> float:
-        """Mean over ``rows`` of the log posterior predictive of each row under ``state``."""
-        with torch.no_grad():
-            ll = self.sampler.model.log_likelihood(state.theta, self.sampler.model.featurize(rows.to(torch.float64)))
-            return float(torch.logsumexp(state.log_weights[:, None] + ll, dim=0).mean())
+        """Mean over raw ``rows`` of the log posterior predictive of each row under ``state``."""
+        return self.sampler.log_fit(state, self.sampler.model.featurize(rows.to(torch.float64)))
 
     def _rows_before(self, recent: list[Recent], i: int) -> tuple[list[int], torch.Tensor | None]:
         """The chunks just before ``recent[i]``: at least ``train`` rows and as many as its own."""

@@ -32,6 +32,18 @@ ANNEALING_STEPS = Histogram(
 )
 ANNEALING_STEPS_LAST = Gauge("cusp_annealing_steps_last", "Annealing steps the last chunk needed.", SM, registry=REGISTRY)
 ESS = Gauge("cusp_effective_sample_size", "Effective sample size of the particle weights after the last chunk.", SM, registry=REGISTRY)
+RESULT_RELIABLE = Gauge(
+    "cusp_result_reliable",
+    "1 if the model's last result carried no reliability warning, else 0 (see cusp_unreliable_chunks_total).",
+    SM,
+    registry=REGISTRY,
+)
+UNRELIABLE_CHUNKS = Counter(
+    "cusp_unreliable_chunks",
+    "Chunks whose result carried a reliability warning, by warning (README: Reliability).",
+    ("stream", "model", "warning"),
+    registry=REGISTRY,
+)
 RESAMPLES = Counter("cusp_resamples", "Particle resampling events.", SM, registry=REGISTRY)
 CHUNKS = Counter("cusp_chunks_processed", "Chunks applied to a model.", SM, registry=REGISTRY)
 OBSERVATIONS = Counter("cusp_observations_processed", "Observations applied to a model.", SM, registry=REGISTRY)

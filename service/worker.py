@@ -29,7 +29,7 @@ from models import ModelError
 from service import metrics as M
 from service.detect import Detector, DetectorConfig, DetectorState, detector_seed
 from service.runtime import build, model_seed, rows_from_bytes
-from service.sgais import EngineError, Reservoir, Sampler, SGAISState
+from service.sgais import WARNINGS, EngineError, Reservoir, Sampler, SGAISState, load_state
 from service.store import StreamConfig, connect, keys, scripts
 
 log = logging.getLogger("cusp.worker")
@@ -50,6 +50,7 @@ class Hot:
     renewed: float
     detector: Detector | None = None
     dstate: DetectorState | None = None
+    reliable: bool = True  # the last result had no reliability warning (a warning is logged on the change)
 
 
 class Worker:
@@ -221,7 +222,7 @@ class Worker:
         if not h:
             return None
         sampler = build(cfg, entry)
-        state = SGAISState.from_bytes(h[b"state"])
+        state = load_state(h[b"state"])
         width = sampler.model.feature_width
         size = min(state.n, sampler.config.reservoir_capacity)
         reservoir = Reservoir.from_bytes(sampler.config.reservoir_capacity, width, (res_raw or b"")[: size * width * 8])
@@ -327,6 +328,13 @@ class Worker:
         else:
             hot.reservoir.apply(writes)
         self._observe(s, m, result, time.perf_counter() - t0)
+        if result.reliable != hot.reliable:
+            hot.reliable = result.reliable
+            if result.reliable:
+                log.info("stream %s model %s seq %d: the evidence shows no reliability warning again", s, m, seq)
+            else:
+                log.warning("stream %s model %s seq %d: unreliable evidence (%s): %s", s, m, seq, ", ".join(result.warnings),
+                            "; ".join(WARNINGS[w] for w in result.warnings))
         for ev in events:
             M.CHANGEPOINTS.labels(s, m).inc()
             M.CHANGEPOINT_CONFIDENCE.labels(s, m).set(ev.confidence)
@@ -387,7 +395,11 @@ class Worker:
         M.CHUNK_LOG_PREDICTIVE.labels(s, m).set(r.log_predictive_per_observation)
         M.ANNEALING_STEPS.labels(s, m).observe(r.annealing_steps)
         M.ANNEALING_STEPS_LAST.labels(s, m).set(r.annealing_steps)
-        M.ESS.labels(s, m).set(r.ess_after)
+        if r.ess_after is not None:  # None: the exact method has no particles
+            M.ESS.labels(s, m).set(r.ess_after)
+        M.RESULT_RELIABLE.labels(s, m).set(1 if r.reliable else 0)
+        for w in r.warnings:
+            M.UNRELIABLE_CHUNKS.labels(s, m, w).inc()
         M.RESAMPLES.labels(s, m).inc(r.resamples)
         M.CHUNKS.labels(s, m).inc()
         M.OBSERVATIONS.labels(s, m).inc(r.rows)

@@ -14,7 +14,7 @@ import torch
 
 from models import build_model
 from service.detect import Detector, DetectorConfig, DetectorState, Event, OfflineRun, detect_series, model_averaged_changes
-from service.sgais import ConfigError, Reservoir, SGAISConfig, SGAISState, build_sampler
+from service.sgais import ConfigError, Reservoir, SGAISConfig, SGAISState, build_sampler, load_state
 
 
 def shifts(seed=1):
@@ -183,7 +183,7 @@ def _restores(sampler, cfg, x, size, end, cuts, seed=4):
         saved = (run.state.to_bytes(), run.reservoir.to_bytes(), run.dstate.to_bytes())
         alive += len(run.dstate.challengers)
         again = OfflineRun(sampler, seed, cfg)
-        again.state = SGAISState.from_bytes(saved[0])
+        again.state = load_state(saved[0])
         again.reservoir = Reservoir.from_bytes(sampler.config.reservoir_capacity, sampler.model.feature_width, saved[1])
         det = Detector(sampler, cfg)
         again.dstate = det.restore(DetectorState.from_bytes(saved[2]),

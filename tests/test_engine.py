@@ -1,4 +1,4 @@
-"""SGAIS engine: exact evidence on conjugate models, determinism, serialisation, resume,
+"""SGAIS engine: its evidence against the exact value on conjugate models, determinism, serialisation, resume,
 purity and input checks."""
 
 import math
@@ -51,7 +51,7 @@ EXPECTED = {
 @pytest.mark.parametrize("spec,preset", sorted(EXPECTED))
 def test_evidence_matches_the_exact_value(spec, preset):
     cols, data = (2, gauss_data(2000)) if spec == "gaussian" else (6, lr_data(2000))
-    model = build_model(spec, cols)
+    model = build_model(f"{spec}:sampler=sgais", cols)  # the SGAIS path, held to the exact one
     exact = model.exact_log_evidence(model.featurize(data))
     sampler = build_sampler(model, SGAISConfig.preset(preset))
     errors = [final(sampler, data, 100, seed)[0].log_evidence - exact for seed in range(8)]
@@ -63,7 +63,7 @@ def test_evidence_matches_the_exact_value(spec, preset):
 
 def test_accurate_preset_beats_paper_preset_on_linear_regression():
     data = lr_data(20_000)
-    model = build_model("linear-regression", 6)
+    model = build_model("linear-regression:sampler=sgais", 6)
     exact = model.exact_log_evidence(model.featurize(data))
     err = {p: abs(final(build_sampler(model, SGAISConfig.preset(p)), data, 500, 0)[0].log_evidence - exact) for p in ("paper", "accurate")}
     # measured: paper ~ 59 nats (2.1e-3 relative), accurate ~ 4 nats
@@ -74,7 +74,7 @@ def test_accurate_preset_beats_paper_preset_on_linear_regression():
 
 def test_full_data_ais_matches_the_exact_value():
     data = gauss_data(300)
-    model = build_model("gaussian", 2)
+    model = build_model("gaussian:sampler=sgais", 2)
     exact = model.exact_log_evidence(model.featurize(data))
     cfg = SGAISConfig(particles=50, sghmc_steps=10, integrator="baoab", lr=0.5)
     errs = [full_data_ais(model, data, cfg, seed).log_evidence - exact for seed in range(3)]
@@ -83,7 +83,7 @@ def test_full_data_ais_matches_the_exact_value():
 
 
 def test_log_predictives_add_up_to_the_evidence():
-    model = build_model("gaussian", 2)
+    model = build_model("gaussian:sampler=sgais", 2)
     sampler = build_sampler(model, SGAISConfig())
     total, results = 0.0, []
     for state, r, _ in sampler.run(gauss_data(1500), 250, 3):
@@ -95,7 +95,7 @@ def test_log_predictives_add_up_to_the_evidence():
     assert results[0].annealing_steps > results[-1].annealing_steps  # the first chunk moves the posterior most
 
 
-@pytest.mark.parametrize("spec,cols", [("gmm:components=3", 2), ("logistic-regression:classes=3", 4), ("linear-regression", 6)])
+@pytest.mark.parametrize("spec,cols", [("gmm:components=3", 2), ("logistic-regression:classes=3", 4), ("linear-regression:sampler=sgais", 6)])
 @pytest.mark.parametrize("preset", ["paper", "accurate"])
 def test_resume_from_bytes_equals_uninterrupted_run(spec, cols, preset):
     g = torch.Generator().manual_seed(0)
@@ -145,7 +145,7 @@ def test_same_seed_same_numbers_different_seed_different():
 
 
 def test_update_does_not_mutate_its_inputs():
-    model = build_model("linear-regression", 6)
+    model = build_model("linear-regression:sampler=sgais", 6)
     sampler = build_sampler(model, SGAISConfig.preset("accurate"))
     data = lr_data(1000)
     run = sampler.run(data[:500], 500, 0)
@@ -157,7 +157,7 @@ def test_update_does_not_mutate_its_inputs():
 
 
 def test_bad_chunks_raise_and_change_nothing():
-    model = build_model("gaussian", 2)
+    model = build_model("gaussian:sampler=sgais", 2)
     sampler = build_sampler(model)
     state = sampler.init(0)
     res = sampler.new_reservoir()
@@ -176,7 +176,7 @@ def test_bad_chunks_raise_and_change_nothing():
 
 
 def test_divergence_is_an_engine_error():
-    model = build_model("linear-regression", 2)
+    model = build_model("linear-regression:sampler=sgais", 2)
     sampler = build_sampler(model, SGAISConfig(lr=1e6))
     data = lr_data(400)[:, [0, 5]]
     with pytest.raises(EngineError, match="diverged|not finite|-inf"):
@@ -185,7 +185,7 @@ def test_divergence_is_an_engine_error():
 
 
 def test_step_cap_is_reported():
-    model = build_model("gaussian", 1)
+    model = build_model("gaussian:sampler=sgais", 1)
     sampler = build_sampler(model, SGAISConfig(max_steps=3))
     state = sampler.init(0)
     _, r, _ = sampler.update(state, torch.full((500, 1), 50.0, dtype=torch.float64), sampler.new_reservoir())
@@ -193,7 +193,7 @@ def test_step_cap_is_reported():
 
 
 def test_reservoir_memory_is_bounded():
-    model = build_model("gaussian", 1)
+    model = build_model("gaussian:sampler=sgais", 1)
     sampler = build_sampler(model, SGAISConfig(reservoir_capacity=300, sghmc_steps=1))
     for state, _, reservoir in sampler.run(torch.randn(5000, 1, dtype=torch.float64), 250, 0):
         assert reservoir.size == min(state.n, 300)

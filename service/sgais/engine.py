@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 import torch
@@ -39,20 +39,31 @@ class ChunkResult:
     """What one chunk did. n: observations seen after it; rows: its size; log_evidence: running
     log p(y_1..n); log_predictive: log p(chunk | history); annealing_steps: intermediate
     distributions used; ess_before/ess_after: ESS of the incoming and the final weights;
-    ess_min: lowest ESS after a reweighting; resamples: resampling events; capped: the step
-    cap forced the last increment; seconds: wall time of the update."""
+    ess_min: lowest ESS after a reweighting (the ESS fields are None for the exact method, which
+    has no particles); resamples: resampling events; capped: the step cap forced the last
+    increment; seconds: wall time of the update; method: 'exact' (closed form) or 'sgais';
+    warnings: why this result may be unreliable (``WARNINGS``; empty: no sign of trouble);
+    reference_log_evidence: the exact log-evidence beside an SGAIS estimate, for a conjugate
+    model run with ``sampler=sgais`` (None otherwise)."""
 
     n: int
     rows: int
     log_evidence: float
     log_predictive: float
     annealing_steps: int
-    ess_before: float
-    ess_after: float
-    ess_min: float
+    ess_before: float | None
+    ess_after: float | None
+    ess_min: float | None
     resamples: int
     capped: bool
     seconds: float
+    method: str = "sgais"
+    warnings: tuple[str, ...] = ()
+    reference_log_evidence: float | None = None
+
+    @property
+    def reliable(self) -> bool:
+        return not self.warnings
 
     @property
     def log_predictive_per_observation(self) -> float:
@@ -66,10 +77,58 @@ class ChunkResult:
         d = asdict(self)
         d["log_predictive_per_observation"] = self.log_predictive_per_observation
         d["log_evidence_per_observation"] = self.log_evidence_per_observation
+        d["warnings"] = list(self.warnings)
+        d["reliable"] = self.reliable
         return d
 
 
-class Sampler:
+#: The reliability warnings a ChunkResult can carry (README, "Reliability"):
+WARNINGS = {
+    "capped": "the annealing step cap forced the last increment: this chunk's log predictive rests on a "
+              "reweighting the particles did not support",
+    "reference_mismatch": "the SGAIS log-evidence is more than 1% away from the model's exact value",
+}
+#: relative distance between an SGAIS log-evidence and the exact one beyond which ``reference_mismatch`` is raised
+REFERENCE_TOLERANCE = 1e-2
+
+
+def prepare(model: Model, config: SGAISConfig, n: int, chunk: torch.Tensor, reservoir: Reservoir) -> torch.Tensor:
+    """A chunk's featurized rows, checked (non-empty, finite) against a reservoir that must hold
+    the sample of the ``n`` earlier observations. Shared by both samplers."""
+    rows = model.featurize(chunk)
+    if rows.shape[0] == 0:
+        raise ValueError("empty chunk")
+    if not bool(torch.isfinite(rows).all()):
+        raise ValueError("chunk contains NaN or infinite values")
+    expected = min(n, config.reservoir_capacity)
+    if reservoir.size != expected:
+        raise ValueError(f"reservoir holds {reservoir.size} rows, expected {expected} for n={n}")
+    return rows
+
+
+class SamplerBase:
+    """What both samplers (SGAIS here, the exact method in ``exact.py``) share; each has ``model``,
+    ``config``, ``init(seed)``, ``update(state, chunk, reservoir)`` and ``log_fit(state, rows)``."""
+
+    model: Model
+    config: SGAISConfig
+
+    def new_reservoir(self) -> Reservoir:
+        return Reservoir(self.config.reservoir_capacity, self.model.feature_width)
+
+    # --- convenience ------------------------------------------------------------------------
+    def run(self, data: torch.Tensor, chunk_size: int, seed: int, state: SGAISState | None = None,
+            reservoir: Reservoir | None = None):
+        """Process ``data [N, C]`` in chunks; yields (state, result) after each chunk."""
+        state = self.init(seed) if state is None else state
+        reservoir = self.new_reservoir() if reservoir is None else reservoir
+        for start in range(0, data.shape[0], chunk_size):
+            state, result, writes = self.update(state, data[start : start + chunk_size], reservoir)
+            reservoir.apply(writes)
+            yield state, result, reservoir
+
+
+class Sampler(SamplerBase):
     """SGAIS for one model with one config. Stateless: all that changes lives in SGAISState."""
 
     def __init__(self, model: Model, config: SGAISConfig):
@@ -78,8 +137,11 @@ class Sampler:
         self._integrate = INTEGRATORS[config.integrator]
 
     # ------------------------------------------------------------------------------------
+    method = "sgais"
+
     def init(self, seed: int) -> SGAISState:
-        """M prior draws with uniform weights; the generator is seeded with ``seed``."""
+        """M prior draws with uniform weights; the generator is seeded with ``seed``. A conjugate
+        model (run with SGAIS on request) also starts its exact posterior, the reference."""
         g = torch.Generator().manual_seed(int(seed))
         with torch.inference_mode():
             theta = self.model.sample_prior(g, self.config.particles).to(torch.float64)
@@ -88,10 +150,14 @@ class Sampler:
         return SGAISState(
             theta=theta.clone(), log_weights=torch.full((m,), -math.log(m), dtype=torch.float64),
             log_evidence=0.0, n=0, chunks=0, rng=g.get_state(), cv_theta=empty, cv_grad=empty.clone(),
+            ref_post=self.model.exact_init() if self.model.conjugate else empty.clone(),
         )
 
-    def new_reservoir(self) -> Reservoir:
-        return Reservoir(self.config.reservoir_capacity, self.model.feature_width)
+    def log_fit(self, state: SGAISState, rows: torch.Tensor) -> float:
+        """Mean over featurized ``rows [B, F]`` of each row's log posterior predictive under ``state``."""
+        with torch.inference_mode():
+            ll = self.model.log_likelihood(state.theta, rows)
+            return float(torch.logsumexp(state.log_weights[:, None] + ll, dim=0).mean())
 
     # ------------------------------------------------------------------------------------
     def update(self, state: SGAISState, chunk: torch.Tensor, reservoir: Reservoir) -> tuple[SGAISState, ChunkResult, ReservoirWrites]:
@@ -100,20 +166,21 @@ class Sampler:
         the model cannot take and EngineError when sampling fails; the inputs are unchanged."""
         t0 = time.perf_counter()
         with torch.inference_mode():
-            rows = self.model.featurize(chunk)
-            if rows.shape[0] == 0:
-                raise ValueError("empty chunk")
-            if not bool(torch.isfinite(rows).all()):
-                raise ValueError("chunk contains NaN or infinite values")
-            expected = min(state.n, self.config.reservoir_capacity)
-            if reservoir.size != expected:
-                raise ValueError(f"reservoir holds {reservoir.size} rows, expected {expected} for n={state.n}")
+            rows = prepare(self.model, self.config, state.n, chunk, reservoir)
             out = self._update(state, rows, reservoir)
-        new_state, steps, lp, ess0, ess_min, resamples, capped, writes = out
+            new_state, steps, lp, ess0, ess_min, resamples, capped, writes = out
+            warnings, reference = ["capped"] if capped else [], None
+            if new_state.ref_post.numel():
+                post, ref_lp = self.model.exact_update(new_state.ref_post, rows)
+                new_state = replace(new_state, ref_post=post, ref_log_evidence=new_state.ref_log_evidence + ref_lp)
+                reference = new_state.ref_log_evidence
+                if abs(new_state.log_evidence - reference) > REFERENCE_TOLERANCE * abs(reference):
+                    warnings.append("reference_mismatch")
         result = ChunkResult(
             n=new_state.n, rows=int(rows.shape[0]), log_evidence=new_state.log_evidence, log_predictive=lp,
             annealing_steps=steps, ess_before=ess0, ess_after=new_state.ess(), ess_min=ess_min,
             resamples=resamples, capped=capped, seconds=time.perf_counter() - t0,
+            warnings=tuple(warnings), reference_log_evidence=reference,
         )
         return new_state, result, writes
 
@@ -215,6 +282,7 @@ class Sampler:
             theta=theta.contiguous(), log_weights=torch.from_numpy(np.ascontiguousarray(logw)),
             log_evidence=state.log_evidence + log_pred, n=n_prev + b, chunks=state.chunks + 1,
             rng=g.get_state(), cv_theta=cv_theta, cv_grad=cv_grad, cv_n=cv_n,
+            ref_post=state.ref_post, ref_log_evidence=state.ref_log_evidence,
         )
         return new_state, steps, log_pred, ess0, ess_min, resamples, capped, writes
 
@@ -250,19 +318,13 @@ class Sampler:
         )
         return cv_grad + added - removed
 
-    # --- convenience ------------------------------------------------------------------------
-    def run(self, data: torch.Tensor, chunk_size: int, seed: int, state: SGAISState | None = None,
-            reservoir: Reservoir | None = None):
-        """Process ``data [N, C]`` in chunks; yields (state, result) after each chunk."""
-        state = self.init(seed) if state is None else state
-        reservoir = self.new_reservoir() if reservoir is None else reservoir
-        for start in range(0, data.shape[0], chunk_size):
-            state, result, writes = self.update(state, data[start : start + chunk_size], reservoir)
-            reservoir.apply(writes)
-            yield state, result, reservoir
+def build_sampler(model: Model, config: SGAISConfig | None = None):
+    """The model's sampler: the closed form (``service.sgais.exact.ExactSampler``) for a conjugate
+    model unless its spec says ``sampler=sgais``, else SGAIS. Both have the same interface."""
+    if model.exact:
+        from service.sgais.exact import ExactSampler
 
-
-def build_sampler(model: Model, config: SGAISConfig | None = None) -> Sampler:
+        return ExactSampler(model, config or SGAISConfig())
     return Sampler(model, config or SGAISConfig())
 
 
@@ -270,7 +332,7 @@ def full_data_ais(model: Model, data: torch.Tensor, config: SGAISConfig | None =
     """The paper's reference: AIS from the prior to the full posterior with the same kernel and
     adaptive schedule, every gradient on the whole data set (one SGAIS chunk holding all data)."""
     cfg = (config or SGAISConfig()).replace(reservoir_capacity=max(1, data.shape[0]))
-    sampler = build_sampler(model, cfg)
+    sampler = Sampler(model, cfg)
     state = sampler.init(seed)
     _, result, _ = sampler.update(state, data, sampler.new_reservoir())
     return result

@@ -23,7 +23,9 @@ class SGAISState:
     log_evidence: log p(y_1..n) estimate; n: observations seen; chunks: chunks seen;
     rng: torch.Generator state (uint8); cv_theta [D] / cv_grad [D]: control-variate reference
     point and the sum of per-observation gradients over the reservoir there (empty when
-    unused); cv_n: n at the last reference refresh."""
+    unused); cv_n: n at the last reference refresh; ref_post [P] / ref_log_evidence: the exact
+    posterior's parameters and log-evidence kept beside the particles for a conjugate model run
+    with SGAIS (empty / 0.0 otherwise), the reference its estimate is checked against."""
 
     theta: torch.Tensor
     log_weights: torch.Tensor
@@ -34,6 +36,8 @@ class SGAISState:
     cv_theta: torch.Tensor
     cv_grad: torch.Tensor
     cv_n: int = 0
+    ref_post: torch.Tensor = torch.zeros(0, dtype=torch.float64)
+    ref_log_evidence: float = 0.0
 
     @property
     def particles(self) -> int:
@@ -51,39 +55,57 @@ class SGAISState:
     def to_bytes(self) -> bytes:
         tensors = {
             "theta": self.theta, "log_weights": self.log_weights, "rng": self.rng,
-            "cv_theta": self.cv_theta, "cv_grad": self.cv_grad,
+            "cv_theta": self.cv_theta, "cv_grad": self.cv_grad, "ref_post": self.ref_post,
         }
-        header = {
-            "log_evidence": repr(float(self.log_evidence)), "n": int(self.n), "chunks": int(self.chunks),
-            "cv_n": int(self.cv_n), "tensors": [],
-        }
-        blobs = []
-        for name, t in tensors.items():
-            arr = t.detach().contiguous().numpy()
-            header["tensors"].append([name, str(arr.dtype), list(arr.shape)])
-            blobs.append(arr.astype(arr.dtype.newbyteorder("<"), copy=False).tobytes())
-        head = json.dumps(header, separators=(",", ":")).encode()
-        return MAGIC + struct.pack("<I", len(head)) + head + b"".join(blobs)
+        header = {"log_evidence": repr(float(self.log_evidence)), "n": int(self.n), "chunks": int(self.chunks),
+                  "cv_n": int(self.cv_n), "ref_log_evidence": repr(float(self.ref_log_evidence))}
+        return encode(MAGIC, header, tensors)
 
     @classmethod
     def from_bytes(cls, raw: bytes) -> "SGAISState":
-        if not raw.startswith(MAGIC):
-            raise ValueError("not a cusp SGAIS state")
-        off = len(MAGIC)
-        (hlen,) = struct.unpack_from("<I", raw, off)
-        off += 4
-        header = json.loads(raw[off : off + hlen])
-        off += hlen
-        tensors = {}
-        for name, dtype, shape in header["tensors"]:
-            dt = np.dtype(dtype).newbyteorder("<")
-            count = int(np.prod(shape)) if shape else 1
-            arr = np.frombuffer(raw, dtype=dt, count=count, offset=off).reshape(shape)
-            off += count * dt.itemsize
-            tensors[name] = torch.from_numpy(arr.astype(np.dtype(dtype), copy=True))
-        if off != len(raw):
-            raise ValueError("trailing bytes after SGAIS state")
+        header, tensors = decode(MAGIC, raw)
         return cls(
             log_evidence=float(header["log_evidence"]), n=header["n"], chunks=header["chunks"],
-            cv_n=header["cv_n"], **tensors,
+            cv_n=header["cv_n"], ref_log_evidence=float(header.get("ref_log_evidence", "0.0")), **tensors,
         )
+
+
+def encode(magic: bytes, header: dict, tensors: dict[str, torch.Tensor]) -> bytes:
+    """``magic``, a JSON header (floats as ``repr`` strings, so they round-trip) naming each
+    tensor's dtype and shape, then the tensors' raw little-endian bytes in that order."""
+    header = {**header, "tensors": []}
+    blobs = []
+    for name, t in tensors.items():
+        arr = t.detach().contiguous().numpy()
+        header["tensors"].append([name, str(arr.dtype), list(arr.shape)])
+        blobs.append(arr.astype(arr.dtype.newbyteorder("<"), copy=False).tobytes())
+    head = json.dumps(header, separators=(",", ":")).encode()
+    return magic + struct.pack("<I", len(head)) + head + b"".join(blobs)
+
+
+def decode(magic: bytes, raw: bytes) -> tuple[dict, dict[str, torch.Tensor]]:
+    """``encode``'s inverse: (header, tensors)."""
+    if not raw.startswith(magic):
+        raise ValueError(f"not a {magic.decode().strip()} state")
+    off = len(magic)
+    (hlen,) = struct.unpack_from("<I", raw, off)
+    off += 4
+    header = json.loads(raw[off : off + hlen])
+    off += hlen
+    tensors = {}
+    for name, dtype, shape in header.pop("tensors"):
+        dt = np.dtype(dtype).newbyteorder("<")
+        count = int(np.prod(shape)) if shape else 1
+        arr = np.frombuffer(raw, dtype=dt, count=count, offset=off).reshape(shape)
+        off += count * dt.itemsize
+        tensors[name] = torch.from_numpy(arr.astype(np.dtype(dtype), copy=True))
+    if off != len(raw):
+        raise ValueError("trailing bytes after the state")
+    return header, tensors
+
+
+def load_state(raw: bytes):
+    """A saved sampler state of either kind (``SGAISState`` or ``ExactState``), by its magic."""
+    from service.sgais.exact import ExactState
+
+    return ExactState.from_bytes(raw) if raw.startswith(ExactState.MAGIC) else SGAISState.from_bytes(raw)

@@ -1,0 +1,193 @@
+"""The exact method (service/sgais/exact.py): conjugate models' closed-form evidence, checked
+against references computed here independently of the models' code: the Normal-Inverse-Gamma
+marginal in plain Python (the formula of ../shared/tools/evidence_check.py) and, for linear
+regression, the dense Gaussian log N(y; 0, noise^2 I + s^2 X X^T) in 60-digit arithmetic
+(mpmath), so raw units (offsets of 1e6, scales of 1e-4) cannot hide in float64 rounding of the
+reference itself."""
+
+import math
+
+import mpmath
+import numpy as np
+import pytest
+import torch
+
+from models import ModelError, build_model
+from service.detect import DetectorConfig, OfflineRun
+from service.sgais import ExactSampler, ExactState, Reservoir, Sampler, SGAISConfig, build_sampler, load_state
+
+LOCS = (-1e6, -3e4, 0.0, 0.002, 250.0, 1e6)
+SCALES = (1e-4, 1e-2, 1.0, 20.0, 1e4)
+
+
+def nig_reference(y: np.ndarray, m0=0.0, k0=1.0, a0=1.0, b0=1.0) -> float:
+    """log p(y) per column under mu | s2 ~ N(m0, s2/k0), s2 ~ IG(a0, b0), summed; sums in math.fsum."""
+    total = 0.0
+    n = y.shape[0]
+    for col in y.T:
+        vals = [float(v) for v in col]
+        ybar = math.fsum(vals) / n
+        ss = math.fsum((v - ybar) ** 2 for v in vals)
+        kn, an = k0 + n, a0 + n / 2
+        bn = b0 + 0.5 * ss + k0 * n * (ybar - m0) ** 2 / (2 * kn)
+        total += (math.lgamma(an) - math.lgamma(a0) + a0 * math.log(b0) - an * math.log(bn)
+                  + 0.5 * math.log(k0 / kn) - 0.5 * n * math.log(2 * math.pi))
+    return total
+
+
+def linear_reference(x: np.ndarray, y: np.ndarray, noise=1.0, prior_scale=1.0) -> float:
+    """log N(y; 0, noise^2 I + s^2 Xa Xa^T), Xa = (x, 1), in 60-digit arithmetic."""
+    with mpmath.workdps(60):
+        n = len(y)
+        xa = [[mpmath.mpf(float(v)) for v in row] + [mpmath.mpf(1)] for row in x]
+        s2, v = mpmath.mpf(prior_scale) ** 2, mpmath.mpf(noise) ** 2
+        cov = mpmath.matrix(n, n)
+        for i in range(n):
+            for j in range(n):
+                cov[i, j] = s2 * mpmath.fsum(a * b for a, b in zip(xa[i], xa[j])) + (v if i == j else 0)
+        chol = mpmath.cholesky(cov)
+        yv = mpmath.matrix([mpmath.mpf(float(t)) for t in y])
+        z = mpmath.lu_solve(chol, yv)  # chol is lower-triangular: forward substitution
+        logdet = 2 * mpmath.fsum(mpmath.log(chol[i, i]) for i in range(n))
+        return float(-0.5 * n * mpmath.log(2 * mpmath.pi) - 0.5 * logdet - 0.5 * mpmath.fsum(t * t for t in z))
+
+
+def run_exact(spec: str, data: torch.Tensor, chunk: int, seed: int = 0):
+    model = build_model(spec, data.shape[1])
+    sampler = build_sampler(model, SGAISConfig())
+    assert isinstance(sampler, ExactSampler)
+    results = [r for _, r, _ in sampler.run(data, chunk, seed)]
+    return results
+
+
+@pytest.mark.parametrize("loc", LOCS)
+@pytest.mark.parametrize("scale", SCALES)
+def test_gaussian_exact_evidence_in_raw_units(loc, scale):
+    """Every column located anywhere in +-1e6 with scales from 1e-4 to 1e4, two columns at once,
+    chunks of 1, 7 and 500: the running log-evidence equals the reference to 1e-9 relative
+    (the issue asks 1e-3; measured: below 1e-13)."""
+    rng = np.random.default_rng(int(abs(loc) + 1000 * scale) % 2**32)
+    y = np.column_stack([rng.normal(loc, scale, 1500), rng.normal(-loc / 3, scale * 7, 1500)])
+    ref = nig_reference(y)
+    for chunk in (1, 7, 500):
+        got = run_exact("gaussian", torch.from_numpy(y), chunk)[-1].log_evidence
+        assert abs(got - ref) <= 1e-9 * abs(ref), (chunk, got, ref)
+
+
+def test_gaussian_exact_evidence_with_other_priors():
+    rng = np.random.default_rng(5)
+    y = rng.normal(3.0, 0.5, (400, 1))
+    got = run_exact("gaussian:mu0=2.5,kappa0=0.1,alpha0=3,beta0=0.2", torch.from_numpy(y), 33)[-1].log_evidence
+    assert got == pytest.approx(nig_reference(y, 2.5, 0.1, 3.0, 0.2), rel=1e-12)
+
+
+@pytest.mark.parametrize("loc,scale", [(0.0, 1.0), (250.0, 20.0), (1e3, 1e-2), (-3e4, 50.0), (1e6, 1e-4), (1e4, 1e4)])
+def test_linear_regression_exact_evidence_in_raw_units(loc, scale):
+    """Features located at ``loc`` with spread ``scale``, the target in the same units; 60 rows,
+    chunks of 1, 7 and 60, against the 60-digit dense reference (1e-7 relative; measured: the
+    worst case, x at 1e6 +- 1e-4, is 2.6e-11)."""
+    rng = np.random.default_rng(11)
+    x = rng.normal(loc, scale, (60, 2))
+    y = 0.7 * (x[:, 0] - loc) / scale - 0.2 * (x[:, 1] - loc) / scale + rng.normal(loc, scale, 60)
+    ref = linear_reference(x, y)
+    data = torch.from_numpy(np.column_stack([x, y]))
+    for chunk in (1, 7, 60):
+        got = run_exact("linear-regression", data, chunk)[-1].log_evidence
+        assert abs(got - ref) <= 1e-7 * abs(ref), (chunk, got, ref)
+
+
+@pytest.mark.parametrize("spec,cols", [("gaussian", 2), ("linear-regression:noise=0.5,prior_scale=2", 3)])
+def test_row_predictive_is_the_one_row_update(spec, cols):
+    model = build_model(spec, cols)
+    data = torch.randn(50, cols, dtype=torch.float64, generator=torch.Generator().manual_seed(3)) * 4 + 10
+    rows = model.featurize(data)
+    post, _ = model.exact_update(model.exact_init(), rows[:40])
+    per_row = model.exact_row_log_predictive(post, rows[40:])
+    one = torch.tensor([model.exact_update(post, rows[i : i + 1])[1] for i in range(40, 50)], dtype=torch.float64)
+    assert torch.allclose(per_row, one, rtol=1e-12, atol=1e-12)
+    assert model.exact_log_evidence(rows) == pytest.approx(sum(model.exact_update(model.exact_init(), rows)[1:]), rel=1e-15)
+
+
+def test_conjugate_models_default_to_exact_and_sgais_on_request():
+    assert isinstance(build_sampler(build_model("gaussian", 1)), ExactSampler)
+    assert isinstance(build_sampler(build_model("linear-regression", 3)), ExactSampler)
+    assert isinstance(build_sampler(build_model("gaussian:sampler=exact", 1)), ExactSampler)
+    assert isinstance(build_sampler(build_model("gaussian:sampler=sgais", 1)), Sampler)
+    assert isinstance(build_sampler(build_model("gmm:components=2", 1)), Sampler)
+    m = build_model("gaussian:sampler=sgais", 1)
+    assert "sampler=sgais" in m.spec() and build_model(m.spec(), 1) == m
+    assert "sampler" not in build_model("gaussian", 1).spec()
+    with pytest.raises(ModelError, match="no closed-form evidence"):
+        build_model("gmm:sampler=exact", 1)
+    with pytest.raises(ModelError, match="sampler must be"):
+        build_model("gaussian:sampler=magic", 1)
+
+
+def test_exact_sampler_resumes_bit_for_bit_and_does_not_mutate():
+    data = torch.randn(900, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(2)) * 3 + 1e4
+    model = build_model("gaussian", 2)
+    cfg = SGAISConfig(reservoir_capacity=300)
+    sampler = ExactSampler(model, cfg)
+    straight = [(s, r) for s, r, _ in sampler.run(data, 100, 4)]
+    for state, _, reservoir in sampler.run(data[:400], 100, 4):
+        pass
+    state2 = load_state(state.to_bytes())
+    assert isinstance(state2, ExactState) and state2.to_bytes() == state.to_bytes()
+    res2 = Reservoir.from_bytes(300, model.feature_width, reservoir.to_bytes())
+    snap, res_snap, chunk = state2.to_bytes(), res2.data.clone(), data[400:500].clone()
+    sampler.update(state2, chunk, res2)
+    assert state2.to_bytes() == snap and torch.equal(res2.data, res_snap) and torch.equal(chunk, data[400:500])
+    resumed = [(s, r) for s, r, _ in sampler.run(data[400:], 100, 0, state=state2, reservoir=res2)]
+    for (a, ra), (b, rb) in zip(straight[4:], resumed):
+        assert a.to_bytes() == b.to_bytes() and ra.log_evidence == rb.log_evidence
+    assert reservoir.size == 300  # the reservoir sample is kept like SGAIS's
+    r = straight[-1][1]
+    assert r.method == "exact" and r.annealing_steps == 0 and r.ess_after is None and r.reliable
+    with pytest.raises(ValueError, match="not a"):
+        load_state(b"junk")
+
+
+def test_exact_sampler_rejects_bad_chunks_and_changes_nothing():
+    sampler = build_sampler(build_model("gaussian", 2))
+    state, res = sampler.init(0), sampler.new_reservoir()
+    raw = state.to_bytes()
+    with pytest.raises(ValueError, match="NaN or infinite"):
+        sampler.update(state, torch.tensor([[1.0, float("inf")]], dtype=torch.float64), res)
+    with pytest.raises(ModelError, match="columns"):
+        sampler.update(state, torch.zeros(3, 3, dtype=torch.float64), res)
+    with pytest.raises(ValueError, match="empty"):
+        sampler.update(state, torch.zeros(0, 2, dtype=torch.float64), res)
+    assert state.to_bytes() == raw and res.size == 0
+
+
+def test_sgais_on_raw_units_is_flagged_against_the_exact_value():
+    """With the exact method switched off (sampler=sgais), raw units (N(250, 20^2), the issue's
+    latency case) leave SGAIS's particles far from the posterior: its log-evidence is tens of
+    percent off (measured 57% at 20,000 points; here 5,000), and every result says so. On
+    standardized data the same check stays quiet (measured: 1.4e-3 relative after the first chunk,
+    under 5e-4 after that; the tolerance is 1e-2)."""
+    rng = np.random.default_rng(0)
+    raw = torch.from_numpy(rng.normal(250.0, 20.0, (5000, 1)))
+    sampler = build_sampler(build_model("gaussian:sampler=sgais", 1), SGAISConfig())
+    results = [r for _, r, _ in sampler.run(raw, 500, 0)]
+    last = results[-1]
+    assert abs(last.log_evidence - last.reference_log_evidence) > 0.1 * abs(last.reference_log_evidence)
+    assert all("reference_mismatch" in r.warnings and not r.reliable for r in results[1:])
+    assert last.to_dict()["warnings"] == ["reference_mismatch"] and last.to_dict()["reliable"] is False
+    calm = [r for _, r, _ in sampler.run((raw - 250.0) / 20.0, 500, 0)]
+    assert all(r.reliable for r in calm), [r.warnings for r in calm]
+    exact = run_exact("gaussian", raw, 500)[-1]
+    assert exact.log_evidence == pytest.approx(last.reference_log_evidence, rel=1e-12)
+
+
+def test_detector_finds_a_shift_in_raw_units_with_the_exact_method():
+    """A +50 ms shift at observation 8,000 of N(250, 20^2) latencies, chunks of 100: found, placed
+    within one chunk, no false alarm (with SGAIS on the raw data this came late with two)."""
+    rng = np.random.default_rng(1)
+    y = np.concatenate([rng.normal(250, 20, 8000), rng.normal(300, 20, 4000)])[:, None]
+    model = build_model("gaussian", 1)
+    run = OfflineRun(build_sampler(model, SGAISConfig()), 0, DetectorConfig())
+    events = []
+    for lo in range(0, len(y), 100):
+        events += run.step(torch.from_numpy(y[lo : lo + 100]))[1]
+    assert [abs(e.location - 8000) <= 100 for e in events] == [True], [e.location for e in events]
