@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import torch
@@ -13,7 +14,7 @@ import torch
 from models import ModelError, build_model
 from service.data import DataError, log_model_probabilities, read_table, resolve_target
 from service.detect import DetectorConfig, OfflineRun, model_averaged_changes
-from service.sgais import ConfigError, EngineError, SGAISConfig, build_sampler
+from service.sgais import WARNINGS, ConfigError, EngineError, SGAISConfig, build_sampler
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -96,8 +97,11 @@ def run(args: argparse.Namespace) -> int:
     final = {label: t[-1]["log_evidence"] for label, t in traces.items()}
     probs = log_model_probabilities(final)
     for label in labels:
-        print(f"{label}: log-evidence {final[label]:.3f} nats over {data.shape[0]} observations, "
-              f"posterior probability {probs[label]:.4f}", file=sys.stderr)
+        print(f"{label}: log-evidence {final[label]:.3f} nats over {data.shape[0]} observations "
+              f"({traces[label][-1]['method']}), posterior probability {probs[label]:.4f}", file=sys.stderr)
+        warned = Counter(w for t in traces[label] for w in t["warnings"])
+        for w, count in sorted(warned.items()):
+            print(f"{label}: WARNING {count} of {len(traces[label])} chunks: {w}: {WARNINGS[w]}", file=sys.stderr)
     if args.plot:
         plot_traces(traces, args.plot, {label: [e.location for e in evs] for label, evs in found.items()} if args.detect else None)
     return 0

@@ -810,7 +810,7 @@ def test_alert_rules_are_complete_and_each_has_positive_and_negative_tests():
     rules = alerts()
     assert {
         "CuspChangePointDetected", "CuspEvidenceCusp", "CuspAnnealingStepSpike", "CuspRedisDown",
-        "CuspIngestLagHigh", "CuspDeadLetters", "CuspTargetDown",
+        "CuspIngestLagHigh", "CuspDeadLetters", "CuspTargetDown", "CuspEvidenceUnreliable",
     } <= set(rules)  # fmt: skip
     for name, rule in rules.items():
         assert rule["labels"]["severity"] in ("info", "warning", "critical"), name
