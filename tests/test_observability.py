@@ -56,6 +56,8 @@ EVENT_ONLY = {
     "cusp_changepoints_created": "a change point (the detector, issue 4)",
     "cusp_changepoint_last_confidence": "a change point (the detector, issue 4)",
     "cusp_changepoint_last_observation": "a change point (the detector, issue 4)",
+    "cusp_unreliable_chunks_total": "a result with a reliability warning",
+    "cusp_unreliable_chunks_created": "a result with a reliability warning",
     "cusp_dead_letters_total": "a dead-lettered chunk",
     "cusp_dead_letters_created": "a dead-lettered chunk",
     "cusp_redeliveries_total": "a failed attempt or a lost lease",
@@ -314,6 +316,11 @@ def test_api_results_and_metrics_report_the_same_numbers(scraped):
             ("cusp_observations_processed_total", sum(r["rows"] for r in mine)),
             ("cusp_chunk_processing_seconds_count", len(mine)),
         ]
+        if last["method"] == "exact":  # no particles: no ESS, in the results or the metrics
+            assert last["ess_after"] is None
+            assert not [v for lab, v in s.samples.get("cusp_effective_sample_size", []) if lab.get("model") == m]
+            pairs = [(metric, v) for metric, v in pairs if metric != "cusp_effective_sample_size"]
+        pairs.append(("cusp_result_reliable", 1.0 if last["reliable"] else 0.0))
         for metric, api_value in pairs:
             assert s.value(metric, stream=s.stream, model=m) == pytest.approx(api_value, rel=1e-12, abs=1e-300), (metric, m)
     assert s.value("cusp_ingested_chunks_total", stream=s.stream) == 4
