@@ -45,6 +45,8 @@ class Model:
     #: the model has a closed-form posterior and evidence (``exact_init`` / ``exact_update`` /
     #: ``exact_row_log_predictive``): conjugate models
     conjugate: ClassVar[bool] = False
+    #: the model has no particle form (no prior sampler or likelihood for SGAIS): exact method only
+    exact_only: ClassVar[bool] = False
     #: number of raw columns the model reads (set by the factory from the stream's columns)
     n_columns: int = field(default=1, kw_only=True)
     #: how the evidence is computed: 'exact' (closed form; conjugate models only), 'sgais', or
@@ -170,6 +172,11 @@ class Model:
         """log p(row_b | post) of each featurized row on its own: ``[B]``."""
         raise NotImplementedError
 
+    def exact_conditioned(self, post: torch.Tensor, rows: int) -> int:
+        """How many of the next ``rows`` observations ``exact_update`` conditions on without scoring
+        them (a model's warm-up, ``models/timeseries.py``); their log predictive is not in its result."""
+        return 0
+
     def exact_log_evidence(self, rows: torch.Tensor) -> float | None:
         """Closed-form log p(rows) for conjugate models (featurized rows); None where there is none."""
         if not self.conjugate:
@@ -184,6 +191,8 @@ class Model:
     def check_sampler(self) -> None:
         if self.sampler not in ("auto", "exact", "sgais"):
             raise ModelError(f"model {self.name!r}: sampler must be 'auto', 'exact' or 'sgais', got {self.sampler!r}")
+        if self.sampler == "sgais" and self.exact_only:
+            raise ModelError(f"model {self.name!r} runs with the exact method only (no sampler=sgais)")
         if self.sampler == "exact" and not self.conjugate:
             raise ModelError(f"model {self.name!r} has no closed-form evidence: sampler=exact is for conjugate "
                              "models (gaussian, linear-regression); use sampler=sgais or leave it out")

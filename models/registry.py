@@ -9,9 +9,11 @@ import re
 from models.base import Model, ModelError
 from models.linear import LinearRegression, LogisticRegression
 from models.mixture import Gaussian, GaussianMixture
+from models.timeseries import Autoregressive, Level, Poisson, Seasonal, Trend
 
 REGISTRY: dict[str, type[Model]] = {
-    cls.name: cls for cls in (LinearRegression, LogisticRegression, GaussianMixture, Gaussian)
+    cls.name: cls for cls in (LinearRegression, LogisticRegression, GaussianMixture, Gaussian, Level, Autoregressive,
+                              Trend, Seasonal, Poisson)
 }
 #: models whose data split into features and a target column
 SUPERVISED = {"linear-regression", "logistic-regression"}

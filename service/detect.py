@@ -314,7 +314,8 @@ class Detector:
         self.sampler = sampler
         self.config = config or DetectorConfig()
         model = sampler.model
-        self.train = self.config.train or max(10, 2 * model.dim)
+        # (at least the model's own warm-up, whose rows a restart conditions on without scoring them)
+        self.train = max(self.config.train or max(10, 2 * model.dim), getattr(model, "warmup", 0))
         # a challenger must keep all its rows in its reservoir (no sampling), so it retires
         # before outgrowing the capacity; then promoting it hands over its exact history
         self.max_age = self.config.max_age or 20 * self.train
@@ -377,6 +378,7 @@ class Detector:
         new = replace(state, challengers=[replace(c) for c in state.challengers], chunks=state.chunks + 1,
                       recent=list(state.recent))
         b = result.rows
+        scored = b - result.conditioned  # rows in the log predictive (not a model's warm-up)
         start = new.offset_n + before.n  # stream index of this chunk's first observation
         base = new.offset_log_evidence + before.log_evidence
         lp = result.log_predictive
@@ -402,11 +404,14 @@ class Detector:
         # 2. nominate candidates: this chunk when it stands out from the running level, or
         # where a CUSUM excursion of those z-scores began
         counted = new.count >= cfg.warmup
-        new.recent.append(Recent(seq=seq, chunk=new.chunks - 1, start=start, base=base, lp=lp, rows=chunk,
-                                 level=new.level, spread=math.sqrt(max(new.var, 1e-12)) if counted else 0.0))
-        x, steps = lp / b, float(result.annealing_steps)
-        if counted:
-            sd = math.sqrt(max(new.var, 1e-12) / b)
+        if scored:
+            new.recent.append(Recent(seq=seq, chunk=new.chunks - 1, start=start, base=base, lp=lp, rows=chunk,
+                                     level=new.level, spread=math.sqrt(max(new.var, 1e-12)) if counted else 0.0))
+        x, steps = lp / max(scored, 1), float(result.annealing_steps)
+        if not scored:
+            pass  # a warm-up chunk, conditioned on: nothing to compare
+        elif counted:
+            sd = math.sqrt(max(new.var, 1e-12) / scored)
             z = (x - new.level) / sd
             spike = steps > new.steps_mean + cfg.step_spike * math.sqrt(max(new.steps_var, 0.25)) + 1.0
             starts = [len(new.recent) - 1] if abs(z) >= cfg.surprise or spike else []
@@ -516,8 +521,8 @@ class Detector:
                 step.promoted, step.reservoir = winner.state, winner.reservoir
                 step.writes = ReservoirWrites(torch.arange(rows.shape[0], dtype=torch.int64), rows.clone())
                 after = winner.state
-        else:
-            self._track(new, x, b, steps)
+        elif scored:
+            self._track(new, x, scored, steps)
         # keep the recent chunks a challenger may still start from
         end = start + b
         needed = min((q for c in new.challengers for q in c.old_seqs[:1] + c.seqs[:1]), default=None)
@@ -641,7 +646,9 @@ class Detector:
         if res is None:
             return False
         st = c.state
-        c.diffs = [*c.diffs, res.log_predictive - incumbent_lp]
+        # a restart's warm-up rows are not in its log predictive: compare it with the incumbent's
+        # share of the rows it scored (its warm-up lies inside its training sample, so log BF is exact)
+        c.diffs = [*c.diffs, res.log_predictive - incumbent_lp * (res.rows - res.conditioned) / res.rows]
         c.incumbent_all += incumbent_lp
         if c.train_log_z is None:
             if st.n >= self.train:

@@ -392,7 +392,8 @@ class Worker:
     def _observe(s: str, m: str, r, seconds: float) -> None:
         M.LOG_EVIDENCE.labels(s, m).set(r.log_evidence)
         M.LOG_EVIDENCE_PER_OBS.labels(s, m).set(r.log_evidence_per_observation)
-        M.CHUNK_LOG_PREDICTIVE.labels(s, m).set(r.log_predictive_per_observation)
+        if r.log_predictive_per_observation is not None:  # None: a warm-up chunk, nothing scored
+            M.CHUNK_LOG_PREDICTIVE.labels(s, m).set(r.log_predictive_per_observation)
         M.ANNEALING_STEPS.labels(s, m).observe(r.annealing_steps)
         M.ANNEALING_STEPS_LAST.labels(s, m).set(r.annealing_steps)
         if r.ess_after is not None:  # None: the exact method has no particles

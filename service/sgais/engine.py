@@ -44,7 +44,9 @@ class ChunkResult:
     increment; seconds: wall time of the update; method: 'exact' (closed form) or 'sgais';
     warnings: why this result may be unreliable (``WARNINGS``; empty: no sign of trouble);
     reference_log_evidence: the exact log-evidence beside an SGAIS estimate, for a conjugate
-    model run with ``sampler=sgais`` (None otherwise)."""
+    model run with ``sampler=sgais`` (None otherwise); conditioned: rows of this chunk the model
+    conditioned on without scoring them (its warm-up, ``models/timeseries.py``): log_predictive
+    covers the other ``rows - conditioned``."""
 
     n: int
     rows: int
@@ -60,14 +62,17 @@ class ChunkResult:
     method: str = "sgais"
     warnings: tuple[str, ...] = ()
     reference_log_evidence: float | None = None
+    conditioned: int = 0
 
     @property
     def reliable(self) -> bool:
         return not self.warnings
 
     @property
-    def log_predictive_per_observation(self) -> float:
-        return self.log_predictive / self.rows
+    def log_predictive_per_observation(self) -> float | None:
+        """Per scored row; None for a chunk that was all warm-up."""
+        scored = self.rows - self.conditioned
+        return self.log_predictive / scored if scored else None
 
     @property
     def log_evidence_per_observation(self) -> float:

@@ -73,6 +73,7 @@ class ExactSampler(SamplerBase):
         t0 = time.perf_counter()
         with torch.inference_mode():
             rows = prepare(self.model, self.config, state.n, chunk, reservoir)
+            conditioned = self.model.exact_conditioned(state.post, int(rows.shape[0]))
             post, lp = self.model.exact_update(state.post, rows)
             g = torch.Generator()
             g.set_state(state.rng)
@@ -83,6 +84,6 @@ class ExactSampler(SamplerBase):
         result = ChunkResult(
             n=new.n, rows=b, log_evidence=new.log_evidence, log_predictive=lp, annealing_steps=0,
             ess_before=None, ess_after=None, ess_min=None, resamples=0, capped=False,
-            seconds=time.perf_counter() - t0, method=self.method,
+            seconds=time.perf_counter() - t0, method=self.method, conditioned=conditioned,
         )
         return new, result, writes
