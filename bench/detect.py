@@ -46,7 +46,7 @@ from bench.report import write_section
 
 MARGIN = 5
 SECTION = "## Change-point detection"
-METHODS = ("cusp", "BOCPD", "ADWIN", "PageHinkley", "PELT", "BinSeg")
+METHODS = ("cusp", "BOCPD", "ADWIN", "PageHinkley", "PELT", "BinSeg", "none")
 ONLINE_PEERS = ("BOCPD", "ADWIN", "PageHinkley")
 OFFLINE = ("PELT", "BinSeg")
 #: ruptures' Pelt and Binseg search in pure Python (Pelt is close to quadratic on these
@@ -601,12 +601,21 @@ def run_ruptures(name: str, data: np.ndarray) -> Outcome:
 
 
 def run_cusp(series: Series, seed: int = 0) -> Outcome:
-    """cusp's detector with its default settings over the series in chunks of ``series.chunk``."""
+    """cusp's detector with its default settings over the series in chunks of ``series.chunk``;
+    spec 'default' (or several specs joined by '+'): a stream of those models, its model-averaged
+    change points (``service.detect.detect_stream``)."""
     import torch
 
-    from service.detect import DetectorConfig, detect_series
+    from service.detect import DetectorConfig, detect_series, detect_stream
 
     torch.set_num_threads(1)
+    if series.spec == "default" or "+" in series.spec:
+        specs = None if series.spec == "default" else series.spec.split("+")
+        per_model, found = detect_stream(series.data, specs, chunk_size=series.chunk, seed=seed, config=DetectorConfig())
+        note = ", ".join(f"{m}: {len(ev)}" for m, ev in per_model.items())
+        return Outcome("cusp", [int(c.location) for c in found], [int(c.detected_at) for c in found],
+                       note=f"{series.spec} (per model: {note}), chunks of {series.chunk}",
+                       confidences=[float(c.confidence) for c in found])
     evidence: list[tuple[int, float]] = []
     events = detect_series(series.data, series.spec, chunk_size=series.chunk, seed=seed, config=DetectorConfig(),
                            on_chunk=lambda r, _: evidence.append((r.n, r.log_evidence)))
@@ -637,6 +646,8 @@ def run_method(method: str, series: Series) -> Outcome:
             out = run_river(method, series.data)
         elif method in OFFLINE:
             out = run_ruptures(method, series.data)
+        elif method == "none":  # the baseline every method must beat: no change at all
+            out = Outcome("none", [], [])
         else:
             raise KeyError(method)
     except Exception as exc:  # noqa: BLE001 - a failing method is a result, not a crash
@@ -1096,6 +1107,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "'mean-*', nile, 'tcpd:*', 'clusters*'")
     p.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated subset of {','.join(METHODS)}")
     p.add_argument("--no-synthetic", action="store_true", help="skip the synthetic suite (real series only)")
+    p.add_argument("--metrics", action="store_true",
+                   help="also run the metric-series set (bench/metrics_suite.py: real series shipped with statsmodels "
+                        "and river, and simulations of trends, seasons, counts, heavy tails, short series)")
     p.add_argument("--json", default=None, metavar="PATH", help="also write every outcome and score as JSON here")
 
 
@@ -1104,6 +1118,10 @@ def collect(args: argparse.Namespace) -> list[Series]:
     if not args.no_synthetic:
         items += suite(args.quick, args.seeds)
     items.append(nile_series())
+    if args.metrics:
+        from bench.metrics_suite import metric_suite
+
+        items += metric_suite(args.seeds or (1 if args.quick else 3))
     for d in args.tcpd:
         items += read_tcpd(d)
     if args.only:

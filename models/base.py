@@ -172,6 +172,11 @@ class Model:
         """log p(row_b | post) of each featurized row on its own: ``[B]``."""
         raise NotImplementedError
 
+    def exact_restart(self, post: torch.Tensor) -> torch.Tensor:
+        """The posterior a restart at a change point starts from, given the incumbent's ``post``:
+        the prior, unless the model fixes a frame from data (``models/timeseries.py``)."""
+        return self.exact_init()
+
     def exact_conditioned(self, post: torch.Tensor, rows: int) -> int:
         """How many of the next ``rows`` observations ``exact_update`` conditions on without scoring
         them (a model's warm-up, ``models/timeseries.py``); their log predictive is not in its result."""

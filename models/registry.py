@@ -15,6 +15,19 @@ REGISTRY: dict[str, type[Model]] = {
     cls.name: cls for cls in (LinearRegression, LogisticRegression, GaussianMixture, Gaussian, Level, Autoregressive,
                               Trend, Seasonal, Poisson)
 }
+#: What a stream gets when it is created without a model list: for one column (a metric series)
+#: a constant level, an autoregression and a linear trend, each in the series' own frame
+#: (models/timeseries.py), so the model average can tell a trend or a persistent wander from a
+#: change; for several columns, independent Gaussians per column with the same frame idea is not
+#: there yet, so the fixed-prior ``gaussian``.
+DEFAULT_PORTFOLIO = {1: ("level", "ar", "trend")}
+
+
+def default_portfolio(n_columns: int) -> tuple[str, ...]:
+    """The model specs of a stream with ``n_columns`` columns created without a model list."""
+    return DEFAULT_PORTFOLIO.get(n_columns, ("gaussian",))
+
+
 #: models whose data split into features and a target column
 SUPERVISED = {"linear-regression", "logistic-regression"}
 

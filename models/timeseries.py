@@ -144,6 +144,17 @@ class TimeSeriesRegression(_Exact):
         r = torch.eye(d, dtype=torch.float64) / self.coef_scale
         return torch.cat([head, ab, r.flatten(), torch.zeros(d, dtype=torch.float64)])
 
+    def exact_restart(self, post: torch.Tensor) -> torch.Tensor:
+        """A restart at a change point keeps the incumbent's frame, fixed from data before the
+        change, and so needs no warm-up of its own: it is scored from its first row, under the
+        prior in the old regime's units (a new level within a few old standard deviations is
+        likely, one 1e6 away is not). Its lags start at 0 (the old centre), its time at 0. During
+        the incumbent's own warm-up there is no frame yet: the prior, with a warm-up."""
+        new = self.exact_init()
+        if int(post[0]) >= self.warmup:
+            new[0], new[1], new[2] = float(self.warmup), post[1], post[2]
+        return new
+
     def frame(self, post: torch.Tensor) -> tuple[float, float] | None:
         """(centre, scale) of the reference frame, None during the warm-up."""
         return (float(post[1]), float(post[2])) if int(post[0]) >= self.warmup else None
@@ -314,6 +325,16 @@ class Poisson(_Exact):
                        - torch.lgamma(scored + 1.0).sum())
         seen = torch.tensor([float(post[0]) + rows.shape[0]], dtype=torch.float64)
         return torch.cat([seen, a + s, b + n]), lp
+
+    def exact_restart(self, post: torch.Tensor) -> torch.Tensor:
+        """A restart at a change point: one pseudo-observation at the incumbent's mean rate (the
+        new rate's prior in the old one's units), no warm-up of its own."""
+        c = self.n_columns
+        new = self.exact_init()
+        if int(post[0]) >= self.warmup:
+            rate = post[1 : 1 + c] / post[1 + c :]
+            new[0], new[1 : 1 + c], new[1 + c :] = float(self.warmup), rate, 1.0
+        return new
 
     def exact_row_log_predictive(self, post: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         c = self.n_columns

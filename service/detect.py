@@ -60,6 +60,7 @@ import base64
 import json
 import math
 from dataclasses import asdict, dataclass, field, fields, replace
+from collections.abc import Sequence
 from typing import Any, Callable
 
 import torch
@@ -314,8 +315,13 @@ class Detector:
         self.sampler = sampler
         self.config = config or DetectorConfig()
         model = sampler.model
-        # (at least the model's own warm-up, whose rows a restart conditions on without scoring them)
-        self.train = max(self.config.train or max(10, 2 * model.dim), getattr(model, "warmup", 0))
+        # A restart must not be charged for the vagueness of its prior: it is compared after a
+        # training sample. A model with a frame from data (models/timeseries.py) restarts in the
+        # incumbent's frame, so its prior is already in the data's units, and the minimal training
+        # sample of an intrinsic Bayes factor suffices (Berger and Pericchi 1996): as many rows as
+        # parameters (coefficients and the noise variance). Others: max(10, 2 x parameters).
+        framed = bool(getattr(model, "warmup", 0))
+        self.train = self.config.train or (model.dim if framed else max(10, 2 * model.dim))
         # a challenger must keep all its rows in its reservoir (no sampling), so it retires
         # before outgrowing the capacity; then promoting it hands over its exact history
         self.max_age = self.config.max_age or 20 * self.train
@@ -445,7 +451,7 @@ class Detector:
                         if not weakest.compared:
                             break  # all still training: keep the earlier candidates
                         new.challengers.remove(weakest)
-                    c = self._challenger(g, new.recent, i, memory, before)
+                    c = self._challenger(g, new.recent, i, memory, before, frame=before)
                     if c is not None:
                         # the baseline is the level before the candidate: a CUSUM start lies
                         # chunks back, and the level since has followed the change part way
@@ -458,7 +464,7 @@ class Detector:
             # posterior sharpens, so a chunk below the level so far is a candidate already
             for memory in self._kinds(new.recent[-1]):
                 if len(new.challengers) < cfg.max_challengers:
-                    c = self._challenger(g, new.recent, len(new.recent) - 1, memory, before)
+                    c = self._challenger(g, new.recent, len(new.recent) - 1, memory, before, frame=before)
                     if c is not None:
                         c.level = new.level
                         new.challengers.append(c)
@@ -490,11 +496,11 @@ class Detector:
             # keep it: a restart from the prior may land in a poor mode.
             memory = best.memory > 0 and self.multimodal
             earlier = best.memory > 0 and not self.multimodal and at == 0 and i is not None and i > 0 \
-                and self._earlier(g, new.recent, i, best)
+                and self._earlier(g, new.recent, i, best, before)
             if earlier:
                 i -= 1
             if i is not None and cfg.adapt and (at or earlier or (best.memory > 0 and not memory)):
-                winner = self._challenger(g, new.recent, i, memory)
+                winner = self._challenger(g, new.recent, i, memory, frame=before)
                 if winner is None or winner.seqs[winner.memory:] != [r.seq for r in new.recent[i:]]:
                     winner = best  # the restart failed on some chunk: keep the one that did not
             where = new.recent[i] if i is not None else None
@@ -594,7 +600,7 @@ class Detector:
         return min(chs, key=lambda c: (not c.compared, c.log_bf))
 
     def _challenger(self, g: torch.Generator, recent: list[Recent], i: int, memory: bool = False,
-                    incumbent: SGAISState | None = None) -> Challenger | None:
+                    incumbent: SGAISState | None = None, frame: SGAISState | None = None) -> Challenger | None:
         """A restart at ``recent[i]``, fed ``recent[i:]`` (up to this chunk). From the prior, or
         with ``memory`` from the posterior given the last rows before the change (at least
         ``train`` of them, and as many as the restart's first chunk has): a change that adds to
@@ -607,7 +613,8 @@ class Detector:
             return None
         seed = int(torch.randint(0, 2**62, (1,), generator=g))
         first = recent[i]
-        c = Challenger(start=first.start, chunk=first.chunk, seqs=[], state=self.sampler.init(seed),
+        state = self.sampler.init(seed) if frame is None else self.sampler.restart(seed, frame)
+        c = Challenger(start=first.start, chunk=first.chunk, seqs=[], state=state,
                        base_log_evidence=first.base, first_rows=int(first.rows.shape[0]), reservoir=self._reservoir(None))
         mem_seqs: list[int] = []
         if memory:
@@ -674,13 +681,13 @@ class Detector:
         low = min(sums)
         return max(k for k, v in enumerate(sums) if v <= low + support)
 
-    def _earlier(self, g: torch.Generator, recent: list[Recent], i: int, best: Challenger) -> bool:
+    def _earlier(self, g: torch.Generator, recent: list[Recent], i: int, best: Challenger, frame: SGAISState) -> bool:
         """A short memory that wins at once is placed at its own first chunk, which is where it
         was nominated: one chunk late when the change's first chunk was not surprising enough
         to nominate. Is a change one chunk earlier more probable? Same prior for either
         place, so compare log p(y_{i-1}.. | memory before i-1) with the incumbent's log
         predictive of chunk i-1 plus log p(y_i.. | memory before i)."""
-        alt = self._challenger(g, recent, i - 1, True)
+        alt = self._challenger(g, recent, i - 1, True, frame=frame)
         if alt is None or not alt.memory:
             return False
         later = recent[i - 1].lp + best.state.log_evidence - best.train_log_z
@@ -744,6 +751,39 @@ def detect_series(data, model_spec: str, chunk_size: int = 500, seed: int = 0, c
         if on_chunk is not None:
             on_chunk(result, found)
     return events
+
+
+def detect_stream(data, model_specs: Sequence[str] | None = None, chunk_size: int = 500, seed: int = 0,
+                  config: DetectorConfig | None = None, sampler_config: SGAISConfig | None = None,
+                  target: int | None = None) -> tuple[dict[str, list[Event]], list["StreamChange"]]:
+    """A stream's models with their detectors over ``data [T, C]`` offline, seeded as the service
+    seeds a stream's models (model i: ``stream_model_seed(seed, i)``), and the stream's answer:
+    (each model's events, the model-averaged change points). ``model_specs`` None: the default
+    portfolio for the data's width (``models.registry.default_portfolio``)."""
+    from models import build_model
+    from models.registry import default_portfolio
+
+    x = torch.as_tensor(data, dtype=torch.float64)
+    if x.dim() == 1:
+        x = x[:, None]
+    specs = list(model_specs or default_portfolio(x.shape[1]))
+    cfg = config or DetectorConfig()
+    runs = {spec: OfflineRun(build_sampler(build_model(spec, x.shape[1], target), sampler_config or SGAISConfig()),
+                             stream_model_seed(seed, i), cfg) for i, spec in enumerate(specs)}
+    events: dict[str, list[Event]] = {spec: [] for spec in specs}
+    traces: dict[str, list[tuple[int, float]]] = {spec: [] for spec in specs}
+    for lo in range(0, x.shape[0], chunk_size):
+        for spec, run in runs.items():
+            result, found = run.step(x[lo : lo + chunk_size])
+            events[spec] += found
+            traces[spec].append((result.n, result.log_evidence))
+    window = max(chunk_size, max((r.detector.train for r in runs.values() if r.detector), default=0))
+    return events, model_averaged_changes(events, traces, window=window, threshold=cfg.threshold)
+
+
+def stream_model_seed(seed: int, index: int) -> int:
+    """The generator seed of a stream's ``index``-th model (the service's ``runtime.model_seed``)."""
+    return (int(seed) * 1_000_003 + int(index)) % (2**63)
 
 
 @dataclass(frozen=True)

@@ -158,6 +158,10 @@ class Sampler(SamplerBase):
             ref_post=self.model.exact_init() if self.model.conjugate else empty.clone(),
         )
 
+    def restart(self, seed: int, incumbent: SGAISState) -> SGAISState:
+        """A fresh start for a restart at a change point (the detector's challengers): from the prior."""
+        return self.init(seed)
+
     def log_fit(self, state: SGAISState, rows: torch.Tensor) -> float:
         """Mean over featurized ``rows [B, F]`` of each row's log posterior predictive under ``state``."""
         with torch.inference_mode():

@@ -63,6 +63,12 @@ class ExactSampler(SamplerBase):
         g = torch.Generator().manual_seed(int(seed))
         return ExactState(post=self.model.exact_init(), log_evidence=0.0, n=0, chunks=0, rng=g.get_state())
 
+    def restart(self, seed: int, incumbent: ExactState) -> ExactState:
+        """A fresh posterior for a restart at a change point: ``Model.exact_restart`` (a model with a
+        warm-up frame keeps the incumbent's frame, so the restart is scored from its first row)."""
+        g = torch.Generator().manual_seed(int(seed))
+        return ExactState(post=self.model.exact_restart(incumbent.post), log_evidence=0.0, n=0, chunks=0, rng=g.get_state())
+
     def log_fit(self, state: ExactState, rows: torch.Tensor) -> float:
         """Mean over featurized ``rows [B, F]`` of each row's log posterior predictive under ``state``."""
         with torch.inference_mode():

@@ -1,0 +1,147 @@
+"""Labelled metric series for ``cusp bench detect --metrics`` (issue 16): real series that ship
+with PyPI packages, with change points documented in their sources (or documented as having
+none), and realistic simulations of what operators send: trends, seasons, autocorrelation,
+counts, heavy tails, short series, raw units.
+
+Every series is scored as TCPDBench does (``bench.detect``: F1 and covering with a margin of 5,
+index 0 a change point of every annotation) after TCPDBench's standardisation, the same input
+for every method. cusp runs with its defaults: the default portfolio of a univariate stream
+(``models.registry.default_portfolio``), the stream's model-averaged change points, point by
+point (``spec = "default"``). Nothing here is tuned to a series: the labels come from the
+sources named beside each one, the simulations' parameters were fixed before cusp ran on them.
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import math
+from pathlib import Path
+
+import numpy as np
+
+from bench.detect import Series, standardise
+
+DEFAULT = "default"
+
+
+def _real(key: str, title: str, raw: np.ndarray, annotations: dict[str, list[int]], note: str) -> Series:
+    x = np.asarray(raw, dtype=np.float64)
+    changes = tuple(sorted(set().union(*map(set, annotations.values())))) if annotations else ()
+    return Series(key=f"real:{key}", group=f"real:{key}", title=title, data=standardise(x[:, None]), changes=changes,
+                  annotations={k: list(v) for k, v in annotations.items()} or {"source": []}, spec=DEFAULT, chunk=1,
+                  kind="real", data_key=f"real:{key}", note=note)
+
+
+def us_gdp_growth() -> Series:
+    """US real GDP growth (annualised quarterly log growth, %), 1959Q2-2009Q3, statsmodels
+    ``macrodata``. The Great Moderation: the volatility of US output growth fell in 1984Q1
+    (McConnell and Perez-Quiros, AER 2000; Kim and Nelson, REStat 1999 date it 1984Q1)."""
+    from statsmodels.datasets import macrodata
+
+    d = macrodata.load_pandas().data
+    gdp = d["realgdp"].to_numpy(dtype=np.float64)
+    growth = 400.0 * np.diff(np.log(gdp))  # growth[i] is the quarter of row i + 1
+    at = int(np.flatnonzero((d["year"].to_numpy() == 1984) & (d["quarter"].to_numpy() == 1))[0]) - 1
+    return _real("us-gdp-growth", "US real GDP growth 1959-2009 (statsmodels macrodata): volatility falls in 1984Q1",
+                 growth, {"mcconnell-perez-quiros-2000": [at]}, "variance change")
+
+
+def mauna_loa_co2() -> Series:
+    """Weekly CO2 at Mauna Loa 1958-2001 (statsmodels ``co2``; gaps filled linearly): a smooth
+    trend with a yearly cycle, no documented change (every report is a false alarm)."""
+    from statsmodels.datasets import co2
+
+    y = co2.load_pandas().data["co2"].interpolate().to_numpy(dtype=np.float64)
+    return _real("co2", "Mauna Loa CO2, weekly 1958-2001 (statsmodels co2): trend and season, no change", y, {},
+                 "no change: trend + season")
+
+
+def sunspots() -> Series:
+    """Yearly sunspot numbers 1700-2008 (statsmodels ``sunspots``): the ~11-year cycle, no change."""
+    from statsmodels.datasets import sunspots as ss
+
+    y = ss.load_pandas().data["SUNACTIVITY"].to_numpy(dtype=np.float64)
+    return _real("sunspots", "sunspot numbers, yearly 1700-2008 (statsmodels sunspots): a cycle, no change", y, {},
+                 "no change: cycle")
+
+
+def airline_passengers() -> Series:
+    """Monthly airline passengers 1949-1960 (the Box-Jenkins series, shipped by river): growth
+    and a growing season, no documented change."""
+    import river.datasets
+
+    path = Path(river.datasets.__file__).parent / "airline-passengers.csv"
+    with open(path, newline="") as f:
+        y = [float(r["passengers"]) for r in csv.DictReader(f)]
+    return _real("airline", "airline passengers, monthly 1949-1960 (river): trend and season, no change", np.array(y), {},
+                 "no change: trend + season")
+
+
+def nile() -> Series:
+    """The Nile at Aswan 1871-1970 (statsmodels ``nile``): the level drops from 1899 (the first
+    Aswan dam, 1898; Cobb 1978), index 28."""
+    from statsmodels.datasets import nile as nl
+
+    y = nl.load_pandas().data["volume"].to_numpy(dtype=np.float64)
+    return _real("nile", "Nile flow at Aswan 1871-1970 (statsmodels nile): level drops from 1899", y,
+                 {"cobb-1978": [28]}, "mean change")
+
+
+def real_series() -> list[Series]:
+    return [nile(), us_gdp_growth(), mauna_loa_co2(), sunspots(), airline_passengers()]
+
+
+# --- simulations ----------------------------------------------------------------------------------
+
+
+def _sim(key: str, title: str, y: np.ndarray, changes: tuple[int, ...], seed: int) -> Series:
+    return Series(key=f"sim:{key}", group=f"sim:{key}", title=title, data=standardise(y[:, None]),
+                  changes=changes, annotations={"truth": list(changes)}, spec=DEFAULT, chunk=1,
+                  kind="labelled" if changes else "stationary", data_key=f"sim:{key}#s{seed}", seed=seed)
+
+
+def _ar1(rng: np.random.Generator, n: int, phi: float) -> np.ndarray:
+    e = rng.standard_normal(n) * math.sqrt(1 - phi * phi)
+    z = np.empty(n)
+    z[0] = rng.standard_normal()
+    for i in range(1, n):
+        z[i] = phi * z[i - 1] + e[i]
+    return z
+
+
+def simulations(seed: int) -> list[Series]:
+    """Realistic metric series with known changes; the parameters are fixed here, in raw units."""
+    r = np.random.default_rng([seed, 16])
+    t = np.arange(1000)
+    out = []
+    y = 1e5 + 350 * t[:320] + r.normal(0, 200, 320)
+    y[200:] += 1500
+    out.append(_sim("trend-shift", "rising series (+350 a step, noise 200), level +1,500 at 200 (n = 320)", y, (200,), seed))
+    y = 500 + 80 * np.sin(2 * np.pi * t[:480] / 24) + r.normal(0, 10, 480)
+    y[300:] += 40
+    out.append(_sim("season-shift", "daily cycle (period 24, amplitude 80, noise 10), level +40 at 300 (n = 480)", y,
+                    (300,), seed))
+    y = 250 + 20 * _ar1(r, 400, 0.7)
+    y[250:] += 60
+    out.append(_sim("ar-shift", "latency, AR(1) 0.7 (sd 20 around 250 ms), +60 ms at 250 (n = 400)", y, (250,), seed))
+    y = 250 + 20 * _ar1(r, 1000, 0.7)
+    out.append(_sim("ar-stationary", "latency, AR(1) 0.7, no change (n = 1,000)", y, (), seed))
+    y = np.concatenate([r.poisson(20, 220), r.poisson(32, 180)]).astype(float)
+    out.append(_sim("counts", "counts per minute, Poisson 20 -> 32 at 220 (n = 400)", y, (220,), seed))
+    y = 250 + 20 * r.standard_t(3, 600)
+    y[300:] += 60
+    out.append(_sim("heavy-tails", "Student-t(3) noise (scale 20), +60 at 300 (n = 600)", y, (300,), seed))
+    y = 250 + 20 * r.standard_t(3, 1000)
+    out.append(_sim("heavy-stationary", "Student-t(3) noise, no change (n = 1,000)", y, (), seed))
+    y = np.concatenate([r.normal(0.002, 1e-4, 300), r.normal(0.002, 3e-4, 300)])
+    out.append(_sim("variance-up", "a small rate (0.002 +- 1e-4), sd x3 at 300 (n = 600)", y, (300,), seed))
+    for n, at in ((20, 10), (30, 15), (50, 32)):
+        y = 1e4 + 50 * r.standard_normal(n)
+        y[at:] += 200
+        out.append(_sim(f"short-{n}", f"short series: yearly values (1e4 +- 50), +200 at {at} (n = {n})", y, (at,), seed))
+    return out
+
+
+def metric_suite(seeds: int = 3) -> list[Series]:
+    return real_series() + [s for seed in range(seeds) for s in simulations(seed)]
