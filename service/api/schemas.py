@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -103,18 +103,90 @@ class StreamList(BaseModel):
     streams: list[str]
 
 
+class ResultEntry(BaseModel):
+    """A chunk's result (kind "result"): the entry's id, the model, the stream's seq and chunk
+    index, then the engine's numbers for the chunk (``ChunkResult``), listed here so that the
+    API's schema does not depend on the engine's types."""
+
+    model_config = ConfigDict(extra="allow")
+    id: str = Field(description="result id; pass as since= to resume after it")
+    model: str
+    kind: Literal["result"]
+    seq: int
+    chunk: int = Field(description="the chunk's index in the stream (0-based)")
+    n: int = Field(description="observations seen after this chunk")
+    rows: int
+    log_evidence: float = Field(description="running log p(y_1..n | model), nats")
+    log_predictive: float = Field(description="log p(chunk | history, model), nats")
+    annealing_steps: int
+    ess_before: float
+    ess_after: float
+    ess_min: float
+    resamples: int
+    capped: bool = Field(description="the step cap forced the last temperature increment")
+    seconds: float
+    log_predictive_per_observation: float
+    log_evidence_per_observation: float
+
+
+class ChangepointEntry(BaseModel):
+    """A change point one model reported (kind "changepoint")."""
+
+    model_config = ConfigDict(extra="allow")
+    id: str
+    model: str
+    kind: Literal["changepoint"]
+    seq: int
+    location: int = Field(description="index (0-based, over the whole stream) of the first observation of the new regime")
+    chunk: int
+    detected_at: int = Field(description="observations seen when it was reported")
+    delay: int
+    confidence: float
+    log_bayes_factor: float
+    log_prior_odds: float
+    adapted: bool = Field(description="whether the model restarted there")
+
+
+class DeadLetterEntry(BaseModel):
+    """A chunk a model could not process (kind "dead_letter")."""
+
+    model_config = ConfigDict(extra="allow")
+    id: str
+    model: str
+    kind: Literal["dead_letter"]
+    seq: int
+    error: str
+
+
+Entry = Annotated[ResultEntry | ChangepointEntry | DeadLetterEntry, Field(discriminator="kind")]
+
+
+class StreamChange(BaseModel):
+    location: int
+    detected_at: int
+    confidence: float = Field(description="a lower bound on the posterior probability of a change within one chunk of location")
+    support: dict[str, tuple[float, float]] = Field(description="model -> [posterior probability, event confidence]")
+
+
 class ChangepointList(BaseModel):
-    changepoints: list[dict[str, Any]] = Field(description="each model's change points, in the order they were reported")
-    stream: list[dict[str, Any]] = Field(
+    changepoints: list[ChangepointEntry] = Field(description="each model's change points, in the order they were reported")
+    stream: list[StreamChange] = Field(
         description="with several models: the stream's change points, each model's events weighted by its posterior "
                     "probability (location, detected_at, confidence: a lower bound on the posterior probability of a "
                     "change within one chunk of location; support: model -> [posterior probability, event confidence])")
 
 
+class DeadLetter(BaseModel):
+    id: str
+    model: str
+    seq: str
+    error: str
+
+
 class DeadLetters(BaseModel):
-    dead_letters: list[dict[str, Any]]
+    dead_letters: list[DeadLetter]
 
 
 class EvidencePage(BaseModel):
-    results: list[dict[str, Any]]
+    results: list[Entry]
     next: str | None = Field(None, description="pass as since= to get the following page")
