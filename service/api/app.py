@@ -18,7 +18,7 @@ from service.store.api import ApiStore
 
 def create_app(settings: Settings, redis_url: str, worker_metrics: Sequence[str] = ()) -> FastAPI:
     """The API. ``worker_metrics``: /metrics URLs of worker processes (``cusp serve``'s children)
-    whose series this process's /metrics includes."""
+    whose series this process's /metrics includes; with any, /readyz also needs a live worker."""
     # the schema and its documentation pages are served by the pages router, behind the API key
     app = FastAPI(title="cusp", version="0.1.0", description="Streaming change-point detection on online Bayesian evidence (SGAIS).",
                   openapi_url=None, docs_url=None, redoc_url=None)

@@ -97,6 +97,7 @@ class Health(BaseModel):
 class Ready(BaseModel):
     status: Literal["ready", "unavailable"]
     redis: str
+    workers: str | None = Field(None, description="under cusp serve with worker processes: why none is counted as alive")
 
 
 class StreamList(BaseModel):
@@ -105,8 +106,9 @@ class StreamList(BaseModel):
 
 class ResultEntry(BaseModel):
     """A chunk's result (kind "result"): the entry's id, the model, the stream's seq and chunk
-    index, then the engine's numbers for the chunk (``ChunkResult``), listed here so that the
-    API's schema does not depend on the engine's types."""
+    index, then the engine's numbers for the chunk, listed here so that the API's schema does
+    not depend on the engine's types. Every result has them today; a field the engine adds
+    later passes through, one it drops is left out (never sent as null)."""
 
     model_config = ConfigDict(extra="allow")
     id: str = Field(description="result id; pass as since= to resume after it")
@@ -114,19 +116,19 @@ class ResultEntry(BaseModel):
     kind: Literal["result"]
     seq: int
     chunk: int = Field(description="the chunk's index in the stream (0-based)")
-    n: int = Field(description="observations seen after this chunk")
-    rows: int
-    log_evidence: float = Field(description="running log p(y_1..n | model), nats")
-    log_predictive: float = Field(description="log p(chunk | history, model), nats")
-    annealing_steps: int
-    ess_before: float
-    ess_after: float
-    ess_min: float
-    resamples: int
-    capped: bool = Field(description="the step cap forced the last temperature increment")
-    seconds: float
-    log_predictive_per_observation: float
-    log_evidence_per_observation: float
+    n: int = Field(None, description="observations seen after this chunk")
+    rows: int = None
+    log_evidence: float = Field(None, description="running log p(y_1..n | model), nats")
+    log_predictive: float = Field(None, description="log p(chunk | history, model), nats")
+    annealing_steps: int = None
+    ess_before: float = None
+    ess_after: float = None
+    ess_min: float = None
+    resamples: int = None
+    capped: bool = Field(None, description="the step cap forced the last temperature increment")
+    seconds: float = None
+    log_predictive_per_observation: float = None
+    log_evidence_per_observation: float = None
 
 
 class ChangepointEntry(BaseModel):

@@ -1,8 +1,10 @@
-"""Probes and metrics: /healthz (liveness), /readyz (Redis reachable), /metrics (Prometheus)."""
+"""Probes and metrics: /healthz (liveness), /readyz (Redis reachable and, under ``cusp serve``
+with worker processes, a worker alive), /metrics (Prometheus)."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 
 import redis.exceptions as rexc
 from fastapi import APIRouter, Request
@@ -11,7 +13,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from service import metrics as M
 from service.api import crud
-from service.api.deps import Read, StoreDep
+from service.api.deps import Read, SettingsDep, StoreDep
 from service.api.errors import WHY
 from service.api.schemas import Health, Ready
 from service.supervise import scrape
@@ -24,14 +26,29 @@ async def healthz() -> dict:
     return {"status": "ok"}
 
 
-@router.get("/readyz", response_model=Ready, responses={503: {"model": Ready, "description": "Redis unreachable"}})
-async def readyz(store: StoreDep):
+def worker_window(lease_seconds: float) -> float:
+    """Readiness of a process that supervises workers: one of them reported within this many
+    seconds (at least 6 leases: a worker reports once per pass over its pairs, which may take a
+    few leases)."""
+    return max(60.0, 6 * lease_seconds)
+
+
+@router.get("/readyz", response_model=Ready, response_model_exclude_none=True,
+            responses={503: {"model": Ready, "description": "Redis unreachable, or no worker process of cusp serve has reported lately"}})
+async def readyz(request: Request, store: StoreDep, settings: SettingsDep):
+    supervised = bool(request.app.state.worker_metrics)  # cusp serve runs worker processes: they must be alive too
+    window = worker_window(settings.lease_seconds)
     try:
         await asyncio.wait_for(store.ping(), 2.0)
+        alive = await asyncio.wait_for(store.live_workers(time.time(), window), 2.0) if supervised else None
     except (rexc.RedisError, OSError, asyncio.TimeoutError) as exc:
         M.REDIS_UP.set(0)
         return JSONResponse({"status": "unavailable", "redis": str(exc) or "timeout"}, status_code=503)
     M.REDIS_UP.set(1)
+    if alive == 0:  # e.g. every worker process crash-looping (cusp_workers 0); the log says why
+        return JSONResponse({"status": "unavailable", "redis": "ok",
+                             "workers": f"no worker process has reported in the last {window:.0f} s (starting, or crashing: see the log)"},
+                            status_code=503)
     return {"status": "ready", "redis": "ok"}
 
 
