@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
 
 
 class ModelIn(BaseModel):
@@ -108,14 +108,15 @@ class ResultEntry(BaseModel):
     """A chunk's result (kind "result"): the entry's id, the model, the stream's seq and chunk
     index, then the engine's numbers for the chunk, listed here so that the API's schema does
     not depend on the engine's types. Every result has them today; a field the engine adds
-    later passes through, one it drops is left out (never sent as null)."""
+    later passes through, one it drops is left out (never sent as null): only id, model and
+    kind are required, so an entry of another shape is answered as stored, never with a 500."""
 
     model_config = ConfigDict(extra="allow")
     id: str = Field(description="result id; pass as since= to resume after it")
     model: str
     kind: Literal["result"]
-    seq: int
-    chunk: int = Field(description="the chunk's index in the stream (0-based)")
+    seq: int = None
+    chunk: int = Field(None, description="the chunk's index in the stream (0-based)")
     n: int = Field(None, description="observations seen after this chunk")
     rows: int = None
     log_evidence: float = Field(None, description="running log p(y_1..n | model), nats")
@@ -132,35 +133,54 @@ class ResultEntry(BaseModel):
 
 
 class ChangepointEntry(BaseModel):
-    """A change point one model reported (kind "changepoint")."""
+    """A change point one model reported (kind "changepoint"). As for results, only id, model
+    and kind are always there; the fields below are what the detector reports today."""
 
     model_config = ConfigDict(extra="allow")
     id: str
     model: str
     kind: Literal["changepoint"]
-    seq: int
-    location: int = Field(description="index (0-based, over the whole stream) of the first observation of the new regime")
-    chunk: int
-    detected_at: int = Field(description="observations seen when it was reported")
-    delay: int
-    confidence: float
-    log_bayes_factor: float
-    log_prior_odds: float
-    adapted: bool = Field(description="whether the model restarted there")
+    seq: int = None
+    location: int = Field(None, description="index (0-based, over the whole stream) of the first observation of the new regime")
+    chunk: int = None
+    detected_at: int = Field(None, description="observations seen when it was reported")
+    delay: int = None
+    confidence: float = None
+    log_bayes_factor: float = None
+    log_prior_odds: float = None
+    adapted: bool = Field(None, description="whether the model restarted there")
 
 
 class DeadLetterEntry(BaseModel):
-    """A chunk a model could not process (kind "dead_letter")."""
+    """A chunk a model could not process (kind "dead_letter"): its seq and the error."""
 
     model_config = ConfigDict(extra="allow")
     id: str
     model: str
     kind: Literal["dead_letter"]
-    seq: int
-    error: str
+    seq: int = None
+    error: str = None
 
 
-Entry = Annotated[ResultEntry | ChangepointEntry | DeadLetterEntry, Field(discriminator="kind")]
+KNOWN_KINDS = ("result", "changepoint", "dead_letter")
+
+
+class OtherEntry(BaseModel):
+    """An entry of a kind this version does not know, answered as stored."""
+
+    model_config = ConfigDict(extra="allow")
+    id: str
+    model: str
+    kind: str = Field(json_schema_extra={"not": {"enum": list(KNOWN_KINDS)}})
+
+
+def _entry_kind(v: Any) -> str:
+    kind = v.get("kind") if isinstance(v, dict) else getattr(v, "kind", None)
+    return kind if kind in KNOWN_KINDS else "other"
+
+
+Entry = Annotated[Annotated[ResultEntry, Tag("result")] | Annotated[ChangepointEntry, Tag("changepoint")]
+                  | Annotated[DeadLetterEntry, Tag("dead_letter")] | Annotated[OtherEntry, Tag("other")], Discriminator(_entry_kind)]
 
 
 class StreamChange(BaseModel):

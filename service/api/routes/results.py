@@ -17,7 +17,7 @@ from service.api.schemas import ChangepointList, DeadLetters, EvidencePage
 router = APIRouter(prefix="/v1/streams", tags=["results"])
 
 
-@router.get("/{stream}/evidence", response_model=EvidencePage, dependencies=[Read], responses=errors(*READ, 404, 422))
+@router.get("/{stream}/evidence", response_model=EvidencePage, response_model_exclude_unset=True, dependencies=[Read], responses=errors(*READ, 404, 422))
 async def evidence(stream: str, store: StoreDep, since: str | None = Query(None, description="return results after this id"),
                    limit: int = Query(1000, ge=1, le=10_000), model: str | None = None):
     cfg = await crud.stream_config(store, stream)
@@ -30,7 +30,7 @@ async def evidence(stream: str, store: StoreDep, since: str | None = Query(None,
     return {"results": results, "next": nxt}
 
 
-@router.get("/{stream}/changepoints", dependencies=[Read], response_model=ChangepointList, responses=errors(*READ, 404, 422))
+@router.get("/{stream}/changepoints", dependencies=[Read], response_model=ChangepointList, response_model_exclude_unset=True, responses=errors(*READ, 404, 422))
 async def changepoints(stream: str, store: StoreDep) -> dict:
     return await crud.changepoints(store, await crud.stream_config(store, stream))
 
