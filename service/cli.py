@@ -3,10 +3,34 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+from pathlib import Path
+
+#: the directory holding cusp's own top-level packages (service, models, bench)
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def safe_import_path() -> None:
+    """Keep a user's current directory out of cusp's imports. cusp's top-level packages are
+    ``service``, ``models`` and ``bench``; a project directory often has a ``models/`` of its
+    own. ``python -m`` and ``python -c`` put the current directory first on ``sys.path``, so
+    ``cusp serve``'s workers (``python -m service.cli worker``) would import the user's package
+    and crash-loop. PYTHONSAFEPATH=1 (Python >= 3.11, the same as ``-P``) keeps the current
+    directory off the path of every Python process cusp starts; and this process drops it
+    too (unless it is cusp's own source tree), for a ``python -m service.cli`` run from a
+    directory with a ``models/`` but no ``service/``."""
+    os.environ["PYTHONSAFEPATH"] = "1"
+    try:
+        here = Path.cwd().resolve()
+    except OSError:  # the current directory was removed: nothing to shadow
+        return
+    if here != ROOT:
+        sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != here]
 
 
 def main(argv: list[str] | None = None) -> int:
+    safe_import_path()
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(prog="cusp", description="Streaming change-point detection on online Bayesian evidence.")
     sub = parser.add_subparsers(dest="command", required=True)

@@ -168,7 +168,7 @@ def _demo_when_up(args: argparse.Namespace) -> None:
 
 def feed_demo(args: argparse.Namespace) -> int:
     """Create the demo stream (GMMs with 3, 5, 7 components) and post the paper's data."""
-    from bench.data import distribution_shift_data
+    from service.demo import distribution_shift_data
 
     data, changes = distribution_shift_data(args.observations, seed=0)
     spec = {"name": args.stream, "columns": ["x", "y"],

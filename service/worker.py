@@ -30,7 +30,8 @@ from service import metrics as M
 from service.detect import Detector, DetectorConfig, DetectorState, detector_seed
 from service.runtime import build, model_seed, rows_from_bytes
 from service.sgais import WARNINGS, EngineError, Reservoir, Sampler, SGAISState, load_state
-from service.store import StreamConfig, connect, keys, scripts
+from service.store import StreamConfig
+from service.store.worker import WorkerStore
 
 log = logging.getLogger("cusp.worker")
 
@@ -57,21 +58,14 @@ class Worker:
     def __init__(self, redis_url: str, *, lease_seconds: float = 10.0, max_attempts: int = 3,
                  result_maxlen: int = 200_000, worker_id: str | None = None, batch: int = 16):
         torch.set_num_threads(1)
-        self.r = connect(redis_url)
+        self.store = WorkerStore(redis_url)
         self.id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.lease_ms = int(lease_seconds * 1000)
         self.max_attempts = max_attempts
         self.result_maxlen = result_maxlen
         self.batch = batch
         self.hot: dict[tuple[str, str], Hot] = {}
-        self._wake = None  # pub/sub on keys.WAKE, opened when the worker first goes idle
         self._configs: dict[str, tuple[bytes, StreamConfig]] = {}
-        self._acquire = self.r.register_script(scripts.ACQUIRE)
-        self._renew = self.r.register_script(scripts.RENEW)
-        self._release = self.r.register_script(scripts.RELEASE)
-        self._apply = self.r.register_script(scripts.APPLY)
-        self._dead = self.r.register_script(scripts.DEAD_LETTER)
-        self._trim = self.r.register_script(scripts.TRIM_INBOX)
 
     # --- loop -------------------------------------------------------------------------------
     def run_forever(self, stop: threading.Event, idle_sleep: float = 0.5) -> None:
@@ -102,21 +96,10 @@ class Worker:
             self.release_all()
 
     def _wait_for_work(self, timeout: float) -> None:
-        if self._wake is None:  # subscribed once and kept: messages published meanwhile queue up
-            self._wake = self.r.pubsub(ignore_subscribe_messages=True)
-            self._wake.subscribe(keys.WAKE)
-            return  # something may have arrived before the subscription: poll again first
-        got = self._wake.get_message(timeout=timeout)
-        while got is not None:  # one poll serves every chunk that arrived meanwhile
-            got = self._wake.get_message(timeout=0)
+        self.store.wait_for_wake(timeout)
 
     def _close_wake(self) -> None:
-        if self._wake is not None:
-            try:
-                self._wake.close()
-            except Exception:  # noqa: BLE001
-                pass
-            self._wake = None
+        self.store.close_wake()
 
     def _reset_after_error(self) -> None:
         self.hot.clear()
@@ -137,7 +120,7 @@ class Worker:
     def release_all(self) -> None:
         for (s, m) in list(self.hot):
             try:
-                self._release(keys=[keys.lease(s, m)], args=[self.id])
+                self.store.release(s, m, self.id)
             except Exception:  # noqa: BLE001
                 pass
         self.hot.clear()
@@ -146,9 +129,8 @@ class Worker:
     # --- one pass ---------------------------------------------------------------------------
     def poll_once(self) -> int:
         now = time.time()
-        self.r.zadd(keys.WORKERS, {self.id: now})
-        alive = max(1, self.r.zcount(keys.WORKERS, now - 3 * self.lease_ms / 1000, "+inf"))
-        streams = sorted(s.decode() for s in self.r.smembers(keys.STREAMS))
+        alive = max(1, self.store.heartbeat(self.id, now, 3 * self.lease_ms / 1000))
+        streams = self.store.stream_names()
         pairs = []
         for s in streams:
             cfg = self._config(s)
@@ -174,7 +156,7 @@ class Worker:
         return done
 
     def _config(self, s: str) -> StreamConfig | None:
-        raw = self.r.get(keys.config(s))
+        raw = self.store.config_raw(s)
         if raw is None:
             return None
         cached = self._configs.get(s)
@@ -183,27 +165,27 @@ class Worker:
         return self._configs[s][1]
 
     def _has_pending(self, s: str, m: str) -> bool:
-        last_in, last_done = self.r.get(keys.seq(s)), self.r.hget(keys.state(s, m), "last_seq")
-        return last_in is not None and last_done is not None and int(last_in) > int(last_done)
+        last_in, last_done = self.store.last_ingested(s), self.store.last_applied(s, m)
+        return last_in is not None and last_done is not None and last_in > last_done
 
     def _pending_anywhere(self) -> bool:
-        for s in (x.decode() for x in self.r.smembers(keys.STREAMS)):
+        for s in self.store.stream_names():
             cfg = self._config(s)
             if cfg and any(self._has_pending(s, m.name) for m in cfg.models):
                 return True
         return False
 
     def _take(self, s: str, m: str) -> bool:
-        token = self._acquire(keys=[keys.lease(s, m), keys.fence(s, m)], args=[self.id, self.lease_ms])
+        token = self.store.acquire(s, m, self.id, self.lease_ms)
         if not token:
             return False
         try:
-            hot = self._load(s, m, str(token).encode())
+            hot = self._load(s, m, token)
         except Exception:
-            self._release(keys=[keys.lease(s, m)], args=[self.id])
+            self.store.release(s, m, self.id)
             raise
         if hot is None:
-            self._release(keys=[keys.lease(s, m)], args=[self.id])
+            self.store.release(s, m, self.id)
             return False
         self.hot[(s, m)] = hot
         for counter in (M.CHANGEPOINTS, M.DEAD_LETTERS, M.REDELIVERIES, M.FENCED_WRITES):
@@ -215,10 +197,7 @@ class Worker:
         entry = cfg.model(m) if cfg else None
         if entry is None:
             return None
-        pipe = self.r.pipeline(transaction=True)
-        pipe.hgetall(keys.state(s, m))
-        pipe.get(keys.reservoir(s, m))
-        h, res_raw = pipe.execute()
+        h, res_raw = self.store.load(s, m)
         if not h:
             return None
         sampler = build(cfg, entry)
@@ -239,8 +218,7 @@ class Worker:
 
     def _rows(self, s: str, seqs: list[int], width: int) -> dict[int, torch.Tensor]:
         """The raw rows of input chunks ``seqs`` (sorted; a detector's history), in one read."""
-        got = self.r.xrange(keys.inbox(s), min=keys.entry_id(seqs[0]), max=keys.entry_id(seqs[-1]))
-        by_seq = {keys.seq_of(eid): f for eid, f in got}
+        by_seq = dict(self.store.inputs(s, seqs[0], seqs[-1]))
         missing = [q for q in seqs if q not in by_seq]
         if missing:
             raise RuntimeError(f"stream {s}: input chunk(s) {missing[:5]} are gone; cannot restore the detector")
@@ -250,8 +228,7 @@ class Worker:
         """Renew the lease when a third of it has passed; False (and dropped) if it was lost."""
         if time.monotonic() - hot.renewed < self.lease_ms / 3000:
             return True
-        ok = self._renew(keys=[keys.lease(hot.stream, hot.model), keys.fence(hot.stream, hot.model)],
-                         args=[self.id, self.lease_ms, hot.token])
+        ok = self.store.renew(hot.stream, hot.model, self.id, self.lease_ms, hot.token)
         if ok:
             hot.renewed = time.monotonic()
             return True
@@ -264,11 +241,10 @@ class Worker:
     # --- processing -------------------------------------------------------------------------
     def _process(self, hot: Hot) -> int:
         s, m = hot.stream, hot.model
-        entries = self.r.xrange(keys.inbox(s), min=keys.entry_id(hot.last_seq + 1), count=self.batch)
-        last_in = self.r.get(keys.seq(s))
+        entries = self.store.inputs(s, hot.last_seq + 1, count=self.batch)
+        last_in = self.store.last_ingested(s)
         done = 0
-        for eid, fields in entries:
-            seq = keys.seq_of(eid)
+        for seq, fields in entries:
             if seq != hot.last_seq + 1:
                 log.error("stream %s model %s: expected seq %d, found %d", s, m, hot.last_seq + 1, seq)
                 break
@@ -280,9 +256,9 @@ class Worker:
             done += 1
         if done and s in self._configs:  # the config poll_once just read: no second GET per batch
             models = self._configs[s][1].models
-            self._trim(keys=[keys.inbox(s), *(keys.state(s, x.name) for x in models)])
+            self.store.trim_inputs(s, [x.name for x in models])
         if last_in is not None:
-            M.INGEST_LAG.labels(s, m).set(max(0, int(last_in) - hot.last_seq))
+            M.INGEST_LAG.labels(s, m).set(max(0, last_in - hot.last_seq))
         return done
 
     def _one(self, hot: Hot, seq: int, fields: dict) -> str:
@@ -308,14 +284,10 @@ class Worker:
             outs += [m, "changepoint", json.dumps({"seq": seq, **ev.to_dict()})]
         row_bytes = hot.reservoir.width * 8
         slot_args = self._slot_runs(writes)
-        status = self._apply(
-            keys=[keys.state(s, m), keys.reservoir(s, m), keys.fence(s, m), keys.out(s), keys.attempts(s, m)],
-            args=[hot.token, seq, state.to_bytes(), result.n, repr(result.log_evidence), chunks, det_bytes,
-                  self._keep_from(seq, dstate), row_bytes, self.result_maxlen, len(outs) // 3, *outs, *slot_args],
-        )
-        status = status.decode() if isinstance(status, bytes) else status
+        status = self.store.apply(s, m, hot.token, seq, state.to_bytes(), result.n, result.log_evidence, chunks, det_bytes,
+                                  self._keep_from(seq, dstate), row_bytes, self.result_maxlen, outs, slot_args)
         if status != "ok":
-            if status == "fenced" and not self.r.exists(keys.config(s)):
+            if status == "fenced" and not self.store.stream_exists(s):
                 log.info("stream %s was deleted while model %s processed seq %d; result dropped", s, m, seq)
             elif status == "fenced":
                 M.FENCED_WRITES.labels(s, m).inc()
@@ -369,18 +341,15 @@ class Worker:
 
     def _failed(self, hot: Hot, seq: int, exc: Exception) -> str:
         s, m = hot.stream, hot.model
-        n = self.r.hincrby(keys.attempts(s, m), str(seq), 1)
+        n = self.store.count_failure(s, m, seq)
         err = f"{type(exc).__name__}: {exc}"
         if n < self.max_attempts:
             M.REDELIVERIES.labels(s, m).inc()
             log.warning("stream %s model %s seq %d failed (attempt %d/%d): %s", s, m, seq, n, self.max_attempts, err)
             return "retry"
-        status = self._dead(
-            keys=[keys.state(s, m), keys.fence(s, m), keys.out(s), keys.dead(s), keys.attempts(s, m)],
-            args=[hot.token, seq, m, err, self.result_maxlen, json.dumps({"seq": seq, "error": err}),
-                  self._keep_from(seq, hot.dstate)],
-        )
-        if (status.decode() if isinstance(status, bytes) else status) == "ok":
+        status = self.store.dead_letter(s, m, hot.token, seq, err, self.result_maxlen, json.dumps({"seq": seq, "error": err}),
+                                        self._keep_from(seq, hot.dstate))
+        if status == "ok":
             hot.last_seq = seq
             M.DEAD_LETTERS.labels(s, m).inc()
             log.error("stream %s model %s seq %d dead-lettered after %d attempts: %s", s, m, seq, n, err)

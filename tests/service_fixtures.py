@@ -11,6 +11,16 @@ from service.api.app import create_app, server_options
 from service.settings import Settings
 
 
+def routes_of(app) -> list:
+    """The app's routes, one list: FastAPI >= 0.16x keeps an included router whole in
+    ``app.routes`` (its routes carry their full paths, the router's prefix included)."""
+    out = []
+    for route in app.routes:
+        inner = getattr(route, "original_router", None)
+        out += routes_of(inner) if inner is not None else [route]
+    return out
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -22,7 +22,7 @@ from websockets.sync.client import connect as ws_connect
 from service.api.app import create_app, server_options
 from service.settings import Settings
 from service.store import EmbeddedRedis
-from tests.service_fixtures import free_port
+from tests.service_fixtures import free_port, routes_of
 
 WRITER, READER = "writer-key-1x7Qz", "reader-key-9pLm2"
 OPEN = {"/healthz", "/readyz"}  # the probes: orchestrators call them without credentials
@@ -72,7 +72,7 @@ def server(tmp_path_factory):
 
 def http_routes(app) -> list[tuple[str, str]]:
     out = []
-    for route in app.routes:
+    for route in routes_of(app):
         if isinstance(route, APIWebSocketRoute):
             continue
         assert isinstance(route, (APIRoute, Route)), route
@@ -154,7 +154,7 @@ def ws_outcome(url: str, headers=None) -> str:
 
 def test_websockets_authenticate_and_close_1008(server):
     app, client, ws_url, _ = server
-    ws_routes = [r.path for r in app.routes if isinstance(r, APIWebSocketRoute)]
+    ws_routes = [r.path for r in routes_of(app) if isinstance(r, APIWebSocketRoute)]
     assert sorted(ws_routes) == ["/v1/streams/{stream}/evidence/ws", "/v1/streams/{stream}/ingest"]
     for path in ws_routes:
         url = ws_url + path.replace("{stream}", S)

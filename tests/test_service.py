@@ -370,7 +370,7 @@ def test_worker_killed_between_processing_and_applying(live, redis_url):
     for seq in range(4):
         post(live, s, seq, gauss_rows(100, seq))
     w1 = Worker(redis_url, lease_seconds=1, worker_id="doomed")
-    real_apply, calls = w1._apply, []
+    real_apply, calls = w1.store.apply, []
 
     def dying_apply(*a, **kw):
         calls.append(1)
@@ -378,7 +378,7 @@ def test_worker_killed_between_processing_and_applying(live, redis_url):
             raise CrashBeforeApply()
         return real_apply(*a, **kw)
 
-    w1._apply = dying_apply
+    w1.store.apply = dying_apply
     with pytest.raises(CrashBeforeApply):
         w1.run_until_idle()
     # w1 is gone without releasing its lease; the next owner takes over after expiry

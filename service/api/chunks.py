@@ -120,6 +120,20 @@ def parse_json_chunk(body: bytes, columns: list[str]) -> tuple[int, np.ndarray]:
     return seq, data
 
 
+def parse_body(content_type: str, body: bytes, seq: int | None, columns: list[str]) -> tuple[int, np.ndarray]:
+    """An HTTP body of ``content_type`` as (seq, data); NDJSON, CSV and raw float64 take ``seq``
+    from the query (JSON carries its own)."""
+    if content_type in ("application/x-ndjson", "application/ndjson", "text/csv", "application/octet-stream"):
+        if seq is None:
+            raise ChunkError("NDJSON, CSV and float64 bodies need ?seq=N", 422)
+        parse = {"text/csv": parse_csv, "application/octet-stream": parse_float64}.get(content_type, parse_ndjson)
+        return seq, parse(body, columns)
+    if content_type in ("application/json", ""):
+        return parse_json_chunk(body, columns)
+    raise ChunkError(f"unsupported content type {content_type!r}; use application/json, application/x-ndjson, text/csv "
+                     "or application/octet-stream (raw little-endian float64 rows)", 415)
+
+
 def parse_seq(value: object) -> int:
     """A JSON integer in [0, 2**53]; strings, floats (even 1.0), booleans and null are refused."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 0 or value > 2**53:

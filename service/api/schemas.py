@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
 
 
 class ModelIn(BaseModel):
@@ -97,24 +97,126 @@ class Health(BaseModel):
 class Ready(BaseModel):
     status: Literal["ready", "unavailable"]
     redis: str
+    workers: str | None = Field(None, description="under cusp serve with worker processes: why none is counted as alive")
 
 
 class StreamList(BaseModel):
     streams: list[str]
 
 
+class ResultEntry(BaseModel):
+    """A chunk's result (kind "result"): the entry's id, the model, the stream's seq and chunk
+    index, then the engine's numbers for the chunk, listed here so that the API's schema does
+    not depend on the engine's types. Every result has them today; a field the engine adds
+    later passes through, one it drops is left out (never sent as null): only id, model and
+    kind are required, so an entry of another shape is answered as stored, never with a 500."""
+
+    model_config = ConfigDict(extra="allow")
+    id: str = Field(description="result id; pass as since= to resume after it")
+    model: str
+    kind: Literal["result"]
+    seq: int = None
+    chunk: int = Field(None, description="the chunk's index in the stream (0-based)")
+    n: int = Field(None, description="observations seen after this chunk")
+    rows: int = None
+    log_evidence: float = Field(None, description="running log p(y_1..n | model), nats")
+    log_predictive: float = Field(None, description="log p(chunk | history, model), nats")
+    annealing_steps: int = Field(None, description="intermediate distributions the chunk needed (0: exact method)")
+    ess_before: float | None = Field(None, description="ESS of the incoming weights (null: exact method, no particles)")
+    ess_after: float | None = Field(None, description="ESS of the final weights (null: exact method)")
+    ess_min: float | None = Field(None, description="lowest ESS after a reweighting (null: exact method)")
+    resamples: int = None
+    capped: bool = Field(None, description="the step cap forced the last temperature increment")
+    seconds: float = None
+    log_predictive_per_observation: float | None = Field(
+        None, description="log_predictive per scored row (null: the chunk was all a model's warm-up)")
+    log_evidence_per_observation: float = None
+    method: Literal["exact", "sgais"] = Field(None, description="exact (closed form) or sgais")
+    warnings: list[str] = Field(None, description="why the result may be unreliable (README, Reliability): "
+                                                  "'capped', 'reference_mismatch'; empty when nothing is wrong")
+    reliable: bool = Field(None, description="no warnings")
+    reference_log_evidence: float | None = Field(
+        None, description="the exact log-evidence beside an SGAIS estimate (a conjugate model run with sampler=sgais)")
+    conditioned: int = Field(None, description="rows of the chunk a model conditioned on without scoring them (its warm-up)")
+
+
+class ChangepointEntry(BaseModel):
+    """A change point one model reported (kind "changepoint"). As for results, only id, model
+    and kind are always there; the fields below are what the detector reports today."""
+
+    model_config = ConfigDict(extra="allow")
+    id: str
+    model: str
+    kind: Literal["changepoint"]
+    seq: int = None
+    location: int = Field(None, description="index (0-based, over the whole stream) of the first observation of the new regime")
+    chunk: int = None
+    detected_at: int = Field(None, description="observations seen when it was reported")
+    delay: int = None
+    confidence: float = None
+    log_bayes_factor: float = None
+    log_prior_odds: float = None
+    adapted: bool = Field(None, description="whether the model restarted there")
+
+
+class DeadLetterEntry(BaseModel):
+    """A chunk a model could not process (kind "dead_letter"): its seq and the error."""
+
+    model_config = ConfigDict(extra="allow")
+    id: str
+    model: str
+    kind: Literal["dead_letter"]
+    seq: int = None
+    error: str = None
+
+
+KNOWN_KINDS = ("result", "changepoint", "dead_letter")
+
+
+class OtherEntry(BaseModel):
+    """An entry of a kind this version does not know, answered as stored."""
+
+    model_config = ConfigDict(extra="allow")
+    id: str
+    model: str
+    kind: str = Field(json_schema_extra={"not": {"enum": list(KNOWN_KINDS)}})
+
+
+def _entry_kind(v: Any) -> str:
+    kind = v.get("kind") if isinstance(v, dict) else getattr(v, "kind", None)
+    return kind if kind in KNOWN_KINDS else "other"
+
+
+Entry = Annotated[Annotated[ResultEntry, Tag("result")] | Annotated[ChangepointEntry, Tag("changepoint")]
+                  | Annotated[DeadLetterEntry, Tag("dead_letter")] | Annotated[OtherEntry, Tag("other")], Discriminator(_entry_kind)]
+
+
+class StreamChange(BaseModel):
+    location: int
+    detected_at: int
+    confidence: float = Field(description="a lower bound on the posterior probability of a change within one chunk of location")
+    support: dict[str, tuple[float, float]] = Field(description="model -> [posterior probability, event confidence]")
+
+
 class ChangepointList(BaseModel):
-    changepoints: list[dict[str, Any]] = Field(description="each model's change points, in the order they were reported")
-    stream: list[dict[str, Any]] = Field(
+    changepoints: list[ChangepointEntry] = Field(description="each model's change points, in the order they were reported")
+    stream: list[StreamChange] = Field(
         description="with several models: the stream's change points, each model's events weighted by its posterior "
                     "probability (location, detected_at, confidence: a lower bound on the posterior probability of a "
                     "change within one chunk of location; support: model -> [posterior probability, event confidence])")
 
 
+class DeadLetter(BaseModel):
+    id: str
+    model: str
+    seq: str
+    error: str
+
+
 class DeadLetters(BaseModel):
-    dead_letters: list[dict[str, Any]]
+    dead_letters: list[DeadLetter]
 
 
 class EvidencePage(BaseModel):
-    results: list[dict[str, Any]]
+    results: list[Entry]
     next: str | None = Field(None, description="pass as since= to get the following page")

@@ -1,0 +1,237 @@
+"""What the routes do, apart from HTTP: create a stream (validated against its models and the
+engine), summarise its models, check and store a chunk, average change points over models.
+Redis is reached through the store only; errors are HTTP errors (or ``ChunkError`` for chunks,
+which the WebSocket ingest answers as messages)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import re
+import time
+
+import numpy as np
+import torch
+from fastapi import HTTPException
+
+from models import ModelError, build_model
+from models.registry import SUPERVISED
+from service import metrics as M
+from service.api.chunks import ChunkError
+from service.api.schemas import ModelIn, ModelOut, StreamIn, StreamOut
+from service.data import log_model_probabilities
+from service.detect import DetectorConfig, model_averaged_from_entries
+from service.runtime import build, cached_model, model_seed
+from service.settings import Settings
+from service.sgais import ConfigError
+from service.store import ModelEntry, StreamConfig, digest, keys
+from service.store.api import ApiStore
+
+#: the largest particles x parameters a stream's model may ask for (its state is 8 bytes per entry, in Redis)
+MAX_PARTICLE_VALUES = 10_000_000
+
+
+async def find_stream(store: ApiStore, name: str) -> StreamConfig | None:
+    return await store.config(name) if keys.STREAM_NAME.fullmatch(name) else None
+
+
+async def stream_config(store: ApiStore, name: str) -> StreamConfig:
+    """The stream's config, or 404."""
+    cfg = await find_stream(store, name)
+    if cfg is None:
+        raise HTTPException(404, f"no stream named {name!r}")
+    return cfg
+
+
+# --- streams --------------------------------------------------------------------------------
+def check_names(body: StreamIn) -> None:
+    """A create request's own faults (422): non-finite numbers, the stream's and columns' names."""
+    try:  # NaN or infinity anywhere (sampler overrides are free-form) could not be stored or echoed as JSON
+        json.dumps(body.model_dump(), allow_nan=False)
+    except ValueError:
+        raise HTTPException(422, "NaN and infinity are not accepted") from None
+    if not keys.STREAM_NAME.fullmatch(body.name):
+        raise HTTPException(422, "stream name must be 1-64 letters, digits, '_', '.' or '-', starting with a letter or digit")
+    if len(set(body.columns)) != len(body.columns) or any(not c.strip() for c in body.columns):
+        raise HTTPException(422, f"column names must be non-empty and distinct, got {body.columns}")
+
+
+def config_from_request(body: StreamIn) -> StreamConfig:
+    """The stream's config, checked against the models it names and the detector (422 naming what is wrong)."""
+    entries: list[ModelEntry] = []
+    for i, m in enumerate(body.models):
+        m = ModelIn(spec=m) if isinstance(m, str) else m
+        name = m.name or re.sub(r"[^A-Za-z0-9_.-]", "_", m.spec.replace(":", "_").replace("=", ""))[:64]
+        if not keys.MODEL_NAME.fullmatch(name):
+            raise HTTPException(422, f"model {i}: name {name!r} must be 1-64 letters, digits, '_', '.' or '-'")
+        if any(e.name == name for e in entries):
+            raise HTTPException(422, f"model name {name!r} is used twice; give each model a distinct 'name'")
+        target = None
+        if m.target is not None:
+            if m.target not in body.columns:
+                raise HTTPException(422, f"model {name!r}: target column {m.target!r} is not one of {body.columns}")
+            target = body.columns.index(m.target)
+        try:
+            model = build_model(m.spec, len(body.columns), target)
+        except ModelError as exc:
+            raise HTTPException(422, f"model {name!r}: {exc}") from None
+        if m.target is not None and model.name not in SUPERVISED:
+            raise HTTPException(422, f"model {name!r}: 'target' applies only to {sorted(SUPERVISED)}")
+        entries.append(ModelEntry(name=name, spec=m.spec, target=target, prior=m.prior))
+    cfg = StreamConfig(name=body.name, columns=body.columns, models=entries,
+                       sampler={"preset": body.sampler.preset, "overrides": body.sampler.overrides},
+                       seed=body.seed, detector=body.detector, created=time.time())
+    try:
+        DetectorConfig.from_dict(body.detector)
+    except ConfigError as exc:
+        raise HTTPException(422, str(exc)) from None
+    return cfg
+
+
+def initial_states(cfg: StreamConfig) -> list[bytes]:
+    """Each model's first SGAIS state (its prior draws), or 422 if the sampler settings are invalid."""
+    try:
+        states = []
+        for e in cfg.models:
+            sampler = build(cfg, e)
+            if sampler.config.particles * sampler.model.dim > MAX_PARTICLE_VALUES:
+                raise HTTPException(422, f"model {e.name!r}: {sampler.config.particles} particles x {sampler.model.dim} parameters "
+                                         f"exceeds {MAX_PARTICLE_VALUES:,} values")
+            states.append(sampler.init(model_seed(cfg, e)).to_bytes())
+    except (ConfigError, TypeError) as exc:
+        raise HTTPException(422, f"sampler: {exc}") from None
+    return states
+
+
+async def create_stream(store: ApiStore, settings: Settings, body: StreamIn) -> StreamOut:
+    check_names(body)
+    if await store.stream_count() >= settings.max_streams:
+        raise HTTPException(409, f"the stream limit CUSP_MAX_STREAMS={settings.max_streams} is reached")
+    cfg = config_from_request(body)
+    if not await store.create(cfg, initial_states(cfg)):
+        raise HTTPException(409, f"a stream named {cfg.name!r} already exists")
+    M.STREAMS.inc()
+    return await stream_out(store, cfg)
+
+
+async def delete_stream(store: ApiStore, cfg: StreamConfig) -> None:
+    await store.delete(cfg)
+    for m in cfg.models:
+        for metric in (M.LOG_EVIDENCE, M.LOG_EVIDENCE_PER_OBS, M.MODEL_POSTERIOR, M.INGEST_LAG):
+            try:
+                metric.remove(cfg.name, m.name)
+            except KeyError:
+                pass
+
+
+def log_model_priors(cfg: StreamConfig) -> dict[str, float]:
+    """The models' log prior probabilities, normalised in logs: priors may be as large as 1e308 or as small as 5e-324."""
+    top = max(m.prior for m in cfg.models)
+    log_total = math.log(top) + math.log(sum(m.prior / top for m in cfg.models))
+    return {m.name: math.log(m.prior) - log_total for m in cfg.models}
+
+
+async def model_rows(store: ApiStore, cfg: StreamConfig) -> tuple[int, int, list[ModelOut]]:
+    """(last accepted seq, dead letters, each model's summary with its posterior probability)."""
+    p = await store.progress(cfg)
+    out = [ModelOut(name=m.name, spec=m.spec, target=cfg.columns[m.target] if m.target is not None else None,
+                    observations=r.observations, chunks=r.chunks, last_seq=r.last_seq, log_evidence=r.log_evidence,
+                    log_evidence_per_observation=r.log_evidence / r.observations if r.observations else None,
+                    posterior_probability=None, lag_chunks=max(0, p.last_seq - r.last_seq), error=r.error)
+           for m, r in zip(cfg.models, p.models)]
+    # posterior model probabilities among models that have seen the same observations
+    ns = {r.observations for r in out}
+    if len(ns) == 1 and ns != {0}:
+        probs = log_model_probabilities({r.name: r.log_evidence for r in out}, log_model_priors(cfg))
+        for r in out:
+            r.posterior_probability = probs[r.name]
+    return p.last_seq, p.dead_letters, out
+
+
+async def stream_out(store: ApiStore, cfg: StreamConfig) -> StreamOut:
+    last_seq, dead, models = await model_rows(store, cfg)
+    return StreamOut(name=cfg.name, columns=cfg.columns, sampler=cfg.sampler, detector=cfg.detector, seed=cfg.seed,
+                     last_seq=last_seq, next_seq=last_seq + 1, dead_letters=dead, models=models)
+
+
+async def refresh_stream_gauges(store: ApiStore) -> None:
+    """cusp_streams, and each model's posterior probability and ingest lag, from Redis."""
+    names = await store.stream_names()
+    M.STREAMS.set(len(names))
+    for s in names:
+        cfg = await store.config(s)
+        if cfg is None:
+            continue
+        _, _, models = await model_rows(store, cfg)
+        for row in models:
+            if row.posterior_probability is not None:
+                M.MODEL_POSTERIOR.labels(s, row.name).set(row.posterior_probability)
+            M.INGEST_LAG.labels(s, row.name).set(row.lag_chunks)
+
+
+# --- ingest ---------------------------------------------------------------------------------
+def check_chunk(settings: Settings, cfg: StreamConfig, data: np.ndarray) -> None:
+    """The chunk's size, and that every model of the stream can use it (ChunkError naming the model)."""
+    if data.shape[0] == 0:
+        M.REJECTED.labels("empty").inc()
+        raise ChunkError("empty chunk: send at least one row")
+    if data.shape[0] > settings.max_chunk_rows:
+        M.REJECTED.labels("too_many_rows").inc()
+        raise ChunkError(f"chunk has {data.shape[0]} rows, the limit is CUSP_MAX_CHUNK_ROWS={settings.max_chunk_rows}", 413)
+    tensor = torch.from_numpy(data)
+    for m in cfg.models:
+        model = cached_model(m.spec, len(cfg.columns), m.target)
+        try:
+            feats = model.featurize(tensor)
+        except ModelError as exc:
+            raise ChunkError(f"model {m.name!r}: {exc}") from None
+        if not bool(torch.isfinite(feats).all()):
+            raise ChunkError(f"model {m.name!r}: values too large (their squares overflow float64)")
+
+
+async def ingest(store: ApiStore, settings: Settings, cfg: StreamConfig, seq: int, data: np.ndarray) -> tuple[int, dict]:
+    """Store one chunk: (202, ack) when accepted, (200, ack) for a resend of the same data; a
+    ChunkError (409) for a conflicting resend or a sequence gap."""
+    check_chunk(settings, cfg, data)
+    raw = data.astype("<f8").tobytes()  # stored as is; its digest recognises a resend in any body format
+    payload_digest = digest(raw)
+    kind, val = await store.ingest(cfg.name, seq, raw, data.shape[0], payload_digest, settings.dedup_window)
+    if kind == "ok":
+        M.INGESTED_CHUNKS.labels(cfg.name).inc()
+        M.INGESTED_ROWS.labels(cfg.name).inc(data.shape[0])
+        return 202, {"seq": seq, "status": "accepted", "id": val, "rows": int(data.shape[0])}
+    if kind == "dup":
+        if val != payload_digest:
+            M.REJECTED.labels("conflict").inc()
+            raise ChunkError(f"seq {seq} was already accepted with different data", 409)
+        return 200, {"seq": seq, "status": "duplicate", "id": keys.entry_id(seq)}
+    if kind == "old":
+        M.REJECTED.labels("conflict").inc()
+        raise ChunkError(f"seq {seq} was accepted long ago: it is older than the last CUSP_DEDUP_WINDOW="
+                         f"{settings.dedup_window} chunks, whose digests are kept, so it cannot be checked against "
+                         f"the stored data; expected seq {val}", 409)
+    M.REJECTED.labels("gap").inc()
+    raise ChunkError(f"seq {seq} is out of order: expected seq {val}", 409)
+
+
+# --- results --------------------------------------------------------------------------------
+def check_id(since: str | None) -> str:
+    """A result id to read after ("0-0": from the start), or 422."""
+    if since in (None, "", "0"):
+        return "0-0"
+    # ASCII digits only (\d would take other scripts' digits), each part a 64-bit unsigned integer as Redis needs
+    m = re.fullmatch(r"([0-9]{1,20})(?:-([0-9]{1,20}))?", since)
+    if not m or any(int(p) >= 2**64 for p in m.groups() if p is not None):
+        raise HTTPException(422, f"since must be a result id like '1712345678901-0', got {since[:60]!r}")
+    return since
+
+
+async def changepoints(store: ApiStore, cfg: StreamConfig) -> dict:
+    """Each model's change points and, with several models, the stream's (each model's events
+    weighted by its posterior probability: service.detect.model_averaged_changes)."""
+    several = len(cfg.models) > 1  # then the results too: the models' evidence weighs their events
+    out = await store.results_of_kinds(cfg.name, ("changepoint", "result") if several else ("changepoint",))
+    threshold = DetectorConfig.from_dict(cfg.detector).threshold
+    found = await asyncio.to_thread(model_averaged_from_entries, out, threshold, log_model_priors(cfg))
+    return {"changepoints": [c for c in out if c["kind"] == "changepoint"], "stream": [c.to_dict() for c in found]}

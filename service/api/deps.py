@@ -1,0 +1,86 @@
+"""The API's dependencies, as ``Annotated`` aliases: settings, the store, and access checks.
+
+All are ``async def``: FastAPI runs a plain ``def`` dependency in a worker thread, a thread hop
+per dependency per request that cost more than a small chunk's whole ingest.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import Depends, HTTPException, Request, WebSocket
+from fastapi.requests import HTTPConnection
+
+from service.settings import Settings
+from service.store.api import ApiStore
+
+
+async def get_settings(conn: HTTPConnection) -> Settings:
+    return conn.app.state.settings
+
+
+async def get_store(conn: HTTPConnection) -> ApiStore:
+    return conn.app.state.store
+
+
+SettingsDep = Annotated[Settings, Depends(get_settings)]
+StoreDep = Annotated[ApiStore, Depends(get_store)]
+
+
+def scope_for(settings: Settings, key: str | None) -> str | None:
+    """'write', 'read' or None (unknown key); every request may write when no keys are set."""
+    if not settings.keys:
+        return "write"
+    return settings.scope_of(key)
+
+
+def presented_key(request: Request) -> str | None:
+    auth = request.headers.get("authorization", "")
+    if auth.lower().startswith("bearer "):
+        return auth[7:].strip()
+    return request.headers.get("x-api-key")
+
+
+async def _access(request: Request, settings: Settings, scope: str) -> None:
+    got = scope_for(settings, presented_key(request))
+    if got is None:
+        raise HTTPException(401, "missing or unknown API key (send 'Authorization: Bearer KEY')", headers={"WWW-Authenticate": "Bearer"})
+    if scope == "write" and got != "write":
+        raise HTTPException(403, "this API key is read-only")
+
+
+async def can_read(request: Request, settings: SettingsDep) -> None:
+    await _access(request, settings, "read")
+
+
+async def can_write(request: Request, settings: SettingsDep) -> None:
+    await _access(request, settings, "write")
+
+
+async def page_access(request: Request, settings: SettingsDep) -> None:
+    """Pages opened in a browser (live page, API docs) take the key as ``?token=KEY`` too."""
+    key = presented_key(request) or request.query_params.get("token")
+    if scope_for(settings, key) is None:
+        raise HTTPException(401, "missing or unknown API key (open the page with ?token=KEY)", headers={"WWW-Authenticate": "Bearer"})
+
+
+#: route-level checks: ``dependencies=[Read]`` or ``[Write]``
+Read, Write, Page = Depends(can_read), Depends(can_write), Depends(page_access)
+
+
+async def reject(ws: WebSocket, reason: str) -> None:
+    await ws.accept()  # accept first so that the client sees the 1008 close code and reason
+    await ws.close(code=1008, reason=reason[:120])
+
+
+async def ws_allowed(ws: WebSocket, settings: Settings, scope: str) -> bool:
+    """A WebSocket's key (``?token=``, X-API-Key or Bearer); on failure the socket is closed with 1008."""
+    key = ws.query_params.get("token") or ws.headers.get("x-api-key")
+    auth = ws.headers.get("authorization", "")
+    if not key and auth.lower().startswith("bearer "):
+        key = auth[7:].strip()
+    got = scope_for(settings, key)
+    if got is None or (scope == "write" and got != "write"):
+        await reject(ws, "missing, unknown or read-only API key")
+        return False
+    return True

@@ -1,0 +1,117 @@
+"""Ingest: one chunk per POST (JSON, NDJSON, CSV or raw float64), or one per WebSocket message."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+import redis.exceptions as rexc
+from fastapi import APIRouter, FastAPI, HTTPException, Query, Request, WebSocket, WebSocketDisconnect
+from fastapi.responses import JSONResponse
+
+from service import metrics as M
+from service.api import chunks as C
+from service.api import crud
+from service.api.deps import SettingsDep, StoreDep, Write, reject, ws_allowed
+from service.api.errors import WRITE, errors
+from service.api.schemas import ChunkAck, ChunkColumns, ChunkRows
+from service.settings import Settings
+
+router = APIRouter(prefix="/v1/streams", tags=["ingest"])
+CHUNKS = "/v1/streams/{stream}/chunks"
+
+#: the POST body's documented media types; the JSON schema's limits are set per app (``document_limits``)
+BODY = {"application/json": {"schema": {}}, "application/x-ndjson": {"schema": {"type": "string"}},
+        "text/csv": {"schema": {"type": "string"}}, "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}
+
+
+def chunk_body(settings: Settings) -> dict:
+    """OpenAPI ``requestBody`` of POST .../chunks, with the row and column limits of ``settings``."""
+    schema = {"oneOf": [ChunkRows.model_json_schema(), ChunkColumns.model_json_schema()]}
+    for alt in schema["oneOf"]:
+        if "rows" in alt["properties"]:
+            alt["properties"]["rows"]["maxItems"] = settings.max_chunk_rows
+        if "columns" in alt["properties"]:
+            alt["properties"]["columns"]["maxProperties"] = 256
+    return {"requestBody": {"required": True, "content": {**BODY, "application/json": {"schema": schema}}}}
+
+
+def document_limits(app: FastAPI, settings: Settings) -> None:
+    """Give this app's OpenAPI schema the POST body with this app's limits (the route itself is
+    shared by every app built in the process)."""
+    generate = app.openapi
+
+    def openapi() -> dict:
+        if app.openapi_schema is None:
+            generate()["paths"][CHUNKS]["post"].update(chunk_body(settings))
+        return app.openapi_schema
+
+    app.openapi = openapi
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    body = bytearray()
+    async for part in request.stream():
+        body += part
+        if len(body) > limit:
+            M.REJECTED.labels("too_large").inc()
+            raise HTTPException(413, f"body exceeds the limit of {limit} bytes")
+    if not body:
+        raise HTTPException(400, "empty body")
+    return bytes(body)
+
+
+@router.post(CHUNKS.removeprefix(router.prefix), status_code=202, response_model=ChunkAck, dependencies=[Write],
+             responses={200: {"model": ChunkAck, "description": "a repeated seq with the same data: status 'duplicate'"},
+                        **errors(400, *WRITE, 404, 409, 413, 415, 422)},
+             openapi_extra={"requestBody": {"required": True, "content": BODY}})
+async def post_chunk(stream: str, request: Request, store: StoreDep, settings: SettingsDep,
+                     seq: Annotated[int | None, Query(ge=0, le=2**53, description="sequence number for NDJSON/CSV bodies")] = None):
+    cfg = await crud.stream_config(store, stream)
+    body = await read_body(request, settings.max_body_bytes)
+    ctype = request.headers.get("content-type", "application/json").split(";")[0].strip().lower()
+    try:
+        s, data = C.parse_body(ctype, body, seq, cfg.columns)
+        status, ack = await crud.ingest(store, settings, cfg, s, data)
+    except C.ChunkError as exc:
+        M.REJECTED.labels("invalid").inc()
+        raise HTTPException(exc.status, str(exc)) from None
+    return JSONResponse(ack, status_code=status)
+
+
+@router.websocket("/{stream}/ingest")
+async def ingest_ws(ws: WebSocket, stream: str, store: StoreDep, settings: SettingsDep):
+    if not await ws_allowed(ws, settings, "write"):
+        return
+    cfg = await crud.find_stream(store, stream)
+    if cfg is None:
+        await reject(ws, f"no stream named {stream!r}")
+        return
+    await ws.accept()
+    try:
+        while True:
+            msg = await ws.receive()
+            if msg["type"] == "websocket.disconnect":
+                return
+            raw = msg.get("text") if msg.get("text") is not None else msg.get("bytes")
+            seq = None
+            try:
+                if raw is None or len(raw) > settings.max_body_bytes:
+                    raise C.ChunkError(f"message exceeds the limit of {settings.max_body_bytes} bytes", 413)
+                try:  # lenient parse, only to echo the seq back with an error
+                    doc = json.loads(raw)
+                    seq = doc.get("seq") if isinstance(doc, dict) else None
+                except (ValueError, RecursionError):
+                    pass
+                s, data = C.parse_json_chunk(raw if isinstance(raw, bytes) else raw.encode(), cfg.columns)
+                status, ack = await crud.ingest(store, settings, cfg, s, data)
+                await ws.send_json(ack)
+            except C.ChunkError as exc:
+                M.REJECTED.labels("invalid").inc()
+                await ws.send_json({"seq": seq if isinstance(seq, int) else None, "status": "error",
+                                    "code": exc.status, "detail": str(exc)})
+            except (rexc.ConnectionError, rexc.TimeoutError) as exc:
+                await ws.send_json({"seq": seq if isinstance(seq, int) else None, "status": "error", "code": 503,
+                                    "detail": f"Redis unavailable: {exc}; resend"})
+    except WebSocketDisconnect:
+        return

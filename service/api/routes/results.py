@@ -1,0 +1,97 @@
+"""Results: evidence pages, change points, dead letters, and the live feeds (SSE, WebSocket)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+
+from fastapi import APIRouter, HTTPException, Query, Request, WebSocket, WebSocketDisconnect
+from fastapi.responses import StreamingResponse
+
+from service.api import crud
+from service.api.deps import Read, SettingsDep, StoreDep, reject, ws_allowed
+from service.api.errors import READ, errors
+from service.api.schemas import ChangepointList, DeadLetters, EvidencePage
+
+router = APIRouter(prefix="/v1/streams", tags=["results"])
+
+
+@router.get("/{stream}/evidence", response_model=EvidencePage, response_model_exclude_unset=True, dependencies=[Read], responses=errors(*READ, 404, 422))
+async def evidence(stream: str, store: StoreDep, since: str | None = Query(None, description="return results after this id"),
+                   limit: int = Query(1000, ge=1, le=10_000), model: str | None = None):
+    cfg = await crud.stream_config(store, stream)
+    if model is not None and cfg.model(model) is None:
+        raise HTTPException(404, f"stream {stream!r} has no model {model!r}")
+    results = await store.results(stream, crud.check_id(since), limit)
+    nxt = results[-1]["id"] if results else since
+    if model is not None:
+        results = [r for r in results if r["model"] == model]
+    return {"results": results, "next": nxt}
+
+
+@router.get("/{stream}/changepoints", dependencies=[Read], response_model=ChangepointList, response_model_exclude_unset=True, responses=errors(*READ, 404, 422))
+async def changepoints(stream: str, store: StoreDep) -> dict:
+    return await crud.changepoints(store, await crud.stream_config(store, stream))
+
+
+@router.get("/{stream}/dead-letters", dependencies=[Read], response_model=DeadLetters, responses=errors(*READ, 404, 422))
+async def dead_letters(stream: str, store: StoreDep) -> dict:
+    await crud.stream_config(store, stream)
+    return {"dead_letters": await store.dead_letters(stream)}
+
+
+@router.get("/{stream}/evidence/sse", dependencies=[Read], response_class=StreamingResponse,
+            responses={200: {"content": {"text/event-stream": {"schema": {"type": "string"}}},
+                             "description": "results and change points as server-sent events, live"}, **errors(*READ, 404, 422)})
+async def evidence_sse(stream: str, request: Request, store: StoreDep, since: str | None = None):
+    await crud.stream_config(store, stream)
+    start = crud.check_id(since or request.headers.get("last-event-id"))
+
+    async def events():
+        async for item in store.follow(stream, start):
+            if await request.is_disconnected():
+                return
+            if item is None:
+                yield ": keep-alive\n\n"
+            else:
+                yield f"id: {item['id']}\nevent: {item['kind']}\ndata: {json.dumps(item)}\n\n"
+
+    return StreamingResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+
+@router.websocket("/{stream}/evidence/ws")
+async def evidence_ws(ws: WebSocket, stream: str, store: StoreDep, settings: SettingsDep, since: str | None = None):
+    if not await ws_allowed(ws, settings, "read"):
+        return
+    if await crud.find_stream(store, stream) is None:
+        await reject(ws, f"no stream named {stream!r}")
+        return
+    try:
+        start = crud.check_id(since)
+    except HTTPException as exc:
+        await reject(ws, str(exc.detail))
+        return
+    await ws.accept()
+
+    async def until_closed() -> None:
+        # a client that leaves an idle stream is noticed at the next keep-alive tick, not at the next result
+        try:
+            while (await ws.receive())["type"] != "websocket.disconnect":
+                pass
+        except Exception:  # noqa: BLE001 - any failure to receive means the client is gone
+            pass
+
+    closed = asyncio.ensure_future(until_closed())
+    try:
+        async with contextlib.aclosing(store.follow(stream, start)) as items:
+            async for item in items:
+                if closed.done():
+                    return
+                if item is not None:
+                    await ws.send_json(item)
+    except (WebSocketDisconnect, RuntimeError):
+        return
+    finally:
+        closed.cancel()
+    await ws.close(code=1000, reason="stream deleted")

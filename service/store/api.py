@@ -1,0 +1,146 @@
+"""The API's Redis access (asyncio): every read and write the HTTP and WebSocket routes make.
+
+Routes never see a key or a Redis reply; they get configs, plain numbers and result entries
+decoded into dicts (``{"id", "model", "kind", **data}``, the wire format of results).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass
+
+from service.store import StreamConfig, connect_async, keys, scripts
+
+#: the largest result id; nothing can follow it (and Redis refuses it as an exclusive start)
+LAST_ID = f"{2**64 - 1}-{2**64 - 1}"
+
+
+@dataclass(frozen=True)
+class ModelProgress:
+    """One model's counters from its state hash (absent fields as a fresh model has them)."""
+
+    observations: int
+    chunks: int
+    last_seq: int
+    log_evidence: float
+    error: str | None
+
+
+@dataclass(frozen=True)
+class StreamProgress:
+    last_seq: int  # last accepted input seq, -1 before the first chunk
+    dead_letters: int
+    models: list[ModelProgress]  # in the config's order
+
+
+def entry(eid: bytes, fields: dict) -> dict:
+    """A result-stream entry as the API answers it: id, model, kind, then the entry's JSON data."""
+    return {"id": eid.decode(), "model": fields[b"model"].decode(), "kind": fields[b"kind"].decode(), **json.loads(fields[b"data"])}
+
+
+class ApiStore:
+    """One connection pool per API process, and the scripts the API runs."""
+
+    def __init__(self, url: str):
+        self.url = url
+        self.r = connect_async(url)
+        self._ingest = self.r.register_script(scripts.INGEST)
+        self._create = self.r.register_script(scripts.CREATE)
+
+    async def close(self) -> None:
+        await self.r.aclose()
+
+    async def ping(self) -> None:
+        await self.r.ping()
+
+    async def live_workers(self, now: float, window: float) -> int:
+        """Workers whose last heartbeat is at most ``window`` seconds old."""
+        return int(await self.r.zcount(keys.WORKERS, now - window, "+inf"))
+
+    # --- streams ------------------------------------------------------------------------------
+    async def stream_names(self) -> list[str]:
+        return sorted(s.decode() for s in await self.r.smembers(keys.STREAMS))
+
+    async def stream_count(self) -> int:
+        return int(await self.r.scard(keys.STREAMS))
+
+    async def config(self, name: str) -> StreamConfig | None:
+        raw = await self.r.get(keys.config(name))
+        return None if raw is None else StreamConfig.from_json(raw)
+
+    async def exists(self, name: str) -> bool:
+        return bool(await self.r.exists(keys.config(name)))
+
+    async def create(self, cfg: StreamConfig, states: list[bytes]) -> bool:
+        """Create the stream with each model's initial state; False if the name is taken."""
+        created = await self._create(keys=[keys.STREAMS, keys.config(cfg.name), *[keys.state(cfg.name, m.name) for m in cfg.models]],
+                                     args=[cfg.name, cfg.to_json(), *states])
+        return bool(created)
+
+    async def delete(self, cfg: StreamConfig) -> None:
+        pipe = self.r.pipeline(transaction=True)
+        pipe.srem(keys.STREAMS, cfg.name)
+        pipe.delete(*keys.stream_keys(cfg.name, [m.name for m in cfg.models]))
+        await pipe.execute()
+
+    async def progress(self, cfg: StreamConfig) -> StreamProgress:
+        pipe = self.r.pipeline(transaction=False)
+        pipe.get(keys.seq(cfg.name))
+        pipe.xlen(keys.dead(cfg.name))
+        for m in cfg.models:
+            pipe.hmget(keys.state(cfg.name, m.name), "n", "chunks", "last_seq", "log_evidence", "error")
+        last_in, dead, *rows = await pipe.execute()
+        models = [ModelProgress(observations=int(n or 0), chunks=int(chunks or 0), last_seq=int(last if last is not None else -1),
+                                log_evidence=float(le or 0.0), error=(err or b"").decode() or None)
+                  for n, chunks, last, le, err in rows]
+        return StreamProgress(last_seq=int(last_in) if last_in is not None else -1, dead_letters=int(dead), models=models)
+
+    # --- ingest -------------------------------------------------------------------------------
+    async def ingest(self, stream: str, seq: int, raw: bytes, rows: int, digest: str, window: int) -> tuple[str, str]:
+        """Append one chunk (``raw``: its float64 rows) unless its seq is taken or out of order.
+        Returns ("ok", entry id) | ("dup", stored digest) | ("old", expected seq) | ("gap", expected seq)."""
+        res = await self._ingest(keys=[keys.seq(stream), keys.inbox(stream), keys.seen(stream)], args=[seq, raw, rows, digest, window])
+        return res[0].decode(), res[1].decode()
+
+    # --- results ------------------------------------------------------------------------------
+    async def results(self, stream: str, after: str, count: int) -> list[dict]:
+        """Up to ``count`` result entries with ids above ``after`` ("0-0": from the start)."""
+        if after == LAST_ID:
+            return []
+        got = await self.r.xrange(keys.out(stream), min="(" + after if after != "0-0" else "-", count=count)
+        return [entry(e, f) for e, f in got]
+
+    async def results_of_kinds(self, stream: str, kinds: Iterable[str], page: int = 5000) -> list[dict]:
+        """Every result entry of the given kinds, read in pages."""
+        wanted = {k.encode() for k in kinds}
+        out, start = [], "-"
+        while True:
+            got = await self.r.xrange(keys.out(stream), min=start, count=page)
+            out += [entry(e, f) for e, f in got if f[b"kind"] in wanted]
+            if len(got) < page:
+                return out
+            start = "(" + got[-1][0].decode()
+
+    async def dead_letters(self, stream: str, count: int = 1000) -> list[dict]:
+        got = await self.r.xrange(keys.dead(stream), count=count)
+        return [{"id": e.decode(), **{k.decode(): v.decode() for k, v in f.items()}} for e, f in got]
+
+    async def follow(self, stream: str, since: str) -> AsyncIterator[dict | None]:
+        """Result entries after ``since``, live, until the stream is deleted; None is a keep-alive
+        tick (a second without news). A connection of its own: it blocks."""
+        last = since
+        reader = connect_async(self.url)
+        try:
+            while True:
+                got = await reader.xread({keys.out(stream): last}, count=500, block=1000)
+                if not got:
+                    if not await reader.exists(keys.config(stream)):
+                        return
+                    yield None
+                    continue
+                for eid, fields in got[0][1]:
+                    last = eid.decode()
+                    yield entry(eid, fields)
+        finally:
+            await reader.aclose()

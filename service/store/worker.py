@@ -1,0 +1,125 @@
+"""The worker's Redis access (synchronous: a worker is one loop on one thread): heartbeats,
+leases with fencing tokens, reading input chunks and model state, the atomic apply and
+dead-letter scripts, trimming, and the wake-up channel.
+
+Every method is one round trip (or one pipeline, or one script) and returns plain values;
+the worker never sees a key.
+"""
+
+from __future__ import annotations
+
+from service.store import connect, keys, scripts
+
+
+def _text(status: bytes | str) -> str:
+    return status.decode() if isinstance(status, bytes) else status
+
+
+class WorkerStore:
+    def __init__(self, url: str):
+        self.r = connect(url)
+        self._acquire = self.r.register_script(scripts.ACQUIRE)
+        self._renew = self.r.register_script(scripts.RENEW)
+        self._release = self.r.register_script(scripts.RELEASE)
+        self._apply = self.r.register_script(scripts.APPLY)
+        self._dead = self.r.register_script(scripts.DEAD_LETTER)
+        self._trim = self.r.register_script(scripts.TRIM_INBOX)
+        self._wake = None  # pub/sub on keys.WAKE, opened when the worker first goes idle
+
+    # --- workers and streams ------------------------------------------------------------------
+    def heartbeat(self, worker_id: str, now: float, window: float) -> int:
+        """Record that ``worker_id`` is alive at ``now``; returns how many workers were alive in
+        the last ``window`` seconds (this one included)."""
+        self.r.zadd(keys.WORKERS, {worker_id: now})
+        return int(self.r.zcount(keys.WORKERS, now - window, "+inf"))
+
+    def stream_names(self) -> list[str]:
+        return sorted(s.decode() for s in self.r.smembers(keys.STREAMS))
+
+    def config_raw(self, s: str) -> bytes | None:
+        """The stream's config as stored (JSON bytes), so a caller can tell whether it changed."""
+        return self.r.get(keys.config(s))
+
+    def stream_exists(self, s: str) -> bool:
+        return bool(self.r.exists(keys.config(s)))
+
+    def last_ingested(self, s: str) -> int | None:
+        raw = self.r.get(keys.seq(s))
+        return None if raw is None else int(raw)
+
+    def last_applied(self, s: str, m: str) -> int | None:
+        raw = self.r.hget(keys.state(s, m), "last_seq")
+        return None if raw is None else int(raw)
+
+    # --- leases -------------------------------------------------------------------------------
+    def acquire(self, s: str, m: str, worker_id: str, ttl_ms: int) -> bytes | None:
+        """A new fencing token if the lease was free (or already ours), else None."""
+        token = self._acquire(keys=[keys.lease(s, m), keys.fence(s, m)], args=[worker_id, ttl_ms])
+        return str(token).encode() if token else None
+
+    def renew(self, s: str, m: str, worker_id: str, ttl_ms: int, token: bytes) -> bool:
+        return bool(self._renew(keys=[keys.lease(s, m), keys.fence(s, m)], args=[worker_id, ttl_ms, token]))
+
+    def release(self, s: str, m: str, worker_id: str) -> None:
+        self._release(keys=[keys.lease(s, m)], args=[worker_id])
+
+    # --- state and input ----------------------------------------------------------------------
+    def load(self, s: str, m: str) -> tuple[dict, bytes]:
+        """(the model's state hash, its reservoir bytes), read together."""
+        pipe = self.r.pipeline(transaction=True)
+        pipe.hgetall(keys.state(s, m))
+        pipe.get(keys.reservoir(s, m))
+        h, res_raw = pipe.execute()
+        return h, res_raw or b""
+
+    def inputs(self, s: str, first: int, last: int | None = None, count: int | None = None) -> list[tuple[int, dict]]:
+        """(seq, fields ``rows`` and ``n``) of the input chunks from seq ``first`` on (to ``last``, at most ``count``)."""
+        got = self.r.xrange(keys.inbox(s), min=keys.entry_id(first), max="+" if last is None else keys.entry_id(last), count=count)
+        return [(keys.seq_of(eid), fields) for eid, fields in got]
+
+    def trim_inputs(self, s: str, models: list[str]) -> None:
+        """Drop the input chunks that no model of the stream may still read (each model's ``keep_from``)."""
+        self._trim(keys=[keys.inbox(s), *(keys.state(s, m) for m in models)])
+
+    # --- outcomes -----------------------------------------------------------------------------
+    def apply(self, s: str, m: str, token: bytes, seq: int, state: bytes, n: int, log_evidence: float, chunks: int,
+              detector: bytes, keep_from: int, row_bytes: int, result_maxlen: int, outs: list, slot_args: list) -> str:
+        """One processed chunk, atomically: state, counters, result entries (``outs``: model, kind,
+        data per entry) and reservoir slots (``slot_args``: first slot, bytes per run). Returns
+        'ok', 'fenced' (the lease moved on) or 'stale' (seq already applied)."""
+        return _text(self._apply(
+            keys=[keys.state(s, m), keys.reservoir(s, m), keys.fence(s, m), keys.out(s), keys.attempts(s, m)],
+            args=[token, seq, state, n, repr(log_evidence), chunks, detector, keep_from, row_bytes, result_maxlen,
+                  len(outs) // 3, *outs, *slot_args],
+        ))
+
+    def count_failure(self, s: str, m: str, seq: int) -> int:
+        """One more failed attempt at ``seq``; returns the attempts so far (they survive crashes)."""
+        return int(self.r.hincrby(keys.attempts(s, m), str(seq), 1))
+
+    def dead_letter(self, s: str, m: str, token: bytes, seq: int, error: str, result_maxlen: int, data: str, keep_from: int) -> str:
+        """Park chunk ``seq`` in the dead-letter stream and move past it; 'ok', 'fenced' or 'stale'."""
+        return _text(self._dead(
+            keys=[keys.state(s, m), keys.fence(s, m), keys.out(s), keys.dead(s), keys.attempts(s, m)],
+            args=[token, seq, m, error, result_maxlen, data, keep_from],
+        ))
+
+    # --- waking up ----------------------------------------------------------------------------
+    def wait_for_wake(self, timeout: float) -> None:
+        """Wait up to ``timeout`` seconds for the ingest script's wake-up message. The first call
+        subscribes and returns at once (something may have arrived before the subscription)."""
+        if self._wake is None:  # subscribed once and kept: messages published meanwhile queue up
+            self._wake = self.r.pubsub(ignore_subscribe_messages=True)
+            self._wake.subscribe(keys.WAKE)
+            return
+        got = self._wake.get_message(timeout=timeout)
+        while got is not None:  # one poll serves every chunk that arrived meanwhile
+            got = self._wake.get_message(timeout=0)
+
+    def close_wake(self) -> None:
+        if self._wake is not None:
+            try:
+                self._wake.close()
+            except Exception:  # noqa: BLE001
+                pass
+            self._wake = None
