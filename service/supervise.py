@@ -19,6 +19,7 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -247,6 +248,7 @@ class SupervisedRedis:
                 self._start()
             except OSError as exc:
                 log.error("could not restart the embedded redis-server: %s", exc)
+                self.started_at = time.monotonic()  # counts as a quick death: the next try backs off
                 continue
             self.restarts += 1
         self._terminate()
@@ -268,12 +270,9 @@ class SupervisedRedis:
         self._stop.set()
         self._thread.join()
         os.close(self._lock_fd)
+        self.socket_file.unlink(missing_ok=True)  # redis-server removes it itself unless it was killed
         if self._tmp:
-            for f in (self.socket_file,):
-                f.unlink(missing_ok=True)
-            os.rmdir(self._tmp)
-        else:
-            self.socket_file.unlink(missing_ok=True)
+            shutil.rmtree(self._tmp, ignore_errors=True)
 
 
 def scrape(urls: list[str], timeout: float = 2.0) -> list[str]:
