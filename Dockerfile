@@ -2,12 +2,17 @@
 #
 # cusp image: multi-stage, CPU-only torch by default.
 #
-#   docker build -t cusp:0.1.0 .                       # CPU torch (default)
+#   docker build -t cusp:0.1.0 .                       # CPU torch (default): torch==2.13.0+cpu
 #   docker build -t cusp:0.1.0-cuda \
 #     --build-arg TORCH_INDEX_URL=https://download.pytorch.org/whl/cu128 .
-#                                                      # CUDA torch (wheels bundle the CUDA
-#                                                      # runtime; the host needs the NVIDIA
-#                                                      # driver and container toolkit)
+#                                                      # CUDA torch, torch==2.13.0+cu128 (wheels
+#                                                      # bundle the CUDA runtime; the host needs
+#                                                      # the NVIDIA driver and container toolkit)
+#
+# torch is asked for by the local version label that PyTorch's index gives its builds, the last
+# part of TORCH_INDEX_URL (`+cpu`, `+cu128`): no other build matches, so pip cannot silently pick
+# a CUDA build for the CPU image (PyPI's plain `torch==2.13.0` is CUDA on Linux), and the build
+# stops if the installed torch's CUDA support is not what the label says.
 #
 # The runtime stage runs as the non-root user `cusp` and starts `cusp serve` on 0.0.0.0:8000.
 # The same image runs workers: `cusp worker --metrics-port 9100` (docker-compose.yml, deploy/k8s).
@@ -36,16 +41,20 @@ RUN python -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
 
 # torch first, from the PyTorch index (CPU by default), so that `pip install .` finds the
-# requirement satisfied and never pulls the multi-GB CUDA build from PyPI.
+# requirement satisfied and never pulls the multi-GB CUDA build from PyPI; the constraint file
+# keeps that exact build through `pip install .`.
 RUN pip install --upgrade pip setuptools wheel \
- && pip install --index-url ${TORCH_INDEX_URL} "torch==${TORCH_VERSION}"
+ && variant="$(basename "${TORCH_INDEX_URL%/}")" \
+ && echo "torch==${TORCH_VERSION}+${variant}" > /tmp/torch-constraint.txt \
+ && pip install --index-url ${TORCH_INDEX_URL} "torch==${TORCH_VERSION}+${variant}" \
+ && python -c "import sys, torch; cuda = torch.version.cuda; print('torch', torch.__version__, 'CUDA', cuda); sys.exit(None if (cuda is None) == ('${variant}' == 'cpu') else 'torch %s has CUDA %s, but the build asked for ${variant}' % (torch.__version__, cuda))"
 
 WORKDIR /src
 COPY pyproject.toml setup.py README.md ./
 COPY service ./service
 COPY models ./models
 COPY bench ./bench
-RUN pip install . \
+RUN PIP_CONSTRAINT=/tmp/torch-constraint.txt pip install . \
  && python -c "import torch, service, models; print('torch', torch.__version__)" \
  && cd / && python -c "from models import native; s = native.status(); print(s); assert s.startswith('native'), s" \
  && cusp --help >/dev/null

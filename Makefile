@@ -6,6 +6,16 @@ VENV   ?= .venv
 PY      = $(VENV)/bin/python
 STAMP   = $(VENV)/.installed
 PYTEST_ARGS ?=
+# The CPU build of torch, asked for by its local version label `+cpu`. PyPI has no such version
+# (its Linux `torch==X` is the CUDA build, with about 19 nvidia packages); PyTorch's CPU index
+# has it, and so may a machine's own pip configuration (a local wheel in find-links, a mirror).
+# The install asks pip's configuration first (offline machines; quiet, since on a public machine
+# it just finds no `+cpu`), then again with PyTorch's CPU index added to (not replacing) pip's
+# indexes. Both ask for `+cpu` only: pip installs the CPU build or fails, never the CUDA one.
+# macOS wheels are CPU-only and carry no label. A check after the install fails on any CUDA torch.
+TORCH_VERSION ?= 2.13.0
+TORCH_INDEX   ?= https://download.pytorch.org/whl/cpu
+TORCH_SPEC    ?= torch==$(TORCH_VERSION)$(if $(filter Darwin,$(shell uname -s)),,+cpu)
 
 .PHONY: install demo test test-slow bench promtool chromium clean
 
@@ -14,8 +24,9 @@ $(VENV)/bin/python:
 
 $(STAMP): pyproject.toml setup.py models/_native.c | $(VENV)/bin/python
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q "torch==2.13.0" || $(PY) -m pip install -q "torch>=2.3,<=2.13.0" --index-url https://download.pytorch.org/whl/cpu
+	$(PY) -m pip install -q "$(TORCH_SPEC)" 2>/dev/null || $(PY) -m pip install -q "$(TORCH_SPEC)" --extra-index-url $(TORCH_INDEX)
 	$(PY) -m pip install -q -e ".[test,bench]"
+	$(PY) -c 'import sys, torch; print("torch", torch.__version__); sys.exit(None if torch.version.cuda is None else "make install: torch %s is a CUDA build (CUDA %s); cusp wants the CPU build: $(PY) -m pip uninstall -y torch, then make install" % (torch.__version__, torch.version.cuda))'
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -56,18 +56,25 @@ def serve(args: argparse.Namespace) -> int:
 
     from service.api.app import create_app, server_options
     from service.settings import load_settings
-    from service.store import EmbeddedRedis
-    from service.supervise import WorkerProcesses
+    from service.supervise import DataDirInUse, SupervisedRedis, WorkerProcesses
 
     settings = load_settings(**{k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None})
     _logging(settings.log_level)
     embedded = None
     url = settings.redis_url
-    if url is None:
-        embedded = EmbeddedRedis(settings.data_dir)
+    if url is None:  # a redis-server child, restarted on the same data if it dies, stopped when serve dies
+        try:
+            embedded = SupervisedRedis(settings.data_dir)
+        except DataDirInUse as exc:
+            raise SystemExit(f"cusp serve: {exc}") from None
         url = embedded.url
         log.info("embedded Redis under %s", settings.data_dir.resolve())
-    workers = WorkerProcesses(url, settings.workers) if settings.workers else None
+    try:
+        workers = WorkerProcesses(url, settings.workers) if settings.workers else None
+    except BaseException:
+        if embedded:
+            embedded.close()
+        raise
     base = f"http://{settings.host}:{settings.port}"
     if args.demo:
         demo = argparse.Namespace(url=base, stream="demo", observations=100_000, chunk_size=500, rate=5000.0, max_lag=DEMO_MAX_LAG,

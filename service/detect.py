@@ -757,11 +757,12 @@ def detect_stream(data, model_specs: Sequence[str] | None = None, chunk_size: in
                   config: DetectorConfig | None = None, sampler_config: SGAISConfig | None = None,
                   target: int | None = None) -> tuple[dict[str, list[Event]], list["StreamChange"]]:
     """A stream's models with their detectors over ``data [T, C]`` offline, seeded as the service
-    seeds a stream's models (model i: ``stream_model_seed(seed, i)``), and the stream's answer:
+    seeds a stream's models (model i: ``service.runtime.seed_for(seed, i)``), and the stream's answer:
     (each model's events, the model-averaged change points). ``model_specs`` None: the default
     portfolio for the data's width (``models.registry.default_portfolio``)."""
     from models import build_model
     from models.registry import default_portfolio
+    from service.runtime import seed_for
 
     x = torch.as_tensor(data, dtype=torch.float64)
     if x.dim() == 1:
@@ -769,7 +770,7 @@ def detect_stream(data, model_specs: Sequence[str] | None = None, chunk_size: in
     specs = list(model_specs or default_portfolio(x.shape[1]))
     cfg = config or DetectorConfig()
     runs = {spec: OfflineRun(build_sampler(build_model(spec, x.shape[1], target), sampler_config or SGAISConfig()),
-                             stream_model_seed(seed, i), cfg) for i, spec in enumerate(specs)}
+                             seed_for(seed, i), cfg) for i, spec in enumerate(specs)}
     events: dict[str, list[Event]] = {spec: [] for spec in specs}
     traces: dict[str, list[tuple[int, float]]] = {spec: [] for spec in specs}
     for lo in range(0, x.shape[0], chunk_size):
@@ -779,11 +780,6 @@ def detect_stream(data, model_specs: Sequence[str] | None = None, chunk_size: in
             traces[spec].append((result.n, result.log_evidence))
     window = max(chunk_size, max((r.detector.train for r in runs.values() if r.detector), default=0))
     return events, model_averaged_changes(events, traces, window=window, threshold=cfg.threshold)
-
-
-def stream_model_seed(seed: int, index: int) -> int:
-    """The generator seed of a stream's ``index``-th model (the service's ``runtime.model_seed``)."""
-    return (int(seed) * 1_000_003 + int(index)) % (2**63)
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ import torch
 from models import ModelError, build_model
 from service.data import DataError, log_model_probabilities, read_table, resolve_target
 from service.detect import DetectorConfig, OfflineRun, model_averaged_changes
+from service.runtime import seed_for
 from service.sgais import WARNINGS, ConfigError, EngineError, SGAISConfig, build_sampler
 
 
@@ -25,7 +26,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--chunk-size", type=int, default=500)
     p.add_argument("--particles", type=int, help="particles M (default: the preset's)")
     p.add_argument("--sampler", default="paper", help="sampler preset: paper or accurate")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0,
+                   help="the stream's seed: each model's is derived from it and its place in the --model list, as the service does")
     p.add_argument("--out", help="write the trace as JSON lines here (default: stdout)")
     p.add_argument("--plot", help="draw log-evidence per observation and annealing steps against n into this PNG")
     p.add_argument("--detect", action="store_true",
@@ -70,7 +72,8 @@ def run(args: argparse.Namespace) -> int:
     traces: dict[str, list[dict]] = {label: [] for label in labels}
     found: dict[str, list] = {label: [] for label in labels}
     try:
-        runs = {label: OfflineRun(s, args.seed, dcfg) for label, s in samplers.items()}
+        # model i of the list gets the seed the service gives the i-th model of a stream seeded --seed
+        runs = {label: OfflineRun(s, seed_for(args.seed, i), dcfg) for i, (label, s) in enumerate(samplers.items())}
         for chunk, lo in enumerate(range(0, data.shape[0], args.chunk_size)):
             for label, run in runs.items():
                 result, events = run.step(data[lo : lo + args.chunk_size])

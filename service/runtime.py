@@ -28,9 +28,15 @@ def build(cfg: StreamConfig, entry: ModelEntry) -> Sampler:
     return build_sampler(build_model(entry.spec, len(cfg.columns), entry.target), sampler_config(cfg))
 
 
+def seed_for(seed: int, index: int) -> int:
+    """The generator seed of the ``index``-th model (from 0) of a stream seeded ``seed``: each model
+    gets its own. ``cusp replay --seed S`` uses it too, so it reproduces the service's numbers."""
+    return (int(seed) * 1_000_003 + int(index)) % (2**63)
+
+
 def model_seed(cfg: StreamConfig, entry: ModelEntry) -> int:
     """Each model of a stream gets its own generator, derived from the stream's seed."""
-    return (cfg.seed * 1_000_003 + cfg.models.index(entry)) % (2**63)
+    return seed_for(cfg.seed, cfg.models.index(entry))
 
 
 def rows_from_bytes(raw: bytes, n: int, width: int) -> torch.Tensor:

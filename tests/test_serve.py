@@ -43,6 +43,14 @@ def redis_in(data_dir: Path) -> list[int]:
     return out
 
 
+def alive(pid: int) -> bool:
+    """Running, not a zombie (an orphan waits for whoever adopted it to reap it)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 def wait_for(cond, timeout: float, what: str):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -61,35 +69,48 @@ def metric(text: str, name: str, **labels) -> float | None:
     return None
 
 
-@pytest.fixture
-def served(tmp_path):
+def start_serve(tmp_path: Path, name: str = "serve", workers: int = 2):
+    """`cusp serve` on ``tmp_path/data``, logging to ``tmp_path/NAME.log``, once it answers /readyz."""
     port = free_port()
     env = {**os.environ, "CUSP_DATA_DIR": str(tmp_path / "data"), "CUSP_PORT": str(port), "CUSP_HOST": "127.0.0.1",
-           "CUSP_WORKERS": "2", "CUSP_LEASE_SECONDS": "2"}
+           "CUSP_WORKERS": str(workers), "CUSP_LEASE_SECONDS": "2"}
     env.pop("CUSP_REDIS_URL", None)
-    log = open(tmp_path / "serve.log", "wb")
-    proc = subprocess.Popen([CUSP, "serve"], env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    with open(tmp_path / f"{name}.log", "ab") as log:
+        proc = subprocess.Popen([CUSP, "serve"], env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=20)
-
-    def up():
-        try:
-            return client.get("/readyz").status_code == 200
-        except httpx.TransportError:
-            return False
-
     try:
-        wait_for(up, 60, "cusp serve to answer /readyz")
+        wait_for(lambda: ready(client), 60, "cusp serve to answer /readyz")
+    except BaseException:
+        stop_serve(proc, client)
+        raise
+    return proc, client
+
+
+def ready(client: httpx.Client) -> bool:
+    try:
+        return client.get("/readyz").status_code == 200
+    except httpx.TransportError:
+        return False
+
+
+def stop_serve(proc, client) -> None:
+    client.close()
+    if proc.poll() is None:  # a failed test: SIGTERM, so serve still stops its Redis and workers
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.fixture
+def served(tmp_path):
+    proc, client = start_serve(tmp_path)
+    try:
         yield proc, client, tmp_path
     finally:
-        client.close()
-        if proc.poll() is None:  # a failed test: SIGTERM, so serve still stops its Redis and workers
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        log.close()
+        stop_serve(proc, client)
 
 
 def test_serve_runs_supervised_worker_processes_with_one_metrics_exposition(served):
@@ -130,6 +151,91 @@ def test_serve_runs_supervised_worker_processes_with_one_metrics_exposition(serv
     # the supervisor said why it restarted one, once: the replacement lived on (a child started from
     # a short-lived thread would be killed by PR_SET_PDEATHSIG as soon as that thread ended)
     assert (tmp / "serve.log").read_bytes().count(b"exited with") == 1
+
+
+def post_until_stored(client: httpx.Client, stream: str, seq: int, rows: list, timeout: float = 60) -> int:
+    """Post one chunk, resending the same seq and data on 503 or a connection error (as a client
+    should while Redis is away); the final status (202 stored, or 200 duplicate)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            resp = client.post(f"/v1/streams/{stream}/chunks", json={"seq": seq, "rows": rows})
+            if resp.status_code in (200, 202):
+                return resp.status_code
+            assert resp.status_code == 503, resp.text
+        except httpx.TransportError:
+            pass
+        assert time.monotonic() < deadline, f"seq {seq} not stored within {timeout} s"
+        time.sleep(0.1)
+
+
+def applied(client: httpx.Client, stream: str, last: int) -> bool:
+    try:
+        resp = client.get(f"/v1/streams/{stream}")
+    except httpx.TransportError:
+        return False
+    return resp.status_code == 200 and all(m["last_seq"] == last for m in resp.json()["models"])
+
+
+def test_serve_restarts_its_embedded_redis_after_a_sigkill_and_loses_nothing(served):
+    """The embedded redis-server is SIGKILLed under a running `cusp serve`: serve starts a new one
+    on the same data directory (append-only file), answers again, and its worker processes
+    reconnect; every chunk acknowledged before or after the kill is applied exactly once."""
+    proc, client, tmp = served
+    data = (tmp / "data").resolve()
+    models = ["gaussian", "gmm:components=2"]
+    assert client.post("/v1/streams", json={"name": "s", "columns": ["x"], "models": models}).status_code == 201
+    rows = [[[0.1 * q + 0.01 * i] for i in range(5)] for q in range(10)]
+    for q in range(5):
+        assert client.post("/v1/streams/s/chunks", json={"seq": q, "rows": rows[q]}).status_code == 202
+    wait_for(lambda: applied(client, "s", 4), 60, "both models to apply 5 chunks")
+
+    [old] = redis_in(data)
+    os.kill(old, signal.SIGKILL)
+    assert post_until_stored(client, "s", 5, rows[5]) == 202  # accepted once Redis is back
+    [new] = wait_for(lambda: redis_in(data), 30, "a new redis-server in the same data directory")
+    assert new != old and new in children(proc.pid)  # serve's own child, not a daemon
+    for q in range(6, 10):
+        assert post_until_stored(client, "s", q, rows[q]) == 202
+    assert ready(client)
+    wait_for(lambda: applied(client, "s", 9), 60, "the worker processes to reconnect and apply every chunk",)
+    results = [r for r in client.get("/v1/streams/s/evidence").json()["results"] if r["kind"] == "result"]
+    for m in ("gaussian", "gmm_components2"):
+        mine = [r for r in results if r["model"] == m]
+        assert [r["seq"] for r in mine] == list(range(10)), m  # nothing lost, nothing doubled, in order
+        assert mine[-1]["n"] == 50
+    info = client.get("/v1/streams/s").json()
+    assert info["next_seq"] == 10 and all(m["observations"] == 50 for m in info["models"]), info
+    log = (tmp / "serve.log").read_bytes()
+    assert log.count(b"embedded redis-server (pid %d) exited with" % old) == 1, log[-3000:]
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(30) == 0
+    wait_for(lambda: not redis_in(data), 15, "the restarted Redis to stop with cusp serve")
+
+
+def test_sigkilled_serve_leaves_no_redis_server_or_worker_behind(served):
+    """`cusp serve` SIGKILLed: its redis-server and worker processes stop by themselves
+    (PR_SET_PDEATHSIG), Redis flushing its append-only file; a new `cusp serve` on the same
+    data directory finds every acknowledged chunk."""
+    proc, client, tmp = served
+    data = (tmp / "data").resolve()
+    workers = wait_for(lambda: (w := worker_pids(proc)) and len(w) == 2 and w, 30, "two worker processes")
+    assert client.post("/v1/streams", json={"name": "s", "columns": ["x"], "models": ["gaussian"]}).status_code == 201
+    for q in range(3):
+        assert client.post("/v1/streams/s/chunks", json={"seq": q, "rows": [[0.5 * q], [1.0]]}).status_code == 202
+    [redis] = redis_in(data)
+
+    proc.kill()
+    proc.wait()
+    wait_for(lambda: not any(alive(p) for p in (redis, *workers)), 15,
+             "the redis-server and the workers of the SIGKILLed cusp serve to exit")
+
+    proc2, client2 = start_serve(tmp, "serve2", workers=0)
+    try:
+        assert client2.get("/v1/streams/s").json()["next_seq"] == 3
+    finally:
+        stop_serve(proc2, client2)
+    wait_for(lambda: not redis_in(data), 15, "the second serve's Redis to stop with it")
 
 
 def test_merged_exposition_sums_counters_combines_process_gauges_and_skips_garbage():
