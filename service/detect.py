@@ -308,6 +308,18 @@ class Step:
     writes: ReservoirWrites | None = None
 
 
+def training_rows(model, config: DetectorConfig) -> int:
+    """Observations a restart sees before it is compared (``DetectorConfig.train``; 0 = auto). A
+    restart must not be charged for the vagueness of its prior. A model with a frame from data
+    (models/timeseries.py) restarts in the incumbent's frame, so its prior is already in the
+    data's units, and the minimal training sample of an intrinsic Bayes factor suffices (Berger
+    and Pericchi 1996): as many rows as parameters (coefficients and noise variance). Others:
+    max(10, 2 x parameters). It is also the stream's resolution: changes of several models closer
+    than this (or than a chunk) are one change (``model_averaged_changes``'s window)."""
+    framed = bool(getattr(model, "warmup", 0))
+    return config.train or (model.dim if framed else max(10, 2 * model.dim))
+
+
 class Detector:
     """Stateless like Sampler: everything that changes lives in DetectorState."""
 
@@ -315,13 +327,7 @@ class Detector:
         self.sampler = sampler
         self.config = config or DetectorConfig()
         model = sampler.model
-        # A restart must not be charged for the vagueness of its prior: it is compared after a
-        # training sample. A model with a frame from data (models/timeseries.py) restarts in the
-        # incumbent's frame, so its prior is already in the data's units, and the minimal training
-        # sample of an intrinsic Bayes factor suffices (Berger and Pericchi 1996): as many rows as
-        # parameters (coefficients and the noise variance). Others: max(10, 2 x parameters).
-        framed = bool(getattr(model, "warmup", 0))
-        self.train = self.config.train or (model.dim if framed else max(10, 2 * model.dim))
+        self.train = training_rows(model, self.config)
         # a challenger must keep all its rows in its reservoir (no sampling), so it retires
         # before outgrowing the capacity; then promoting it hands over its exact history
         self.max_age = self.config.max_age or 20 * self.train
@@ -778,7 +784,7 @@ def detect_stream(data, model_specs: Sequence[str] | None = None, chunk_size: in
             result, found = run.step(x[lo : lo + chunk_size])
             events[spec] += found
             traces[spec].append((result.n, result.log_evidence))
-    window = max(chunk_size, max((r.detector.train for r in runs.values() if r.detector), default=0))
+    window = max(chunk_size, max(training_rows(r.sampler.model, cfg) for r in runs.values()))
     return events, model_averaged_changes(events, traces, window=window, threshold=cfg.threshold)
 
 
@@ -842,15 +848,16 @@ def model_averaged_changes(events: dict[str, list[Event]], log_evidence: dict[st
 
 
 def model_averaged_from_entries(entries: list[dict], threshold: float = 0.99,
-                                log_prior: dict[str, float] | None = None) -> list[StreamChange]:
+                                log_prior: dict[str, float] | None = None, min_window: int = 0) -> list[StreamChange]:
     """``model_averaged_changes`` over a stream's result and change-point entries as the service
     stores them (dicts with 'model', 'kind' and the ChunkResult / Event fields): the models'
     traces are aligned on the chunks (seq) that every model processed at the same observation
     count (a model added later, or one that dead-lettered a chunk, is compared where it read
-    the same data); the window is the largest chunk. Fewer than two models: no stream changes."""
+    the same data); the window is the largest chunk, at least ``min_window`` (the models' largest
+    ``training_rows``, as ``detect_stream`` uses). Fewer than two models: no stream changes."""
     traces: dict[str, dict[int, tuple[int, float]]] = {}
     events: dict[str, list[Event]] = {}
-    window = 0
+    window = min_window
     names = set(Event.__dataclass_fields__)
     for e in entries:
         if e.get("kind") == "result":

@@ -12,16 +12,18 @@ from pathlib import Path
 import torch
 
 from models import ModelError, build_model
+from models.registry import default_portfolio
 from service.data import DataError, log_model_probabilities, read_table, resolve_target
-from service.detect import DetectorConfig, OfflineRun, model_averaged_changes
+from service.detect import DetectorConfig, OfflineRun, model_averaged_changes, training_rows
 from service.runtime import seed_for
 from service.sgais import WARNINGS, ConfigError, EngineError, SGAISConfig, build_sampler
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("data", help="CSV file with a header row, or a .npy array")
-    p.add_argument("--model", action="append", required=True, metavar="SPEC",
-                   help="model spec, e.g. gmm:components=5 (repeat for several competing models)")
+    p.add_argument("--model", action="append", metavar="SPEC",
+                   help="model spec, e.g. gmm:components=5 (repeat for several competing models); "
+                        "default: the default portfolio (README), as for a stream created without models")
     p.add_argument("--target", help="target column (name or index) for regression models; default: the last column")
     p.add_argument("--chunk-size", type=int, default=500)
     p.add_argument("--particles", type=int, help="particles M (default: the preset's)")
@@ -64,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
     target = resolve_target(names, args.target)
     overrides = {} if args.particles is None else {"particles": args.particles}
     config = SGAISConfig.preset(args.sampler, **overrides)
-    labels = list(dict.fromkeys(args.model))
+    labels = list(dict.fromkeys(args.model or default_portfolio(data.shape[1])))
     dcfg = DetectorConfig.from_dict({**parse_settings(args.detector), **({} if args.detect else {"enabled": False})})
     samplers = {label: build_sampler(build_model(label, data.shape[1], target), config) for label in labels}
     out = open(args.out, "w") if args.out else sys.stdout  # noqa: SIM115 - closed below
@@ -89,7 +91,8 @@ def run(args: argparse.Namespace) -> int:
             progress(min(lo + args.chunk_size, data.shape[0]))
         if args.detect and len(labels) > 1:  # the stream's answer: each model's events weighted by its posterior probability
             evidence = {label: [(t["n"], t["log_evidence"]) for t in traces[label]] for label in labels}
-            for c in model_averaged_changes(found, evidence, window=args.chunk_size, threshold=dcfg.threshold):
+            window = max(args.chunk_size, max(training_rows(s.model, dcfg) for s in samplers.values()))
+            for c in model_averaged_changes(found, evidence, window=window, threshold=dcfg.threshold):
                 out.write(json.dumps({"model": "*", "kind": "stream_changepoint", **c.to_dict()}) + "\n")
                 support = ", ".join(f"{m} p={p:.3g}" for m, (p, _) in sorted(c.support.items()))
                 print(f"stream (model-averaged): change point at observation {c.location}, confidence {c.confidence:.4f}, "

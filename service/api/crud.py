@@ -16,12 +16,12 @@ import torch
 from fastapi import HTTPException
 
 from models import ModelError, build_model
-from models.registry import SUPERVISED
+from models.registry import SUPERVISED, default_portfolio
 from service import metrics as M
 from service.api.chunks import ChunkError
 from service.api.schemas import ModelIn, ModelOut, StreamIn, StreamOut
 from service.data import log_model_probabilities
-from service.detect import DetectorConfig, model_averaged_from_entries
+from service.detect import DetectorConfig, model_averaged_from_entries, training_rows
 from service.runtime import build, cached_model, model_seed
 from service.settings import Settings
 from service.sgais import ConfigError
@@ -60,7 +60,7 @@ def check_names(body: StreamIn) -> None:
 def config_from_request(body: StreamIn) -> StreamConfig:
     """The stream's config, checked against the models it names and the detector (422 naming what is wrong)."""
     entries: list[ModelEntry] = []
-    for i, m in enumerate(body.models):
+    for i, m in enumerate(body.models or default_portfolio(len(body.columns))):
         m = ModelIn(spec=m) if isinstance(m, str) else m
         name = m.name or re.sub(r"[^A-Za-z0-9_.-]", "_", m.spec.replace(":", "_").replace("=", ""))[:64]
         if not keys.MODEL_NAME.fullmatch(name):
@@ -232,6 +232,7 @@ async def changepoints(store: ApiStore, cfg: StreamConfig) -> dict:
     weighted by its posterior probability: service.detect.model_averaged_changes)."""
     several = len(cfg.models) > 1  # then the results too: the models' evidence weighs their events
     out = await store.results_of_kinds(cfg.name, ("changepoint", "result") if several else ("changepoint",))
-    threshold = DetectorConfig.from_dict(cfg.detector).threshold
-    found = await asyncio.to_thread(model_averaged_from_entries, out, threshold, log_model_priors(cfg))
+    dcfg = DetectorConfig.from_dict(cfg.detector)
+    resolution = max(training_rows(cached_model(m.spec, len(cfg.columns), m.target), dcfg) for m in cfg.models)
+    found = await asyncio.to_thread(model_averaged_from_entries, out, dcfg.threshold, log_model_priors(cfg), resolution)
     return {"changepoints": [c for c in out if c["kind"] == "changepoint"], "stream": [c.to_dict() for c in found]}

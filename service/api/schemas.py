@@ -25,7 +25,12 @@ class StreamIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
     name: str = Field(..., description="stream name: letters, digits, '_', '.', '-' (max 64)")
     columns: list[str] = Field(..., min_length=1, max_length=256)
-    models: list[ModelIn | str] = Field(..., min_length=1, max_length=16)
+    models: list[ModelIn | str] | None = Field(
+        None, min_length=1, max_length=16,
+        description="the stream's models (specs or objects); left out: the default portfolio (README), for one "
+                    "column 'level', 'ar' and 'trend' in the series' own units, whose model average gives the "
+                    "stream's answer; for several columns 'gaussian'",
+        examples=[["level", "ar", "trend"], [{"spec": "gmm:components=5", "name": "gmm5"}]])
     sampler: SamplerIn = Field(default_factory=SamplerIn)
     seed: int = Field(0, ge=0, le=2**62)
     detector: dict[str, Any] = Field(

@@ -1,0 +1,58 @@
+"""A stream created without a model list gets the default portfolio (models.registry.
+default_portfolio), over real HTTP with the embedded Redis and a burst worker, and gives the same
+numbers as the offline detect_stream on the same data, seed and chunks."""
+
+import uuid
+
+import numpy as np
+import pytest
+
+from service.detect import detect_stream
+from service.worker import Worker
+from tests.service_fixtures import LiveServer
+
+
+@pytest.fixture(scope="module")
+def live(redis_url):
+    server = LiveServer(redis_url)
+    yield server
+    server.stop()
+
+
+def test_a_univariate_stream_without_models_gets_the_portfolio_and_its_answer(live, redis_url):
+    s = "p" + uuid.uuid4().hex[:10]
+    r = live.client.post("/v1/streams", json={"name": s, "columns": ["latency_ms"], "seed": 4})
+    assert r.status_code == 201, r.text
+    assert [m["spec"] for m in r.json()["models"]] == ["level", "ar", "trend"]
+    rng = np.random.default_rng(7)
+    y = np.concatenate([rng.normal(250, 20, 120), rng.normal(330, 20, 80)])  # +4 sd at 120
+    chunks = [y[i : i + 10] for i in range(0, 200, 10)]
+    for seq, c in enumerate(chunks):
+        assert live.client.post(f"/v1/streams/{s}/chunks", json={"seq": seq, "rows": [[v] for v in c.tolist()]}).status_code == 202
+    w = Worker(redis_url)
+    try:
+        w.run_until_idle()
+    finally:
+        w.release_all()
+    got = live.client.get(f"/v1/streams/{s}/changepoints").json()
+    per_model, stream = detect_stream(np.concatenate(chunks), chunk_size=10, seed=4)
+    assert [c["location"] for c in got["stream"]] == [c.location for c in stream] == [120]
+    by_model = {}
+    for e in got["changepoints"]:
+        by_model.setdefault(e["model"], []).append(e["location"])
+    assert by_model == {m: [e.location for e in evs] for m, evs in per_model.items() if evs}
+    info = live.client.get(f"/v1/streams/{s}").json()
+    assert {m["name"] for m in info["models"]} == {"level", "ar", "trend"}
+    assert abs(sum(m["posterior_probability"] for m in info["models"]) - 1.0) < 1e-9
+
+
+def test_several_columns_without_models_get_gaussian(live):
+    s = "p" + uuid.uuid4().hex[:10]
+    r = live.client.post("/v1/streams", json={"name": s, "columns": ["a", "b"]})
+    assert r.status_code == 201, r.text
+    assert [m["spec"] for m in r.json()["models"]] == ["gaussian"]
+
+
+def test_an_empty_model_list_is_still_refused(live):
+    r = live.client.post("/v1/streams", json={"name": "p" + uuid.uuid4().hex[:10], "columns": ["a"], "models": []})
+    assert r.status_code == 422 and "models" in r.text
