@@ -86,6 +86,9 @@ class Target:
     def to_theta(self, v: torch.Tensor) -> torch.Tensor:
         return v
 
+    def from_theta(self, theta: torch.Tensor) -> torch.Tensor:
+        return theta
+
     def log_prior(self, v: torch.Tensor) -> torch.Tensor:
         return self.model.log_prior(self.to_theta(v))
 
@@ -93,13 +96,17 @@ class Target:
         """``v [M, Dr]`` -> ``[M]``; differentiable when ``v`` requires grad."""
         theta = self.to_theta(v)
         if v.requires_grad:
-            return self.model.log_likelihood(theta, self.rows).sum(1) + self.log_prior(v)
+            return self.log_likelihood_sum(theta) + self.log_prior(v)
         out = torch.empty(v.shape[0], dtype=torch.float64)
         step = max(1, BATCH_CELLS // max(self.n, 1))
         with torch.no_grad():
             for i in range(0, v.shape[0], step):
-                out[i : i + step] = self.model.log_likelihood(theta[i : i + step].contiguous(), self.rows).sum(1)
+                out[i : i + step] = self.log_likelihood_sum(theta[i : i + step].contiguous())
             return out + self.log_prior(v)
+
+    def log_likelihood_sum(self, theta: torch.Tensor) -> torch.Tensor:
+        """``theta [M, D]`` -> ``[M]``: the model's log-likelihood summed over the rows."""
+        return self.model.log_likelihood(theta, self.rows).sum(1)
 
     def permutations(self) -> list[torch.Tensor]:
         """Linear maps ``[Dr, Dr]`` of the relabellings under which the posterior is invariant (identity first)."""
@@ -120,11 +127,28 @@ class MixtureTarget(Target):
         super().__init__(model, rows)
         self.k, self.d = model.components, model.n_columns
         self.dim = model.dim - 1
+        # The likelihood is evaluated on centred rows with the means shifted to match:
+        # N(y; mu, sigma^2) = N(y - c; mu - c, sigma^2) exactly, but the model's (y, y^2) form
+        # cancels catastrophically for columns far from 0 relative to their spread (raw units).
+        y = self.rows[:, : self.d]
+        self.centre = y.mean(0) if self.n else torch.zeros(self.d, dtype=torch.float64)
+        self.centred_rows = model.featurize(y - self.centre)
+
+    def log_likelihood_sum(self, theta: torch.Tensor) -> torch.Tensor:
+        k, d = self.k, self.d
+        shift = torch.cat([torch.zeros(k, dtype=torch.float64), self.centre.repeat(k), torch.zeros(k * d, dtype=torch.float64)])
+        return self.model.log_likelihood(theta - shift, self.centred_rows).sum(1)
 
     def to_theta(self, v: torch.Tensor) -> torch.Tensor:
         k = self.k
         zeros = torch.zeros(v.shape[0], 1, dtype=v.dtype)
         return torch.cat([v[:, : k - 1], zeros, v[:, k - 1 :]], dim=1)
+
+    def from_theta(self, theta: torch.Tensor) -> torch.Tensor:
+        """cusp's ``theta [M, D]`` -> ``v [M, Dr]`` (eta_k = z_k - z_K; the inverse of ``to_theta`` up to the
+        unidentified shift of z)."""
+        k = self.k
+        return torch.cat([theta[:, : k - 1] - theta[:, k - 1 : k], theta[:, k:]], dim=1)
 
     def log_prior(self, v: torch.Tensor) -> torch.Tensor:
         theta = self.to_theta(v)
@@ -391,11 +415,15 @@ def _separation(target: Target, v: torch.Tensor, neg_h: torch.Tensor) -> float:
 def _mixture_modes(target: MixtureTarget, x: np.ndarray, restarts: int, seed: int, polish: int) -> tuple[list[Mode], int]:
     k = target.k
     rng = np.random.default_rng([seed, 0x1A9])
-    sub = x if len(x) <= EM_SUBSAMPLE else x[rng.choice(len(x), EM_SUBSAMPLE, replace=False)]
+    # EM on standardised columns (raw units: offsets far from 0, tiny or huge spreads), fits mapped back
+    loc, sd = x.mean(0), x.std(0) + 1e-300
+    xs = (x - loc) / sd
+    sub = xs if len(xs) <= EM_SUBSAMPLE else xs[rng.choice(len(xs), EM_SUBSAMPLE, replace=False)]
     fits = []
     for r in range(restarts):
         means = _kmeanspp(sub, k, rng) if r % 3 != 2 else sub[rng.choice(len(sub), k, replace=False)]
-        fits.append(_em(sub, means))
+        f = _em(sub, means)
+        fits.append(_Fit(f.weights, f.means * sd + loc, f.var * sd**2, f.loglik - len(sub) * float(np.log(sd).sum()), f.iterations))
     fits.sort(key=lambda f: -f.loglik)
     groups: list[list[_Fit]] = []  # distinct modes, best first
     for f in fits:
@@ -446,7 +474,7 @@ def laplace_log_evidence(model: Model, rows: torch.Tensor, restarts: int = 24, s
     separated = sep >= SEPARATED
     sym = target.log_symmetry if separated else 0.0
     finite = [m.log_laplace for m in modes if math.isfinite(m.log_laplace)]
-    other = (float(torch.logsumexp(torch.tensor(finite), 0)) - best.log_laplace) if finite and math.isfinite(best.log_laplace) else math.nan
+    other = (float(torch.logsumexp(torch.tensor(finite, dtype=torch.float64), 0)) - best.log_laplace) if finite and math.isfinite(best.log_laplace) else math.nan
     return Reference(
         log_evidence=best.log_laplace + sym, log_laplace_one_copy=best.log_laplace, log_symmetry=sym,
         log_joint_at_mode=best.log_joint, dim=target.dim, positive_definite=best.min_eigenvalue > 0,

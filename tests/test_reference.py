@@ -172,3 +172,37 @@ def test_distribution_shift_reference_reproduces_the_issues_values(k):
     assert abs(ref.log_evidence - QUOTED[k]) < 1.0
     chk = importance_log_evidence(model, rows, ref, draws=1_000)
     assert abs(ref.log_evidence - chk.log_evidence) < 0.02 + 4 * chk.std_error
+
+
+def test_centred_mixture_likelihood_is_the_models():
+    """The reference evaluates the mixture likelihood on centred rows (raw units); in plain units it
+    equals the model's own log-likelihood summed over the rows."""
+    model = GaussianMixture(components=3, n_columns=2)
+    x = mixture_data(500, 0, 3, 2) + torch.tensor([3.0, -2.0], dtype=torch.float64)
+    target = make_target(model, model.featurize(x))
+    theta = model.sample_prior(torch.Generator().manual_seed(0), 5)
+    want = model.log_likelihood(theta, model.featurize(x)).sum(1)
+    assert torch.allclose(target.log_likelihood_sum(theta), want, rtol=1e-10, atol=1e-8)
+    v = target.from_theta(theta)
+    assert torch.allclose(torch.softmax(target.to_theta(v)[:, :3], -1), torch.softmax(theta[:, :3], -1))
+    assert torch.equal(target.to_theta(v)[:, 3:], theta[:, 3:])
+
+
+def test_evidence_bench_section(tmp_path):
+    """``cusp bench evidence`` end to end on one small case: a reference, one SGAIS run, the section."""
+    from bench import evidence as E
+    from bench.report import markers
+
+    case = E.Case("small", "3 clusters, K = 3", "gmm:components=3", lambda: D.distribution_shift_data(2_000, 0)[0],
+                  (1_000, 2_000), "cluster")
+    plan = E.Plan(quick=True, seeds=1, cases=[case], is_draws=300)
+    res = E.run_case(case, plan)
+    assert res.refs[1_000].valid and res.refs[2_000].valid
+    run = res.runs[0]
+    assert set(run.log_z) == {1_000, 2_000} and math.isfinite(run.joint_gap) and not run.error
+    out = tmp_path / "b.md"
+    E.write_section(out, "evidence", E.document(plan, [res], 1.0))
+    text = out.read_text()
+    begin, end = markers("evidence")
+    assert begin in text and end in text and "3 clusters, K = 3" in text
+    assert f"{res.refs[2_000].ref.log_evidence:,.0f}" in text
