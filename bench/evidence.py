@@ -309,9 +309,10 @@ def _stuck_summary(results: list[CaseResult]) -> str:
                     (far if run.joint_gap < -r.ref.dim / 2 - 100 else near).append(err)
         if far or near:
             med = lambda v: f"{np.median(v):,.0f}" if v else "—"  # noqa: E731
-            parts.append(f"{label}: in {len(far)} of {len(far) + len(near)} runs the final particles sit more than 100 "
-                         f"nats below a posterior draw's log joint; median |error| {med(far)} nats in those runs, "
-                         f"{med(near)} in the others.")
+            head = (f"{label}: in {len(far)} of {len(far) + len(near)} runs the final particles sit more than 100 nats "
+                    "below a posterior draw's log joint; median |error| ")
+            parts.append(head + (f"{med(far)} nats in those runs, {med(near)} in the others." if far and near else
+                                 f"{med(far or near)} nats."))
     return ("Summary: " + " ".join(parts)) if parts else ""
 
 
