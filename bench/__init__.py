@@ -51,6 +51,8 @@ SUBCOMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Cal
                "PageHinkley, PELT and BinSeg", *_lazy("detect")),
     "load": ("bounded load test on loopback: concurrent clients and subscribers on many streams; correctness, throughput, "
              "latency and memory of API, workers and Redis", *_lazy("load")),
+    "speed": ("cusp's SGAIS against a plain 83-line torch SGAIS (papers/001 Algorithm 1) on linear regression, "
+              "200,000 rows through cusp replay, same run", *_lazy("speed")),
     "evidence": ("SGAIS log-evidence for the mixture and logistic regression against Laplace references checked by "
                  "importance sampling (error in nats and relative, raw-units table)", *_lazy("evidence")),
 }

@@ -78,18 +78,9 @@ def airline_passengers() -> Series:
                  "no change: trend + season")
 
 
-def nile() -> Series:
-    """The Nile at Aswan 1871-1970 (statsmodels ``nile``): the level drops from 1899 (the first
-    Aswan dam, 1898; Cobb 1978), index 28."""
-    from statsmodels.datasets import nile as nl
-
-    y = nl.load_pandas().data["volume"].to_numpy(dtype=np.float64)
-    return _real("nile", "Nile flow at Aswan 1871-1970 (statsmodels nile): level drops from 1899", y,
-                 {"cobb-1978": [28]}, "mean change")
-
-
 def real_series() -> list[Series]:
-    return [nile(), us_gdp_growth(), mauna_loa_co2(), sunspots(), airline_passengers()]
+    """The Nile (``bench.detect.nile_series``, TCPD's annotations) is scored in every run already."""
+    return [us_gdp_growth(), mauna_loa_co2(), sunspots(), airline_passengers()]
 
 
 # --- simulations ----------------------------------------------------------------------------------

@@ -65,10 +65,15 @@ from typing import Any, Callable
 
 import torch
 
-from service.sgais import ChunkResult, Reservoir, ReservoirWrites, Sampler, SGAISConfig, SGAISState, build_sampler, load_state
+from service.sgais import (
+    ChunkResult, ExactState, Reservoir, ReservoirWrites, Sampler, SGAISConfig, SGAISState, build_sampler, load_state,
+)
 from service.sgais.config import ConfigError
 
 MAGIC = "cusp-detector-1"
+#: a change's location moves off the chunk boundary the detector found only when another row of
+#: that chunk or the one before is more probable by more than this (``Detector._refine``)
+SUPPORT_NATS = 3.0
 
 
 @dataclass(frozen=True)
@@ -216,6 +221,9 @@ class Recent:
     # an earlier regime), the baseline of a challenger that starts here
     level: float = 0.0
     spread: float = 0.0
+    # the incumbent's saved state before this chunk, for the exact method only (a few hundred
+    # bytes): where within a chunk a change began (``Detector._refine``)
+    state: bytes | None = None
 
 
 @dataclass
@@ -248,7 +256,8 @@ class DetectorState:
             "chunks": self.chunks, "count": self.count, "level": self.level.hex(), "var": self.var.hex(),
             "steps_mean": self.steps_mean.hex(), "steps_var": self.steps_var.hex(), "events": self.events,
             "cusum": [self.cusum_lo.hex(), self.cusum_hi.hex(), self.lo_from, self.hi_from],
-            "recent": [[r.seq, r.chunk, r.start, r.base.hex(), r.lp.hex(), r.level.hex(), r.spread.hex()] for r in self.recent],
+            "recent": [[r.seq, r.chunk, r.start, r.base.hex(), r.lp.hex(), r.level.hex(), r.spread.hex()]
+                       + ([base64.b64encode(r.state).decode()] if r.state is not None else []) for r in self.recent],
             "rng": base64.b64encode(self.rng.numpy().tobytes()).decode(),
             "challengers": [
                 {"start": c.start, "chunk": c.chunk, "seqs": c.seqs, "base": c.base_log_evidence.hex(),
@@ -286,12 +295,27 @@ class DetectorState:
                    steps_var=f(h["steps_var"]), events=h["events"], challengers=chs,
                    cusum_lo=f(h["cusum"][0]), cusum_hi=f(h["cusum"][1]), lo_from=h["cusum"][2], hi_from=h["cusum"][3],
                    recent=[Recent(seq=r[0], chunk=r[1], start=r[2], base=f(r[3]), lp=f(r[4]),
-                                  level=f(r[5]) if len(r) > 5 else 0.0, spread=f(r[6]) if len(r) > 6 else 0.0)
+                                  level=f(r[5]) if len(r) > 5 else 0.0, spread=f(r[6]) if len(r) > 6 else 0.0,
+                                  state=base64.b64decode(r[7]) if len(r) > 7 else None)
                            for r in h["recent"]])
 
     def oldest_seq(self) -> int | None:
         """The first input seq a restore needs (None: no challengers)."""
         return min([c.seqs[0] for c in self.challengers if c.seqs] + [r.seq for r in self.recent], default=None)
+
+
+@dataclass(frozen=True)
+class Refined:
+    """A change placed at a row (``Detector._refine``): its stream index, the index into the recent
+    chunks of the chunk holding it, the stream-wide log-evidence up to it, and a restart there:
+    its posterior and log-evidence after ``rows`` (featurized, from the change to now)."""
+
+    location: int
+    chunk: int
+    base: float
+    post: torch.Tensor
+    log_evidence: float
+    rows: torch.Tensor
 
 
 @dataclass
@@ -334,6 +358,7 @@ class Detector:
         self.capacity = sampler.config.reservoir_capacity
         self.log_hazard = -math.log(self.config.expected_run_length)
         self.multimodal = bool(getattr(model, "multimodal", False))
+        self.exact = getattr(sampler, "method", "sgais") == "exact"
 
     def init(self, seed: int) -> DetectorState:
         g = torch.Generator().manual_seed(int(seed))
@@ -418,7 +443,8 @@ class Detector:
         counted = new.count >= cfg.warmup
         if scored:
             new.recent.append(Recent(seq=seq, chunk=new.chunks - 1, start=start, base=base, lp=lp, rows=chunk,
-                                     level=new.level, spread=math.sqrt(max(new.var, 1e-12)) if counted else 0.0))
+                                     level=new.level, spread=math.sqrt(max(new.var, 1e-12)) if counted else 0.0,
+                                     state=before.to_bytes() if self.exact and b > 1 else None))
         x, steps = lp / max(scored, 1), float(result.annealing_steps)
         if not scored:
             pass  # a warm-up chunk, conditioned on: nothing to compare
@@ -511,6 +537,9 @@ class Detector:
                     winner = best  # the restart failed on some chunk: keep the one that did not
             where = new.recent[i] if i is not None else None
             location = where.start if where is not None else best.start
+            refined = self._refine(new.recent, i, before) if where is not None else None
+            if refined is not None:
+                where, location = new.recent[refined.chunk], refined.location
             n_total = new.offset_n + after.n
             events.append(Event(location=location, chunk=where.chunk if where else best.chunk,
                                 seq=where.seq if where else fed[at],
@@ -524,7 +553,18 @@ class Detector:
             else:
                 new.recent = []
             new.count, new.cusum_lo, new.cusum_hi = 0, 0.0, 0.0  # a new regime: the running level starts again
-            if cfg.adapt:
+            if cfg.adapt and refined is not None and refined.rows.shape[0] <= self.capacity:
+                # the exact method restarts at the row itself: the evidence is the incumbent's up
+                # to it, then the restart's from it
+                new.offset_n = refined.location
+                new.offset_log_evidence = refined.base
+                fresh = ExactState(post=refined.post, log_evidence=refined.log_evidence, n=int(refined.rows.shape[0]),
+                                   chunks=len(winner.seqs), rng=winner.state.rng)
+                reservoir = self._reservoir(refined.rows)
+                step.promoted, step.reservoir = fresh, reservoir
+                step.writes = ReservoirWrites(torch.arange(reservoir.size, dtype=torch.int64), reservoir.data.clone())
+                after = fresh
+            elif cfg.adapt:
                 # the new regime's evidence is the winner's log Z less that of its memory (the
                 # rows before the change it started from): log p(y_t.. | memory)
                 new.offset_n = winner.start - winner.memory_rows
@@ -546,6 +586,46 @@ class Detector:
         new.rng = g.get_state()
         step.result = replace(result, n=new.offset_n + after.n, log_evidence=new.offset_log_evidence + after.log_evidence)
         return step
+
+    def _refine(self, recent: list[Recent], i: int, frame) -> "Refined | None":
+        """Where within a chunk the change began, for the exact method (chunks place a change at
+        their first row otherwise): the row j of chunk i, or of the chunk before it, that maximises
+        log p(rows before j | incumbent) + log p(rows from j to now | a restart at j), the change's
+        most probable place (the prior of a change is the same for every row), or the chunk's own
+        first row when that is within ``SUPPORT_NATS`` of it (a likelihood ratio of e^3, about the
+        95% level of a chi-square with one degree of freedom, 2 x 3 = 6 > 3.84); with what a
+        restart there needs. None: nothing to refine (another method, rows of one, no saved state)."""
+        lo = i - 1 if i > 0 and recent[i - 1].state is not None else i
+        if not self.exact or recent[lo].state is None or any(r.rows is None for r in recent[lo:]):
+            return None
+        span = sum(int(r.rows.shape[0]) for r in recent[lo : i + 1])
+        if span < 2:
+            return None
+        model = self.sampler.model
+        rows = model.featurize(torch.cat([r.rows for r in recent[lo:]]).to(torch.float64))
+        with torch.inference_mode():
+            post = load_state(recent[lo].state).post
+            fresh = model.exact_restart(frame.post)
+            scores, befores = [], []
+            before = 0.0
+            for j in range(span):
+                if j:
+                    post, lp = model.exact_update(post, rows[j - 1 : j])
+                    before += lp
+                scores.append(before + model.exact_update(fresh, rows[j:])[1])
+                befores.append(before)
+            # the rows within SUPPORT_NATS of the best are the change's support set: of those, the
+            # one nearest the chunk boundary the detector found (a boundary the data do not reject
+            # stays where it was)
+            top = max(scores)
+            at = sum(int(r.rows.shape[0]) for r in recent[lo:i])
+            j = min((k for k, v in enumerate(scores) if v >= top - SUPPORT_NATS), key=lambda k: (abs(k - at), k))
+            before = befores[j]
+            new_post, lp_new = model.exact_update(fresh, rows[j:])
+        ends = [r.start + int(r.rows.shape[0]) for r in recent[lo:]]
+        chunk = lo + next(k for k, e in enumerate(ends) if recent[lo].start + j < e)
+        return Refined(location=recent[lo].start + j, chunk=chunk, base=recent[lo].base + before,
+                       post=new_post, log_evidence=lp_new, rows=rows[j:])
 
     def _fit(self, state: SGAISState, rows: torch.Tensor) -> float:
         """Mean over raw ``rows`` of the log posterior predictive of each row under ``state``."""

@@ -236,12 +236,14 @@ def test_no_false_alarm_after_a_change_that_a_short_memory_detected(seed):
     The short-memory restart wins within one chunk; when it became the incumbent it kept its
     50 rows of the old regime, and the next restart beat it a few chunks later: a false alarm
     (seeds 1 and 2, at 1,100, 1,250 and 2,150). A unimodal model's new incumbent now restarts
-    from the prior at the change."""
+    from the prior at the change. (The exact method then places each change at a row inside its
+    chunk, ``Detector._refine``: within 5 observations, the placement target; measured 1000 and
+    2000 for seed 2, 1000 and 2005 for seed 1.)"""
     from bench.detect import regression_change
 
     data, changes, spec, chunk = regression_change(seed)
     events = detect_series(data, spec, chunk_size=chunk, seed=0)
-    assert locations(events) == changes
+    assert len(events) == 2 and all(abs(l - c) <= 5 for l, c in zip(locations(events), changes)), locations(events)
 
 
 def test_a_short_memory_that_won_late_is_moved_to_the_change():
@@ -259,9 +261,11 @@ def test_renominated_candidates_restore_bit_for_bit():
 
     x = torch.as_tensor(mean_shift(0, 1.0)[0])
     sampler = build_sampler(build_model("gaussian", 1, None), SGAISConfig())
-    # the candidate from the excursion's start ages out at chunk 18 and one at 400 takes over
+    # the candidate from the excursion's start ages out at chunk 18 and one at 400 takes over;
+    # the exact method then places the change at row 388, which these data favour over the chunk
+    # boundary by more than SUPPORT_NATS (a 1 sd shift: its location is known to about +-10 rows)
     full, alive = _restores(sampler, DetectorConfig(), x, 25, 40, (17, 18, 19), seed=0)
-    assert [e["location"] for _, ev in full for e in ev][:1] == [400]
+    assert [e["location"] for _, ev in full for e in ev][:1] == [388]
     assert alive > 0
 
 
