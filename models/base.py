@@ -156,6 +156,12 @@ class Model:
         """As ``run_gradient``, from the statistics of each evaluation's weighted rows ``[E, S]``."""
         return lambda theta, i: self.grad_from_stats(theta, stats[i]) + self.grad_log_prior(theta)
 
+    # --- a check against the dominant mode (optional; models with poor local modes) -------------
+    #: True when the model gives ``mode_gap(theta, rows, scale, generator) -> float``: how far (nats
+    #: of the log joint, the rows' log-likelihood times ``scale``) the best particle sits below the
+    #: best mode the model's own optimiser finds on ``rows`` (``models/mixture.py``)
+    checks_modes: ClassVar[bool] = False
+
     # --- exact answers (conjugate models only) ---------------------------------------------
     # The posterior is a flat float64 vector of its parameters ``post [P]``; these functions are
     # pure (inputs unchanged) and O(rows) per call, O(1) in the history.

@@ -92,7 +92,12 @@ WARNINGS = {
     "capped": "the annealing step cap forced the last increment: this chunk's log predictive rests on a "
               "reweighting the particles did not support",
     "reference_mismatch": "the SGAIS log-evidence is more than 1% away from the model's exact value",
+    "stuck_mode": "the particles sit far below the model's dominant mode (a mixture stuck with merged or empty "
+                  "components): the log-evidence is too low, by up to thousands of nats, and its model probability "
+                  "with it",
 }
+#: the most history rows ``Sampler._check_modes`` fits the model's modes on
+MODE_CHECK_ROWS = 2_000
 #: relative distance between an SGAIS log-evidence and the exact one beyond which ``reference_mismatch`` is raised
 REFERENCE_TOLERANCE = 1e-2
 
@@ -178,7 +183,10 @@ class Sampler(SamplerBase):
             rows = prepare(self.model, self.config, state.n, chunk, reservoir)
             out = self._update(state, rows, reservoir)
             new_state, steps, lp, ess0, ess_min, resamples, capped, writes = out
+            new_state = self._check_modes(state, new_state, reservoir)
             warnings, reference = ["capped"] if capped else [], None
+            if new_state.mode_gap > new_state.mode_limit:
+                warnings.append("stuck_mode")
             if new_state.ref_post.numel():
                 post, ref_lp = self.model.exact_update(new_state.ref_post, rows)
                 new_state = replace(new_state, ref_post=post, ref_log_evidence=new_state.ref_log_evidence + ref_lp)
@@ -292,8 +300,33 @@ class Sampler(SamplerBase):
             log_evidence=state.log_evidence + log_pred, n=n_prev + b, chunks=state.chunks + 1,
             rng=g.get_state(), cv_theta=cv_theta, cv_grad=cv_grad, cv_n=cv_n,
             ref_post=state.ref_post, ref_log_evidence=state.ref_log_evidence,
+            mode_gap=state.mode_gap, mode_limit=state.mode_limit,
         )
         return new_state, steps, log_pred, ess0, ess_min, resamples, capped, writes
+
+    def _check_modes(self, old: SGAISState, new: SGAISState, reservoir: Reservoir) -> SGAISState:
+        """For a model with poor local modes (``Model.checks_modes``): whenever n passes a power of
+        four (1,024, 4,096, 16,384, ...), how far the particles sit below the best mode the model's
+        own optimiser finds on a uniform sample of the history (``MODE_CHECK_ROWS`` rows of the
+        reservoir), compared on another such sample (log-likelihoods scaled to n). The limit is
+        max(10 D, 1e-3 of the log joint): samples of the posterior sit about D/2 below its mode,
+        stuck particles thousands of nats below. A fit on a sample is itself about (n / rows) D / 2
+        short of the mode on other rows, so the check errs towards silence at large n. Its draws
+        come from a generator seeded with n, so the sampler's own stream is untouched."""
+        if (not self.model.checks_modes or new.n < 1024 or reservoir.size == 0
+                or (old.n.bit_length() - 1) // 2 == (new.n.bit_length() - 1) // 2):
+            return new
+        g = torch.Generator().manual_seed(new.n)
+        res = reservoir.data
+        if res.shape[0] >= 2 * MODE_CHECK_ROWS:  # fit on some rows, compare on others
+            order = torch.randperm(res.shape[0], generator=g)
+            fit, res = res[order[:MODE_CHECK_ROWS]], res[order[MODE_CHECK_ROWS : 2 * MODE_CHECK_ROWS]]
+        else:  # few rows (n about the reservoir): fit and compare on all, flattering the fit by about D/2
+            fit = res
+        scale = new.n / res.shape[0]
+        gap = self.model.mode_gap(new.theta, fit, res, scale, g)
+        joint = float((self.model.log_prior(new.theta) + scale * self.model.log_likelihood(new.theta, res).sum(1)).max())
+        return replace(new, mode_gap=gap, mode_limit=max(10.0 * self.model.dim, 1e-3 * abs(joint)))
 
     def _chunk_ll(self, theta: torch.Tensor, rows: torch.Tensor) -> np.ndarray:
         return self.model.log_likelihood(theta, rows).sum(1).numpy()

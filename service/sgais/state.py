@@ -8,6 +8,7 @@ continues with exactly the numbers an uninterrupted run produces.
 from __future__ import annotations
 
 import json
+import math
 import struct
 from dataclasses import dataclass
 
@@ -25,7 +26,9 @@ class SGAISState:
     point and the sum of per-observation gradients over the reservoir there (empty when
     unused); cv_n: n at the last reference refresh; ref_post [P] / ref_log_evidence: the exact
     posterior's parameters and log-evidence kept beside the particles for a conjugate model run
-    with SGAIS (empty / 0.0 otherwise), the reference its estimate is checked against."""
+    with SGAIS (empty / 0.0 otherwise), the reference its estimate is checked against;
+    mode_gap / mode_limit: the last check of the particles against the model's dominant mode
+    (``Model.mode_gap``, nats) and the gap beyond which they are stuck in a poor mode."""
 
     theta: torch.Tensor
     log_weights: torch.Tensor
@@ -38,6 +41,8 @@ class SGAISState:
     cv_n: int = 0
     ref_post: torch.Tensor = torch.zeros(0, dtype=torch.float64)
     ref_log_evidence: float = 0.0
+    mode_gap: float = 0.0
+    mode_limit: float = math.inf
 
     @property
     def particles(self) -> int:
@@ -58,7 +63,8 @@ class SGAISState:
             "cv_theta": self.cv_theta, "cv_grad": self.cv_grad, "ref_post": self.ref_post,
         }
         header = {"log_evidence": repr(float(self.log_evidence)), "n": int(self.n), "chunks": int(self.chunks),
-                  "cv_n": int(self.cv_n), "ref_log_evidence": repr(float(self.ref_log_evidence))}
+                  "cv_n": int(self.cv_n), "ref_log_evidence": repr(float(self.ref_log_evidence)),
+                  "mode": [repr(float(self.mode_gap)), repr(float(self.mode_limit))]}
         return encode(MAGIC, header, tensors)
 
     @classmethod
@@ -66,7 +72,9 @@ class SGAISState:
         header, tensors = decode(MAGIC, raw)
         return cls(
             log_evidence=float(header["log_evidence"]), n=header["n"], chunks=header["chunks"],
-            cv_n=header["cv_n"], ref_log_evidence=float(header.get("ref_log_evidence", "0.0")), **tensors,
+            cv_n=header["cv_n"], ref_log_evidence=float(header.get("ref_log_evidence", "0.0")),
+            mode_gap=float(header.get("mode", ["0.0", "inf"])[0]), mode_limit=float(header.get("mode", ["0.0", "inf"])[1]),
+            **tensors,
         )
 
 
