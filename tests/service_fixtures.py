@@ -1,4 +1,4 @@
-"""A real cusp API (uvicorn in a thread) on an embedded redis-server, for service tests."""
+"""A real cusp API (uvicorn in a thread) on a real Redis (embedded, or a Redis Cluster), for service tests."""
 
 import socket
 import threading
@@ -9,6 +9,7 @@ import uvicorn
 
 from service.api.app import create_app, server_options
 from service.settings import Settings
+from service.store import connect, is_cluster
 
 
 def routes_of(app) -> list:
@@ -49,3 +50,13 @@ class LiveServer:
         self.client.close()
         self.server.should_exit = True
         self.thread.join(timeout=10)
+
+
+def stream_keys_in_redis(redis_url: str, stream: str) -> list[bytes]:
+    """Every key of ``stream`` that exists (on a Redis Cluster: KEYS asked of every master)."""
+    r = connect(redis_url)
+    try:
+        pattern = f"cusp:{{{stream}}}:*"
+        return r.keys(pattern, target_nodes=r.PRIMARIES) if is_cluster(redis_url) else r.keys(pattern)
+    finally:
+        r.close()

@@ -14,7 +14,7 @@ from websockets.sync.client import connect as ws_connect
 from service import metrics as M
 from service.store import connect, keys
 from service.worker import Worker
-from tests.service_fixtures import LiveServer
+from tests.service_fixtures import LiveServer, stream_keys_in_redis
 
 
 @pytest.fixture(scope="module")
@@ -468,7 +468,7 @@ def test_metrics_health_docs_and_delete(live, redis_url):
     assert "<canvas" in live.client.get("/").text
     assert live.client.delete(f"/v1/streams/{s}").status_code == 204
     assert live.client.get(f"/v1/streams/{s}").status_code == 404
-    assert connect(redis_url).keys(f"cusp:{{{s}}}:*") == []
+    assert stream_keys_in_redis(redis_url, s) == []
 
 
 def test_auth_scopes(redis_url):

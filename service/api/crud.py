@@ -106,10 +106,11 @@ def initial_states(cfg: StreamConfig) -> list[bytes]:
 
 async def create_stream(store: ApiStore, settings: Settings, body: StreamIn) -> StreamOut:
     check_names(body)
-    if await store.stream_count() >= settings.max_streams:
-        raise HTTPException(409, f"the stream limit CUSP_MAX_STREAMS={settings.max_streams} is reached")
     cfg = config_from_request(body)
-    if not await store.create(cfg, initial_states(cfg)):
+    outcome = await store.create(cfg, initial_states(cfg), settings.max_streams)
+    if outcome == "full":
+        raise HTTPException(409, f"the stream limit CUSP_MAX_STREAMS={settings.max_streams} is reached")
+    if outcome == "exists":
         raise HTTPException(409, f"a stream named {cfg.name!r} already exists")
     M.STREAMS.inc()
     return await stream_out(store, cfg)

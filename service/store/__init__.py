@@ -1,5 +1,10 @@
-"""The only place that knows Redis: connections (embedded or external), the key schema
-(keys.py), the atomic scripts (scripts.py) and stream configs."""
+"""The only place that knows Redis: connections (embedded, one server, or a Redis Cluster), the
+key schema (keys.py), the atomic scripts (scripts.py) and stream configs.
+
+A Redis Cluster is named by the URL scheme ``redis+cluster://`` (``rediss+cluster://`` with TLS):
+``redis+cluster://[user:password@]host:port[,host:port...]``, one or more seed nodes; the client
+(redis-py's ``RedisCluster``) discovers the others and routes every command by its key's slot.
+"""
 
 from __future__ import annotations
 
@@ -8,9 +13,12 @@ import json
 import logging
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import redis
 import redis.asyncio as aredis
+import redis.asyncio.cluster as acluster
+import redis.cluster as cluster
 
 from service.store import keys, scripts
 
@@ -35,12 +43,54 @@ class EmbeddedRedis:
             pass
 
 
-def connect(url: str) -> redis.Redis:
-    return redis.Redis.from_url(url, socket_timeout=10, socket_connect_timeout=5, health_check_interval=30)
+CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
 
 
-def connect_async(url: str) -> aredis.Redis:
-    return aredis.Redis.from_url(url, socket_connect_timeout=5, health_check_interval=30)
+def is_cluster(url: str) -> bool:
+    return url.split("://", 1)[0] in CLUSTER_SCHEMES
+
+
+def cluster_nodes(url: str) -> tuple[str, list[tuple[str, int]]]:
+    """A cluster URL as (a plain URL of its first seed node, with the credentials, TLS and query
+    options that apply to every node; all seed nodes as (host, port)). Raises ValueError, naming
+    what is wrong, for a URL that does not name at least one host:port or asks for a database."""
+    scheme, _, rest = url.partition("://")
+    if scheme not in CLUSTER_SCHEMES:
+        raise ValueError(f"not a cluster URL (redis+cluster:// or rediss+cluster://): {url!r}")
+    cut = min((i for i in (rest.find("/"), rest.find("?")) if i >= 0), default=len(rest))
+    location, tail = rest[:cut], rest[cut:]
+    creds, _, hosts = location.rpartition("@")
+    nodes = []
+    for item in hosts.split(","):
+        try:
+            parts = urlsplit(f"redis://{item}")
+            host, port = parts.hostname, parts.port or 6379
+        except ValueError as exc:
+            raise ValueError(f"bad seed node {item!r}: {exc}") from None
+        if not host:
+            raise ValueError(f"bad seed node {item!r}: expected host:port")
+        nodes.append((host, port))
+    path = tail.split("?", 1)[0].strip("/")
+    if path not in ("", "0"):
+        raise ValueError(f"a Redis Cluster has only database 0, not {path!r}")
+    first = f"{CLUSTER_SCHEMES[scheme]}://{creds + '@' if creds else ''}{hosts.split(',')[0]}{tail}"
+    return first, nodes
+
+
+def connect(url: str) -> redis.Redis | cluster.RedisCluster:
+    options = dict(socket_timeout=10, socket_connect_timeout=5, health_check_interval=30)
+    if is_cluster(url):
+        first, nodes = cluster_nodes(url)
+        return cluster.RedisCluster.from_url(first, startup_nodes=[cluster.ClusterNode(h, p) for h, p in nodes[1:]], **options)
+    return redis.Redis.from_url(url, **options)
+
+
+def connect_async(url: str) -> aredis.Redis | acluster.RedisCluster:
+    options = dict(socket_connect_timeout=5, health_check_interval=30)
+    if is_cluster(url):
+        first, nodes = cluster_nodes(url)
+        return acluster.RedisCluster.from_url(first, startup_nodes=[acluster.ClusterNode(h, p) for h, p in nodes[1:]], **options)
+    return aredis.Redis.from_url(url, **options)
 
 
 @dataclass
@@ -78,4 +128,5 @@ def digest(payload: bytes) -> str:
     return hashlib.blake2b(payload, digest_size=16).hexdigest()
 
 
-__all__ = ["EmbeddedRedis", "ModelEntry", "StreamConfig", "connect", "connect_async", "digest", "keys", "scripts"]
+__all__ = ["EmbeddedRedis", "ModelEntry", "StreamConfig", "cluster_nodes", "connect", "connect_async", "digest", "is_cluster", "keys",
+           "scripts"]

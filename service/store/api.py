@@ -6,6 +6,7 @@ decoded into dicts (``{"id", "model", "kind", **data}``, the wire format of resu
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
@@ -47,6 +48,7 @@ class ApiStore:
         self.r = connect_async(url)
         self._ingest = self.r.register_script(scripts.INGEST)
         self._create = self.r.register_script(scripts.CREATE)
+        self._reserve = self.r.register_script(scripts.RESERVE)
 
     async def close(self) -> None:
         await self.r.aclose()
@@ -60,10 +62,15 @@ class ApiStore:
 
     # --- streams ------------------------------------------------------------------------------
     async def stream_names(self) -> list[str]:
-        return sorted(s.decode() for s in await self.r.smembers(keys.STREAMS))
-
-    async def stream_count(self) -> int:
-        return int(await self.r.scard(keys.STREAMS))
+        """The streams that exist: names in the stream set whose config exists (a name may be in
+        the set alone for a moment while its stream is created or deleted)."""
+        names = sorted(s.decode() for s in await self.r.smembers(keys.STREAMS))
+        if not names:
+            return []
+        pipe = self.r.pipeline(transaction=False)
+        for s in names:
+            pipe.exists(keys.config(s))
+        return [s for s, there in zip(names, await pipe.execute()) if there]
 
     async def config(self, name: str) -> StreamConfig | None:
         raw = await self.r.get(keys.config(name))
@@ -72,17 +79,40 @@ class ApiStore:
     async def exists(self, name: str) -> bool:
         return bool(await self.r.exists(keys.config(name)))
 
-    async def create(self, cfg: StreamConfig, states: list[bytes]) -> bool:
-        """Create the stream with each model's initial state; False if the name is taken."""
-        created = await self._create(keys=[keys.STREAMS, keys.config(cfg.name), *[keys.state(cfg.name, m.name) for m in cfg.models]],
-                                     args=[cfg.name, cfg.to_json(), *states])
-        return bool(created)
+    async def create(self, cfg: StreamConfig, states: list[bytes], limit: int) -> str:
+        """Create the stream with each model's initial state: 'created', 'exists' (the name is
+        taken) or 'full' (``limit`` streams exist).
+
+        Two slots, two steps (a cluster runs no script across slots): RESERVE takes the name's place
+        in the stream set under the limit, atomically; CREATE writes the stream's own keys, atomically,
+        unless its config exists; the name is then added to the set again, since a worker may have
+        swept it as an orphan in between. So a stream with a config is always listed once its create
+        returned, and the limit holds under concurrent creates (a reservation counts at once)."""
+        reserved = int(await self._reserve(keys=[keys.STREAMS], args=[cfg.name, limit]))
+        if reserved == 0:
+            return "full"
+        try:
+            created = await self._create(keys=[keys.config(cfg.name), *[keys.state(cfg.name, m.name) for m in cfg.models]],
+                                         args=[cfg.to_json(), *states])
+        except BaseException:
+            if reserved == 1:  # ours alone; if this fails too, the workers sweep the orphan
+                with contextlib.suppress(Exception):
+                    await self.forget(cfg.name)
+            raise
+        await self.r.sadd(keys.STREAMS, cfg.name)
+        return "created" if created else "exists"
 
     async def delete(self, cfg: StreamConfig) -> None:
-        pipe = self.r.pipeline(transaction=True)
-        pipe.srem(keys.STREAMS, cfg.name)
-        pipe.delete(*keys.stream_keys(cfg.name, [m.name for m in cfg.models]))
-        await pipe.execute()
+        """Delete the stream's keys (one DEL: one slot, atomic), then its name from the stream set."""
+        await self.r.delete(*keys.stream_keys(cfg.name, [m.name for m in cfg.models]))
+        await self.forget(cfg.name)
+
+    async def forget(self, name: str) -> None:
+        """Take ``name`` out of the stream set unless its stream exists: removed, then put back if a
+        create wrote its config meanwhile (a check first would race with that create)."""
+        await self.r.srem(keys.STREAMS, name)
+        if await self.r.exists(keys.config(name)):
+            await self.r.sadd(keys.STREAMS, name)
 
     async def progress(self, cfg: StreamConfig) -> StreamProgress:
         pipe = self.r.pipeline(transaction=False)

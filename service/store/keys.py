@@ -1,12 +1,16 @@
 """The Redis key schema: every key cusp uses is built here.
 
 Every per-stream key carries the hash tag ``{stream}`` so that a Redis Cluster keeps one
-stream's keys on one shard (the Lua scripts touch several of them atomically).
+stream's keys on one shard (the Lua scripts touch several of them atomically). The global keys
+(the stream set, the worker registry) hash to slots of their own: no script or transaction uses
+a global key together with a per-stream key (that is a CROSSSLOT error on a cluster). How create,
+delete and the stream limit stay correct without that atomicity: ``ApiStore.create``/``delete``
+and docs/architecture.md (Redis).
 
 | key | type | what |
 |---|---|---|
-| ``cusp:streams`` | set | names of existing streams |
-| ``cusp:workers`` | zset | worker id -> last heartbeat (unix seconds); used to share leases |
+| ``cusp:streams`` | set | names of existing streams, and of streams being created or deleted: every stream with a config is in it; a name without a config is skipped by readers and removed by workers after a grace period |
+| ``cusp:workers`` | zset | worker id -> last progress (unix seconds): written by the worker loop at least every third of a lease; used to share leases and by ``/readyz`` |
 | ``cusp:wake`` | pub/sub channel | a message per accepted chunk; idle workers block on it instead of polling |
 | ``cusp:{s}:config`` | string | the stream's JSON config: columns, models, sampler, seed, limits |
 | ``cusp:{s}:in`` | stream | ingested chunks; entry id ``<seq+1>-0``; fields ``rows`` (float64 bytes), ``n``; trimmed below every model's ``keep_from`` |

@@ -1,4 +1,7 @@
-"""Lua scripts: each is one atomic step. Return values are short status strings."""
+"""Lua scripts: each is one atomic step. Return values are short status strings.
+
+Every script's KEYS lie in one hash slot, so each runs on one Redis Cluster shard: either one
+stream's keys (all tagged ``{stream}``) or one global key; never both (see keys.py)."""
 
 # Ingest one chunk. KEYS: seq, inbox, seen. ARGV: seq, rows(bytes), n_rows, digest, seen_window.
 # Publishes on ``cusp:wake`` (keys.WAKE) so that idle workers start at once instead of polling.
@@ -93,16 +96,28 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) 
 return 0
 """
 
-# Create a stream if it does not exist. KEYS: streams set, config, then per model: state.
-# ARGV: name, config_json, then per model: state bytes. Returns 1 (created) or 0 (exists).
+# Create a stream if it does not exist. KEYS: config, then per model: state (one stream's keys: one
+# hash slot). ARGV: config_json, then per model: state bytes. Returns 1 (created) or 0 (exists).
+# The stream set (keys.STREAMS, another slot) is not touched here: RESERVE adds the name before and
+# the store adds it again after (ApiStore.create), so "config exists => name in the set" holds.
 CREATE = """
-if redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
-redis.call('SET', KEYS[2], ARGV[2])
-redis.call('SADD', KEYS[1], ARGV[1])
-for i = 3, #KEYS do
+if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+redis.call('SET', KEYS[1], ARGV[1])
+for i = 2, #KEYS do
   redis.call('HSET', KEYS[i], 'state', ARGV[i], 'last_seq', '-1', 'n', '0', 'log_evidence', '0', 'chunks', '0',
              'detector', '', 'keep_from', '0', 'error', '')
 end
+return 1
+"""
+
+# Reserve a place in the stream set under the stream limit, before the stream's keys are written.
+# KEYS: the stream set (keys.STREAMS, its own slot). ARGV: name, limit.
+# Returns 1 (added), 2 (already a member: the stream exists, or is being created) or 0 (full).
+# The limit is checked and taken in one step, so concurrent creates cannot pass it.
+RESERVE = """
+if redis.call('SISMEMBER', KEYS[1], ARGV[1]) == 1 then return 2 end
+if redis.call('SCARD', KEYS[1]) >= tonumber(ARGV[2]) then return 0 end
+redis.call('SADD', KEYS[1], ARGV[1])
 return 1
 """
 

@@ -8,6 +8,8 @@ the worker never sees a key.
 
 from __future__ import annotations
 
+from functools import cached_property
+
 from service.store import connect, keys, scripts
 
 
@@ -16,25 +18,52 @@ def _text(status: bytes | str) -> str:
 
 
 class WorkerStore:
+    """Connects on first use, not here: a cluster client discovers its nodes when it is made, and a
+    worker started while Redis is down must start anyway, retry, and say so on its /healthz."""
+
     def __init__(self, url: str):
-        self.r = connect(url)
-        self._acquire = self.r.register_script(scripts.ACQUIRE)
-        self._renew = self.r.register_script(scripts.RENEW)
-        self._release = self.r.register_script(scripts.RELEASE)
-        self._apply = self.r.register_script(scripts.APPLY)
-        self._dead = self.r.register_script(scripts.DEAD_LETTER)
-        self._trim = self.r.register_script(scripts.TRIM_INBOX)
+        self.url = url
+        self._scripts: dict = {}
         self._wake = None  # pub/sub on keys.WAKE, opened when the worker first goes idle
 
+    @cached_property
+    def r(self):  # not cached if connecting raised: the next call tries again
+        return connect(self.url)
+
+    def _script(self, text: str):
+        """The script object for ``text``, registered with the client once."""
+        if text not in self._scripts:
+            self._scripts[text] = self.r.register_script(text)
+        return self._scripts[text]
+
     # --- workers and streams ------------------------------------------------------------------
-    def heartbeat(self, worker_id: str, now: float, window: float) -> int:
-        """Record that ``worker_id`` is alive at ``now``; returns how many workers were alive in
-        the last ``window`` seconds (this one included)."""
+    def heartbeat(self, worker_id: str, now: float) -> None:
+        """Record that ``worker_id`` made progress at ``now`` (a poll or a chunk done)."""
         self.r.zadd(keys.WORKERS, {worker_id: now})
-        return int(self.r.zcount(keys.WORKERS, now - window, "+inf"))
+
+    def retire(self, worker_id: str) -> None:
+        """A worker stopping cleanly leaves the registry: the others take its share at once."""
+        self.r.zrem(keys.WORKERS, worker_id)
+
+    def live_workers(self, worker_id: str, now: float, window: float) -> int:
+        """How many workers made progress in the last ``window`` seconds, ``worker_id`` counted
+        whether or not it did (it is alive: it asks)."""
+        pipe = self.r.pipeline(transaction=False)
+        pipe.zcount(keys.WORKERS, now - window, "+inf")
+        pipe.zscore(keys.WORKERS, worker_id)
+        count, mine = pipe.execute()
+        return int(count) + (0 if mine is not None and mine >= now - window else 1)
 
     def stream_names(self) -> list[str]:
+        """Names in the stream set: existing streams, and any being created or deleted (no config)."""
         return sorted(s.decode() for s in self.r.smembers(keys.STREAMS))
+
+    def forget_stream(self, s: str) -> None:
+        """Take an orphan name (no config) out of the stream set; put it back if a create wrote its
+        config meanwhile (as ``ApiStore.forget``)."""
+        self.r.srem(keys.STREAMS, s)
+        if self.r.exists(keys.config(s)):
+            self.r.sadd(keys.STREAMS, s)
 
     def config_raw(self, s: str) -> bytes | None:
         """The stream's config as stored (JSON bytes), so a caller can tell whether it changed."""
@@ -54,14 +83,14 @@ class WorkerStore:
     # --- leases -------------------------------------------------------------------------------
     def acquire(self, s: str, m: str, worker_id: str, ttl_ms: int) -> bytes | None:
         """A new fencing token if the lease was free (or already ours), else None."""
-        token = self._acquire(keys=[keys.lease(s, m), keys.fence(s, m)], args=[worker_id, ttl_ms])
+        token = self._script(scripts.ACQUIRE)(keys=[keys.lease(s, m), keys.fence(s, m)], args=[worker_id, ttl_ms])
         return str(token).encode() if token else None
 
     def renew(self, s: str, m: str, worker_id: str, ttl_ms: int, token: bytes) -> bool:
-        return bool(self._renew(keys=[keys.lease(s, m), keys.fence(s, m)], args=[worker_id, ttl_ms, token]))
+        return bool(self._script(scripts.RENEW)(keys=[keys.lease(s, m), keys.fence(s, m)], args=[worker_id, ttl_ms, token]))
 
     def release(self, s: str, m: str, worker_id: str) -> None:
-        self._release(keys=[keys.lease(s, m)], args=[worker_id])
+        self._script(scripts.RELEASE)(keys=[keys.lease(s, m)], args=[worker_id])
 
     # --- state and input ----------------------------------------------------------------------
     def load(self, s: str, m: str) -> tuple[dict, bytes]:
@@ -79,7 +108,7 @@ class WorkerStore:
 
     def trim_inputs(self, s: str, models: list[str]) -> None:
         """Drop the input chunks that no model of the stream may still read (each model's ``keep_from``)."""
-        self._trim(keys=[keys.inbox(s), *(keys.state(s, m) for m in models)])
+        self._script(scripts.TRIM_INBOX)(keys=[keys.inbox(s), *(keys.state(s, m) for m in models)])
 
     # --- outcomes -----------------------------------------------------------------------------
     def apply(self, s: str, m: str, token: bytes, seq: int, state: bytes, n: int, log_evidence: float, chunks: int,
@@ -87,7 +116,7 @@ class WorkerStore:
         """One processed chunk, atomically: state, counters, result entries (``outs``: model, kind,
         data per entry) and reservoir slots (``slot_args``: first slot, bytes per run). Returns
         'ok', 'fenced' (the lease moved on) or 'stale' (seq already applied)."""
-        return _text(self._apply(
+        return _text(self._script(scripts.APPLY)(
             keys=[keys.state(s, m), keys.reservoir(s, m), keys.fence(s, m), keys.out(s), keys.attempts(s, m)],
             args=[token, seq, state, n, repr(log_evidence), chunks, detector, keep_from, row_bytes, result_maxlen,
                   len(outs) // 3, *outs, *slot_args],
@@ -99,7 +128,7 @@ class WorkerStore:
 
     def dead_letter(self, s: str, m: str, token: bytes, seq: int, error: str, result_maxlen: int, data: str, keep_from: int) -> str:
         """Park chunk ``seq`` in the dead-letter stream and move past it; 'ok', 'fenced' or 'stale'."""
-        return _text(self._dead(
+        return _text(self._script(scripts.DEAD_LETTER)(
             keys=[keys.state(s, m), keys.fence(s, m), keys.out(s), keys.dead(s), keys.attempts(s, m)],
             args=[token, seq, m, error, result_maxlen, data, keep_from],
         ))

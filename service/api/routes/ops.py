@@ -1,5 +1,6 @@
 """Probes and metrics: /healthz (liveness), /readyz (Redis reachable and, under ``cusp serve``
-with worker processes, a worker alive), /metrics (Prometheus)."""
+with worker processes or with CUSP_READY_NEEDS_WORKERS=true, a worker that made progress within
+a lease), /metrics (Prometheus)."""
 
 from __future__ import annotations
 
@@ -27,27 +28,30 @@ async def healthz() -> dict:
 
 
 def worker_window(lease_seconds: float) -> float:
-    """Readiness of a process that supervises workers: one of them reported within this many
-    seconds (at least 6 leases: a worker reports once per pass over its pairs, which may take a
-    few leases)."""
-    return max(60.0, 6 * lease_seconds)
+    """Readiness needs a worker that made progress within this many seconds: one lease. A moving
+    worker writes its heartbeat after every poll and, while it works through chunks, at least every
+    third of a lease (service/worker.py); one that has not for a whole lease has let its leases lapse."""
+    return lease_seconds
 
 
 @router.get("/readyz", response_model=Ready, response_model_exclude_none=True,
-            responses={503: {"model": Ready, "description": "Redis unreachable, or no worker process of cusp serve has reported lately"}})
+            responses={503: {"model": Ready, "description": "Redis unreachable, or (when workers are required) no worker made progress within a lease"}})
 async def readyz(request: Request, store: StoreDep, settings: SettingsDep):
-    supervised = bool(request.app.state.worker_metrics)  # cusp serve runs worker processes: they must be alive too
+    needs_workers = settings.ready_needs_workers
+    if needs_workers is None:  # cusp serve runs worker processes: they must be moving too
+        needs_workers = bool(request.app.state.worker_metrics)
     window = worker_window(settings.lease_seconds)
     try:
         await asyncio.wait_for(store.ping(), 2.0)
-        alive = await asyncio.wait_for(store.live_workers(time.time(), window), 2.0) if supervised else None
-    except (rexc.RedisError, OSError, asyncio.TimeoutError) as exc:
+        alive = await asyncio.wait_for(store.live_workers(time.time(), window), 2.0) if needs_workers else None
+    except (rexc.RedisError, rexc.RedisClusterException, OSError, asyncio.TimeoutError) as exc:
         M.REDIS_UP.set(0)
         return JSONResponse({"status": "unavailable", "redis": str(exc) or "timeout"}, status_code=503)
     M.REDIS_UP.set(1)
-    if alive == 0:  # e.g. every worker process crash-looping (cusp_workers 0); the log says why
+    if alive == 0:  # workers stuck, failing every poll, or crash-looping (cusp_workers 0); their logs say why
         return JSONResponse({"status": "unavailable", "redis": "ok",
-                             "workers": f"no worker process has reported in the last {window:.0f} s (starting, or crashing: see the log)"},
+                             "workers": f"no worker has made progress in the last {window:g} s (starting, stuck, failing or "
+                                        "crashing: see the workers' /healthz and logs)"},
                             status_code=503)
     return {"status": "ready", "redis": "ok"}
 
