@@ -18,7 +18,7 @@ from cusp.errors import InputError
 from models import ModelError
 from models.registry import default_portfolio
 from service.api import crud
-from service.api.deps import SettingsDep, Write
+from service.api.deps import Read, SettingsDep
 from service.api.errors import errors
 from service.api.schemas import (DETECT_DEFAULT_CHUNKS, MAX_DETECT_CHUNKS, MAX_DETECT_ROWS, DetectChange, DetectChunk,
                                  DetectEvent, DetectIn, DetectModel, DetectOut, StreamIn)
@@ -31,7 +31,7 @@ router = APIRouter(prefix="/v1", tags=["detect"])
 CONCURRENT = 2
 
 
-@router.post("/detect", response_model=DetectOut, dependencies=[Write], responses=errors(400, 401, 403, 413, 422))
+@router.post("/detect", response_model=DetectOut, dependencies=[Read], responses=errors(400, 401, 413, 422))
 async def detect(body: DetectIn, request: Request, settings: SettingsDep) -> DetectOut:
     data, times = series_of(body)
     cfg = crud.config_from_request(stream_request(body, data.shape[1]))
