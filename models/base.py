@@ -12,7 +12,10 @@ Conventions (owned here, relied on by the engine):
   ``sum_b weights[b] * log p(rows[b] | theta)`` — the engine's only gradient call, so the
   tempered chunk and the scaled mini-batch share one pass. The base class computes it with
   autograd; models override it with closed forms (checked against autograd in the tests).
-- Everything is float64 and runs under ``torch.inference_mode`` in the engine.
+- Everything is float64 and runs under ``torch.inference_mode`` in the engine. The autograd
+  defaults of ``grad_log_prior`` and ``grad_log_likelihood`` leave inference mode for their
+  own computation, so a model that gives only ``dim``, ``sample_prior``, ``log_prior`` and
+  ``log_likelihood`` runs (a plug-in, ``models.registry``); closed forms are faster.
 """
 
 from __future__ import annotations
@@ -89,9 +92,9 @@ class Model:
         raise NotImplementedError
 
     def grad_log_prior(self, theta: torch.Tensor) -> torch.Tensor:
-        """``[M, D]``; autograd by default."""
-        with torch.enable_grad():
-            t = theta.detach().requires_grad_(True)
+        """``[M, D]``; autograd by default (``autograd_input``: it works inside the engine's inference mode)."""
+        with torch.inference_mode(False), torch.enable_grad():
+            t = autograd_input(theta).requires_grad_(True)
             (g,) = torch.autograd.grad(self.log_prior(t).sum(), t)
         return g
 
@@ -101,9 +104,10 @@ class Model:
 
     def grad_log_likelihood(self, theta: torch.Tensor, rows: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         """Gradient of ``sum_b weights[b] * log p(rows[b] | theta)`` per particle: ``[M, D]``; autograd by default."""
-        with torch.enable_grad():
-            t = theta.detach().requires_grad_(True)
-            (g,) = torch.autograd.grad((self.log_likelihood(t, rows) * weights).sum(), t)
+        with torch.inference_mode(False), torch.enable_grad():
+            t = autograd_input(theta).requires_grad_(True)
+            ll = self.log_likelihood(t, autograd_input(rows))
+            (g,) = torch.autograd.grad((ll * autograd_input(weights)).sum(), t)
         return g
 
     # --- additive sufficient statistics (optional fast path) ---------------------------------
@@ -215,6 +219,14 @@ class Model:
         parts = [f"{f.name}={getattr(self, f.name)}" for f in fields(self)
                  if f.name != "n_columns" and not (f.name == "sampler" and self.sampler == "auto")]
         return self.name + (":" + ",".join(parts) if parts else "")
+
+
+def autograd_input(x: torch.Tensor) -> torch.Tensor:
+    """``x`` detached, as a tensor autograd may record: the engine runs under
+    ``torch.inference_mode``, whose tensors autograd can neither differentiate nor save for
+    backward, so an inference tensor is cloned (outside inference mode; the caller's
+    ``torch.inference_mode(False)`` block) and any other is detached without a copy."""
+    return x.clone() if x.is_inference() else x.detach()
 
 
 def gather(pool: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:

@@ -1,10 +1,23 @@
-"""Model registry and spec parsing: ``gmm:components=5``, ``gaussian:mu0=0,kappa0=0.1``."""
+"""Model registry and spec parsing: ``gmm:components=5``, ``gaussian:mu0=0,kappa0=0.1``.
+
+Plug-ins: an installed distribution adds models through the entry-point group ``cusp.models``
+(``name = "package.module:ModelClass"``; README, "Your own models"). They are loaded once, on
+the first lookup, and merged with the built-in ``REGISTRY`` by ``models()``; ``build_model`` and
+``parse_spec`` (so ``cusp replay``, the API's validation at create, the workers and
+``cusp.Detector``) all look names up there. A plug-in that cannot be used (its import fails, it
+is not a ``Model`` subclass, its ``name`` differs from its entry point's, or the name is a
+built-in's or another plug-in's) is not merged: a spec naming it raises a ModelError that says
+why, and other models are unaffected.
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import importlib.metadata
+import logging
 import math
 import re
+import threading
 
 from models.base import Model, ModelError
 from models.linear import LinearRegression, LogisticRegression
@@ -34,6 +47,74 @@ SUPERVISED = {"linear-regression", "logistic-regression"}
 _NAME = re.compile(r"^[a-z][a-z0-9-]*$")
 
 
+#: the entry-point group of model plug-ins
+PLUGIN_GROUP = "cusp.models"
+
+log = logging.getLogger("cusp.models")
+_plugins: dict[str, type[Model]] | None = None
+_broken: dict[str, str] = {}  # name -> why its plug-in is not used
+_lock = threading.Lock()
+
+
+def _check_plugin(ep: importlib.metadata.EntryPoint, seen: dict[str, type[Model]]) -> type[Model]:
+    """The entry point's Model class, or ModelError saying why it cannot be used."""
+    where = f"plug-in {ep.name!r} ({ep.value}" + (f", from {ep.dist.name} {ep.dist.version})" if ep.dist else ")")
+    if not _NAME.fullmatch(ep.name):
+        raise ModelError(f"{where}: a model name must be lower-case letters, digits and '-', starting with a letter")
+    if ep.name in REGISTRY:
+        raise ModelError(f"{where}: {ep.name!r} is a built-in model's name; give the plug-in another name")
+    if ep.name in seen:
+        raise ModelError(f"{where}: another plug-in ({seen[ep.name].__module__}.{seen[ep.name].__qualname__}) "
+                         f"registers {ep.name!r} too; uninstall one")
+    try:
+        cls = ep.load()
+    except Exception as exc:  # noqa: BLE001 - any failure to import a plug-in is reported, never fatal
+        raise ModelError(f"{where}: cannot be imported: {type(exc).__name__}: {exc}") from None
+    if not (isinstance(cls, type) and issubclass(cls, Model)):
+        raise ModelError(f"{where}: {cls!r} is not a subclass of models.base.Model")
+    if not dataclasses.is_dataclass(cls):
+        raise ModelError(f"{where}: {cls.__qualname__} must be a dataclass (@dataclass(frozen=True)), like models.base.Model")
+    if cls.name != ep.name:
+        raise ModelError(f"{where}: {cls.__qualname__}.name is {cls.name!r}; it must be the entry point's name {ep.name!r}")
+    return cls
+
+
+def load_plugins(refresh: bool = False) -> dict[str, type[Model]]:
+    """The usable model plug-ins of the ``cusp.models`` entry-point group: name -> Model class,
+    loaded once per process (``refresh``: look again, after installing or removing one)."""
+    global _plugins
+    with _lock:
+        if _plugins is not None and not refresh:
+            return _plugins
+        found: dict[str, type[Model]] = {}
+        broken: dict[str, str] = {}
+        for ep in sorted(importlib.metadata.entry_points(group=PLUGIN_GROUP), key=lambda e: (e.name, e.value)):
+            try:
+                found[ep.name] = _check_plugin(ep, found)
+            except ModelError as exc:
+                broken[ep.name] = str(exc)
+                log.error("%s", exc)
+        for name in broken:  # a name two plug-ins claim is used by neither
+            found.pop(name, None)
+        if found:
+            log.info("model plug-ins: %s", ", ".join(f"{n} ({c.__module__}.{c.__qualname__})" for n, c in sorted(found.items())))
+        _broken.clear()
+        _broken.update(broken)
+        _plugins = found
+        return _plugins
+
+
+def models() -> dict[str, type[Model]]:
+    """Every model a spec may name: the built-ins (``REGISTRY``) and the usable plug-ins."""
+    return {**REGISTRY, **load_plugins()}
+
+
+def broken_plugins() -> dict[str, str]:
+    """Plug-ins that are installed but not used: name -> why (after ``load_plugins``)."""
+    load_plugins()
+    return dict(_broken)
+
+
 def settings_of(cls: type[Model]) -> dict[str, dataclasses.Field]:
     return {f.name: f for f in dataclasses.fields(cls) if f.name not in ("n_columns", "target")}
 
@@ -44,8 +125,11 @@ def parse_spec(spec: str) -> tuple[str, dict[str, str]]:
         raise ModelError("model spec must be a non-empty string like 'gmm:components=5'")
     name, _, rest = spec.strip().partition(":")
     name = name.strip()
-    if name not in REGISTRY:
-        raise ModelError(f"unknown model {name!r}; known models: {', '.join(sorted(REGISTRY))}")
+    known = models()
+    if name not in known:
+        if name in _broken:
+            raise ModelError(_broken[name])
+        raise ModelError(f"unknown model {name!r}; known models: {', '.join(sorted(known))}")
     params: dict[str, str] = {}
     for item in filter(None, (p.strip() for p in rest.split(","))):
         key, eq, value = item.partition("=")
@@ -78,7 +162,7 @@ def build_model(spec: str, n_columns: int, target: int | None = None) -> Model:
     """Build a model from its spec for data with ``n_columns`` columns (``target``: the target
     column's index for regression models, default the last column)."""
     name, raw = parse_spec(spec)
-    cls = REGISTRY[name]
+    cls = models()[name]
     known = settings_of(cls)
     kwargs: dict[str, object] = {}
     for key, value in raw.items():
@@ -93,6 +177,11 @@ def build_model(spec: str, n_columns: int, target: int | None = None) -> Model:
             kwargs["target"] = target
     elif n_columns < 1:
         raise ModelError(f"model {name!r} needs at least 1 column")
-    model = cls(n_columns=n_columns, **kwargs)
+    try:
+        model = cls(n_columns=n_columns, **kwargs)
+    except ModelError:
+        raise
+    except (TypeError, ValueError) as exc:  # a plug-in's own checks may raise plain errors
+        raise ModelError(f"model {name!r}: {exc}") from None
     model.check_sampler()
     return model

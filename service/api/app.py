@@ -11,7 +11,7 @@ from fastapi import FastAPI
 from service import metrics as M
 from service.api import errors
 from service.api.middleware import BodyLimit, CheckLengthAndCount, redact_uvicorn_logs
-from service.api.routes import ingest, ops, pages, results, streams
+from service.api.routes import detect, ingest, ops, pages, results, streams
 from service.settings import Settings
 from service.store.api import ApiStore
 
@@ -30,7 +30,7 @@ def create_app(settings: Settings, redis_url: str, worker_metrics: Sequence[str]
     errors.install(app)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
     app.add_middleware(CheckLengthAndCount, limit=settings.max_body_bytes)
-    for module in (ops, streams, ingest, results, pages):
+    for module in (ops, streams, ingest, results, detect, pages):
         app.include_router(module.router)
     ingest.document_limits(app, settings)
     return app

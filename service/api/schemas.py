@@ -225,3 +225,104 @@ class DeadLetters(BaseModel):
 class EvidencePage(BaseModel):
     results: list[Entry]
     next: str | None = Field(None, description="pass as since= to get the following page")
+
+
+# --- one-shot detection (POST /v1/detect) ---------------------------------------------------------
+#: the most rows (observations) one POST /v1/detect may send (413 beyond)
+MAX_DETECT_ROWS = 100_000
+#: the most chunks one POST /v1/detect may ask for (rows / chunk_size; 422 beyond)
+MAX_DETECT_CHUNKS = 2_000
+#: the default chunk size of POST /v1/detect is ceil(rows / this): at most this many chunks
+DETECT_DEFAULT_CHUNKS = 250
+
+FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
+
+
+class SeriesPoint(BaseModel):
+    """One point in the shape of Azure's change-point API: a timestamp and a value."""
+
+    model_config = ConfigDict(extra="forbid")
+    timestamp: str | FiniteFloat = Field(..., description="RFC 3339 time or epoch seconds")
+    value: FiniteFloat | list[FiniteFloat] = Field(..., description="the value (or one row of values)")
+
+
+class DetectIn(BaseModel):
+    """A whole series to detect change points in; nothing is stored. Give ``values`` (with
+    optional ``times``) or ``series``."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
+        {"values": [10.1, 9.8, 10.3, 10.0, 9.9, 10.2, 10.1, 9.7, 10.0, 10.2, 15.1, 14.8, 15.3, 15.0, 14.9, 15.2, 15.1, 14.7,
+                    15.0, 15.2],
+         "chunk_size": 1},
+        {"series": [{"timestamp": "2024-05-01T00:00:00Z", "value": 3.2}, {"timestamp": "2024-05-01T00:01:00Z", "value": 3.4}],
+         "models": ["level", "trend"]},
+    ]})
+    values: list[FiniteFloat] | list[list[FiniteFloat]] | None = Field(
+        None, description=f"the series: numbers (one column) or rows of numbers (one value per column); at most "
+                          f"{MAX_DETECT_ROWS:,} rows (413 beyond)")
+    times: list[str | FiniteFloat] | None = Field(
+        None, description="one time per row, strictly increasing: RFC 3339 strings (with an offset or Z) or epoch "
+                          "seconds; change points then carry the time of their first row")
+    series: list[SeriesPoint] | None = Field(
+        None, description="instead of values and times: [{timestamp, value}], the shape of Azure's change-point API")
+    columns: list[str] | None = Field(None, min_length=1, max_length=256,
+                                      description="column names (default x0, x1, ...); a model's 'target' names one")
+    models: list[ModelIn | str] | None = Field(
+        None, min_length=1, max_length=16,
+        description="model specs, as for a stream (default: the default portfolio for the data's width: level, ar "
+                    "and trend for one column, gaussian otherwise); plug-ins too")
+    chunk_size: int | None = Field(
+        None, ge=1, description=f"rows per chunk (default: ceil(rows / {DETECT_DEFAULT_CHUNKS})); at most "
+                                f"{MAX_DETECT_CHUNKS:,} chunks and CUSP_MAX_CHUNK_ROWS rows per chunk")
+    seed: int = Field(0, ge=0, le=2**62)
+    sampler: SamplerIn = Field(default_factory=SamplerIn)
+    detector: dict[str, Any] = Field(default_factory=dict, description="change-point detector settings, as for a stream")
+
+
+class DetectEvent(BaseModel):
+    """A change point one model reported."""
+
+    index: int = Field(description="index (0-based) of the first row of the new regime")
+    time: str | float | None = Field(None, description="that row's time, as given (null without times)")
+    detected_at: int = Field(description="rows seen when it was reported")
+    confidence: float = Field(description="posterior probability of the change")
+    log_bayes_factor: float
+    log_prior_odds: float
+
+
+class DetectChange(BaseModel):
+    """A change point of the series: the models' events weighted by their posterior probabilities
+    (with one model, its own events)."""
+
+    index: int = Field(description="index (0-based) of the first row of the new regime")
+    time: str | float | None = Field(None, description="that row's time, as given (null without times)")
+    detected_at: int = Field(description="rows seen when the evidence for it first reached the threshold")
+    confidence: float = Field(description="a lower bound on the posterior probability of a change within one chunk of index")
+    support: dict[str, tuple[float, float]] = Field(description="model -> [posterior probability, event confidence]")
+
+
+class DetectModel(BaseModel):
+    name: str
+    spec: str
+    method: str = Field(description="exact (closed form) or sgais")
+    log_evidence: float = Field(description="log p(series | model), nats")
+    posterior_probability: float = Field(description="with the models' priors")
+    changepoints: list[DetectEvent]
+    log_predictive: list[float] = Field(description="per chunk: log p(chunk | earlier rows, model), nats")
+    annealing_steps: list[int] = Field(description="per chunk (0: exact method)")
+    warnings: list[str] = Field(description="reliability warnings any chunk had (README, Reliability)")
+
+
+class DetectChunk(BaseModel):
+    start: int = Field(description="index of the chunk's first row")
+    rows: int
+
+
+class DetectOut(BaseModel):
+    rows: int
+    chunk_size: int
+    changepoints: list[DetectChange] = Field(description="the series' change points, by index")
+    is_change_point: list[bool] = Field(description="per row: does a change point start there (Azure's shape)")
+    confidence_scores: list[float] = Field(description="per row: the change point's confidence there, else 0")
+    models: list[DetectModel]
+    chunks: list[DetectChunk]

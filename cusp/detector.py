@@ -1,0 +1,312 @@
+"""``cusp.Detector``: change-point detection in-process, river-style.
+
+    det = cusp.Detector()                  # the default portfolio of models for the data's width
+    for x in series:
+        det.update(x)                      # a value, a row, or a chunk of rows
+    det.changepoints                       # the stream's model-averaged change points
+    det.evidence, det.probabilities        # each model's log-evidence and posterior probability
+
+It runs what a worker runs for a stream (``service.detect.OfflineRun`` per model, built and
+seeded by ``service.runtime`` from a ``StreamConfig``) and averages change points over the
+models as the API does (``service.detect.model_averaged_changes``, window: the largest chunk),
+so the same data, seed and chunking give the server's numbers. ``POST /v1/detect`` runs one of
+these over a whole series (``Detector.for_stream``).
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from cusp.errors import InputError
+from models import ModelError
+from models.registry import default_portfolio, parse_spec
+from service.data import log_model_probabilities
+from service.detect import DetectorConfig, Event, OfflineRun, StreamChange, model_averaged_changes
+from service.runtime import build, model_seed, sampler_config
+from service.sgais import ChunkResult, ConfigError, EngineError
+from service.store import ModelEntry, StreamConfig
+
+#: the largest seed the service accepts (``POST /v1/streams``)
+MAX_SEED = 2**62
+
+
+class Detector:
+    """Change-point detection over a stream in this process.
+
+    models: model specs (``["level", "ar"]``, ``"gmm:components=3"``; plug-ins too); None: the
+    default portfolio for the data's width (``models.registry.default_portfolio``).
+    chunk_size: None: every ``update`` is one chunk, as every POST is for the service; k: rows
+    are buffered and processed k at a time (``flush()`` processes a partial chunk).
+    seed: the stream's seed (model i gets ``service.runtime.seed_for(seed, i)``, as a stream's
+    models do). columns: the data's width (default: from the first ``update``). target: the
+    target column's index for regression models. priors: spec -> prior weight of the model.
+    sampler, sampler_settings: the SGAIS preset ('paper' or 'accurate') and overrides, e.g.
+    ``{"particles": 20}``. Other keyword arguments are detector settings (README, "Change-point
+    detection"): ``threshold=0.999``, ``expected_run_length=5000``, ``enabled=False``...
+
+    Bad arguments or data raise ``cusp.InputError`` naming the problem, before anything is
+    processed. Settings are public attributes; what was learned is private and rebuilt by
+    ``reset()``.
+    """
+
+    def __init__(self, models: Sequence[str] | str | None = None, chunk_size: int | None = None, seed: int = 0, *,
+                 columns: int | None = None, target: int | None = None, priors: Mapping[str, float] | None = None,
+                 sampler: str = "paper", sampler_settings: Mapping[str, Any] | None = None, **settings: Any):
+        self.models = _specs(models)
+        self.chunk_size = _optional_int("chunk_size", chunk_size, 1)
+        if not _is_int(seed) or not 0 <= seed <= MAX_SEED:
+            raise InputError(f"seed must be an integer in [0, 2**62], got {seed!r}")
+        self.seed = int(seed)
+        self.columns = _optional_int("columns", columns, 1)
+        self.target = _optional_int("target", target, 0)
+        if self.target is not None and self.columns is not None and self.target >= self.columns:
+            raise InputError(f"target must be a column index below columns={self.columns}, got {self.target}")
+        self.priors = dict(priors or {})
+        for spec, p in self.priors.items():
+            if self.models is not None and spec not in self.models:
+                raise InputError(f"priors: {spec!r} is not one of the models {list(self.models)}")
+            if not isinstance(p, numbers.Real) or isinstance(p, bool) or not (0 < p < math.inf):
+                raise InputError(f"priors[{spec!r}] must be a positive finite number, got {p!r}")
+        self.sampler = sampler
+        self.sampler_settings = dict(sampler_settings or {})
+        self.settings = settings
+        try:
+            sampler_config(StreamConfig("detector", [], [], {"preset": sampler, "overrides": self.sampler_settings}))
+        except (ConfigError, TypeError) as exc:
+            raise InputError(f"sampler: {exc}") from None
+        try:
+            self.config = DetectorConfig.from_dict(settings)
+        except ConfigError as exc:
+            raise InputError(str(exc)) from None
+        self._reset()
+        if self.columns is not None:
+            self._start(self._stream_config(self.columns))
+
+    @classmethod
+    def for_stream(cls, cfg: StreamConfig, chunk_size: int | None = None) -> "Detector":
+        """The detector of a stream with config ``cfg`` (its models, names, priors, sampler, seed
+        and detector settings, already validated, as ``service.api.crud.config_from_request``
+        makes them): what ``POST /v1/detect`` runs. Results are keyed by the models' names."""
+        det = cls.__new__(cls)
+        det.models, det.chunk_size, det.seed = tuple(m.spec for m in cfg.models), chunk_size, cfg.seed
+        det.columns, det.target = len(cfg.columns), None
+        det.priors = {m.name: m.prior for m in cfg.models}
+        det.sampler, det.sampler_settings = cfg.sampler.get("preset", "paper"), dict(cfg.sampler.get("overrides", {}))
+        det.settings, det.config = dict(cfg.detector), DetectorConfig.from_dict(cfg.detector)
+        det._reset()
+        det._start(cfg)
+        return det
+
+    # --- state --------------------------------------------------------------------------------
+    def reset(self) -> None:
+        """Forget everything seen; the settings stay."""
+        self._reset()
+        if self.columns is not None:
+            self._start(self._stream_config(self.columns))
+
+    def _reset(self) -> None:
+        self._cfg: StreamConfig | None = None
+        self._runs: dict[str, OfflineRun] = {}
+        self._log_prior: dict[str, float] = {}
+        self._results: dict[str, list[ChunkResult]] = {}
+        self._events: dict[str, list[Event]] = {}
+        self._chunks: list[tuple[int, int]] = []  # (first observation, rows) of each chunk processed
+        self._pending = np.zeros((0, self.columns or 0))
+        self._changes: list[StreamChange] | None = None
+        self._width: int | None = self.columns
+
+    def _stream_config(self, width: int) -> StreamConfig:
+        specs = self.models or default_portfolio(width)
+        if self.target is not None and self.target >= width:
+            raise InputError(f"target column {self.target} is out of range for rows of {width} columns")
+        return StreamConfig(name="detector", columns=[f"x{i}" for i in range(width)],
+                            models=[ModelEntry(name=s, spec=s, target=self.target, prior=float(self.priors.get(s, 1.0)))
+                                    for s in specs],
+                            sampler={"preset": self.sampler, "overrides": self.sampler_settings}, seed=self.seed,
+                            detector=dict(self.settings))
+
+    def _start(self, cfg: StreamConfig) -> None:
+        """Each model's sampler and detector, seeded as the service seeds the stream's models."""
+        runs = {}
+        for e in cfg.models:
+            try:
+                runs[e.name] = OfflineRun(build(cfg, e), model_seed(cfg, e), self.config)
+            except (ModelError, ConfigError) as exc:
+                raise InputError(f"model {e.name!r}: {exc}") from None
+        self._cfg, self._runs, self._width = cfg, runs, len(cfg.columns)
+        self._log_prior = {e.name: math.log(e.prior) for e in cfg.models}
+        self._results = {name: [] for name in runs}
+        self._events = {name: [] for name in runs}
+        self._pending = np.zeros((0, self._width))
+
+    # --- input --------------------------------------------------------------------------------
+    def update(self, x: Any) -> "Detector":
+        """Take a value (one observation of a one-column series), a row (one observation of
+        several columns: a 1-D sequence once the width is above 1), or a chunk (a 2-D array of
+        rows; a 1-D sequence of a one-column series' values). Returns the detector."""
+        rows = self._rows(x)
+        if self._cfg is None:
+            self._start(self._stream_config(rows.shape[1]))
+        self._check(rows)
+        if self.chunk_size is None:
+            self._step(rows)
+            return self
+        buf = np.concatenate([self._pending, rows]) if len(self._pending) else rows
+        k = self.chunk_size
+        while buf.shape[0] >= k:
+            self._step(buf[:k])
+            buf = buf[k:]
+        self._pending = buf
+        return self
+
+    def flush(self) -> "Detector":
+        """Process the buffered rows (fewer than ``chunk_size``) as one chunk."""
+        if len(self._pending):
+            rows, self._pending = self._pending, self._pending[:0]
+            self._step(rows)
+        return self
+
+    def _rows(self, x: Any) -> np.ndarray:
+        try:
+            a = np.asarray(x, dtype=np.float64)
+        except (TypeError, ValueError):
+            raise InputError(f"update(x): x must be a number, a row or rows of numbers, got {type(x).__name__}") from None
+        width = self._width
+        if a.ndim == 0:
+            a = a.reshape(1, 1)
+        elif a.ndim == 1:
+            a = a[None, :] if width is not None and width > 1 else a[:, None]
+        elif a.ndim != 2:
+            raise InputError(f"update(x): x must be a number, a row or a 2-D array of rows, got {a.ndim} dimensions")
+        if a.shape[0] == 0 or a.shape[1] == 0:
+            raise InputError("update(x): x is empty")
+        if width is not None and a.shape[1] != width:
+            raise InputError(f"update(x): rows of {a.shape[1]} values, but this detector's data have {width} columns")
+        bad = ~np.isfinite(a)
+        if bad.any():
+            r, c = map(int, np.argwhere(bad)[0])
+            raise InputError(f"update(x): row {r}, column {c} is {a[r, c]}; values must be finite numbers")
+        return np.ascontiguousarray(a)
+
+    def _check(self, rows: np.ndarray) -> None:
+        """Every model can take the rows (before any model is fed them)."""
+        t = torch.from_numpy(rows)
+        for name, run in self._runs.items():
+            try:
+                feats = run.sampler.model.featurize(t)
+            except ModelError as exc:
+                raise InputError(f"model {name!r}: {exc}") from None
+            if not bool(torch.isfinite(feats).all()):
+                raise InputError(f"model {name!r}: values too large (their squares overflow float64)")
+
+    def _step(self, chunk: np.ndarray) -> None:
+        t = torch.from_numpy(np.ascontiguousarray(chunk))
+        for name, run in self._runs.items():
+            try:
+                result, events = run.step(t)
+            except EngineError as exc:
+                raise EngineError(f"model {name!r}: {exc}") from None
+            self._results[name].append(result)
+            self._events[name] += events
+        self._chunks.append((self.n, int(chunk.shape[0])))
+        self._changes = None
+
+    # --- answers ------------------------------------------------------------------------------
+    @property
+    def names(self) -> list[str]:
+        """The models' names (their specs; a stream's model names for ``for_stream``)."""
+        return list(self._runs)
+
+    @property
+    def n(self) -> int:
+        """Observations processed (buffered ones not counted)."""
+        return sum(r for _, r in self._chunks)
+
+    @property
+    def pending(self) -> int:
+        """Rows buffered until a chunk is full."""
+        return int(len(self._pending))
+
+    @property
+    def chunks(self) -> list[tuple[int, int]]:
+        """(first observation, rows) of each chunk processed."""
+        return list(self._chunks)
+
+    @property
+    def results(self) -> dict[str, list[ChunkResult]]:
+        """Each model's result per chunk (``log_predictive``, ``log_evidence``, ``annealing_steps``...)."""
+        return {m: list(r) for m, r in self._results.items()}
+
+    @property
+    def events(self) -> dict[str, list[Event]]:
+        """Each model's own change points (``location``, ``confidence``, ``log_bayes_factor``...)."""
+        return {m: list(e) for m, e in self._events.items()}
+
+    @property
+    def evidence(self) -> dict[str, float]:
+        """Each model's running log-evidence log p(y_1..n | model), nats (0 before any chunk)."""
+        return {m: (r[-1].log_evidence if r else 0.0) for m, r in self._results.items()}
+
+    @property
+    def probabilities(self) -> dict[str, float]:
+        """Each model's posterior probability given the data so far (with the models' priors)."""
+        return log_model_probabilities(self.evidence, self._log_prior) if self._runs else {}
+
+    @property
+    def changepoints(self) -> list[StreamChange]:
+        """The stream's change points: each model's events weighted by its posterior probability
+        (``service.detect.model_averaged_changes``; with one model, its own events). Each has
+        ``location`` (index of the first observation of the new regime), ``detected_at``,
+        ``confidence`` and ``support`` (model -> [posterior probability, event confidence])."""
+        if self._changes is None:
+            if not any(self._events.values()):
+                self._changes = []
+            else:
+                traces = {m: [(r.n, r.log_evidence) for r in rs] for m, rs in self._results.items()}
+                self._changes = model_averaged_changes(self._events, traces, window=max(r for _, r in self._chunks),
+                                                       threshold=self.config.threshold, log_prior=self._log_prior)
+        return list(self._changes)
+
+    def __repr__(self) -> str:
+        return (f"Detector(models={list(self._runs) or self.models}, chunk_size={self.chunk_size}, seed={self.seed}, "
+                f"n={self.n}, changepoints={[c.location for c in self.changepoints]})")
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
+
+
+def _optional_int(what: str, x: Any, low: int) -> int | None:
+    if x is None:
+        return None
+    if not _is_int(x) or x < low:
+        raise InputError(f"{what} must be an integer >= {low} (or None), got {x!r}")
+    return int(x)
+
+
+def _specs(models: Sequence[str] | str | None) -> tuple[str, ...] | None:
+    """The model specs, checked by name and settings' syntax now (their widths at the first data)."""
+    if models is None:
+        return None
+    if isinstance(models, str):
+        models = [models]
+    if not isinstance(models, Sequence) or not models:
+        raise InputError(f"models must be a non-empty list of model specs (or None: the default portfolio), got {models!r}")
+    out = []
+    for i, spec in enumerate(models):
+        if not isinstance(spec, str):
+            raise InputError(f"models[{i}] must be a spec string like 'gmm:components=3', got {spec!r}")
+        try:
+            parse_spec(spec)
+        except ModelError as exc:
+            raise InputError(f"models[{i}]: {exc}") from None
+        if spec in out:
+            raise InputError(f"models[{i}]: {spec!r} is listed twice")
+        out.append(spec)
+    return tuple(out)

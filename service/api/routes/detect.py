@@ -1,0 +1,155 @@
+"""One-shot detection: ``POST /v1/detect`` takes a whole series and answers its change points,
+each model's evidence and posterior probability and each chunk's log predictive. Nothing is
+stored: the request is validated as a stream's would be (``crud.config_from_request``) and run
+by ``cusp.Detector.for_stream``, the models a worker would run for such a stream, off the event
+loop."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from datetime import datetime
+
+import numpy as np
+from fastapi import APIRouter, HTTPException, Request
+
+from cusp.detector import Detector
+from cusp.errors import InputError
+from models import ModelError
+from models.registry import default_portfolio
+from service.api import crud
+from service.api.deps import Read, SettingsDep
+from service.api.errors import errors
+from service.api.schemas import (DETECT_DEFAULT_CHUNKS, MAX_DETECT_CHUNKS, MAX_DETECT_ROWS, DetectChange, DetectChunk,
+                                 DetectEvent, DetectIn, DetectModel, DetectOut, StreamIn)
+from service.settings import Settings
+from service.sgais import EngineError
+
+router = APIRouter(prefix="/v1", tags=["detect"])
+
+#: one-shot computations running at once per API process; more requests wait their turn
+CONCURRENT = 2
+
+
+@router.post("/detect", response_model=DetectOut, dependencies=[Read], responses=errors(400, 401, 413, 422))
+async def detect(body: DetectIn, request: Request, settings: SettingsDep) -> DetectOut:
+    data, times = series_of(body)
+    cfg = crud.config_from_request(stream_request(body, data.shape[1]))
+    crud.initial_states(cfg)  # the sampler settings and the particle limit, checked as at create
+    chunk = chunk_size(body.chunk_size, data.shape[0], settings)
+    async with gate(request):
+        det = await asyncio.to_thread(run, cfg, data, chunk)
+    return answer(det, times)
+
+
+def gate(request: Request) -> asyncio.Semaphore:
+    state = request.app.state
+    if getattr(state, "detect_gate", None) is None:
+        state.detect_gate = asyncio.Semaphore(CONCURRENT)
+    return state.detect_gate
+
+
+def series_of(body: DetectIn) -> tuple[np.ndarray, list | None]:
+    """The rows ``[T, C]`` and the times as given (or None), or 413/422 naming the fault."""
+    if (body.values is None) == (body.series is None):
+        raise HTTPException(422, "give the series as 'values' (with optional 'times') or as 'series', not both or neither")
+    if body.series is not None:
+        if body.times is not None:
+            raise HTTPException(422, "'times' goes with 'values'; 'series' points carry their own timestamps")
+        raw, times = [p.value for p in body.series], [p.timestamp for p in body.series]
+        what = "series"
+    else:
+        raw, times, what = body.values, body.times, "values"
+    if not raw:
+        raise HTTPException(422, f"{what} is empty")
+    if len(raw) > MAX_DETECT_ROWS:
+        raise HTTPException(413, f"{what} has {len(raw):,} rows; POST /v1/detect takes at most {MAX_DETECT_ROWS:,} "
+                                 "(create a stream for longer series)")
+    shapes = {len(r) if isinstance(r, list) else None for r in raw}
+    if len(shapes) > 1:
+        first = len(raw[0]) if isinstance(raw[0], list) else None
+        bad = next(i for i, r in enumerate(raw) if (len(r) if isinstance(r, list) else None) != first)
+        raise HTTPException(422, f"{what}[{bad}] has {'a number' if first is None else f'{first} values'} at row 0 but "
+                                 "another shape here: all rows need the same number of values")
+    data = np.asarray(raw, dtype=np.float64)
+    data = data[:, None] if data.ndim == 1 else data
+    if data.shape[1] == 0 or data.shape[1] > 256:
+        raise HTTPException(422, f"{what}: rows must have 1 to 256 values, got {data.shape[1]}")
+    if times is not None:
+        check_times(times, data.shape[0], "times" if what == "values" else "series[].timestamp")
+    return data, times
+
+
+def check_times(times: list, rows: int, what: str) -> None:
+    """One time per row, each RFC 3339 (with an offset) or epoch seconds, strictly increasing."""
+    if len(times) != rows:
+        raise HTTPException(422, f"{what} has {len(times)} entries for {rows} rows")
+    prev = -math.inf
+    for i, t in enumerate(times):
+        if isinstance(t, str):
+            try:
+                d = datetime.fromisoformat(t)
+                x = d.timestamp()
+            except (ValueError, OverflowError, OSError):
+                raise HTTPException(422, f"{what}[{i}]: {t[:40]!r} is not an RFC 3339 time like '2024-05-01T12:00:00Z'") from None
+            if d.tzinfo is None:
+                raise HTTPException(422, f"{what}[{i}]: {t[:40]!r} has no UTC offset; RFC 3339 needs one, e.g. 'Z' or '+02:00'")
+        else:
+            x = float(t)
+        if not x > prev:
+            raise HTTPException(422, f"{what}[{i}] is not after {what}[{i - 1}]: times must be strictly increasing")
+        prev = x
+
+
+def stream_request(body: DetectIn, width: int) -> StreamIn:
+    columns = body.columns or [f"x{i}" for i in range(width)]
+    if len(columns) != width:
+        raise HTTPException(422, f"columns names {len(columns)} columns but the rows have {width} values")
+    req = StreamIn(name="detect", columns=columns, models=body.models or list(default_portfolio(width)),
+                   sampler=body.sampler, seed=body.seed, detector=body.detector)
+    crud.check_names(req)
+    return req
+
+
+def chunk_size(asked: int | None, rows: int, settings: Settings) -> int:
+    chunk = asked or math.ceil(rows / DETECT_DEFAULT_CHUNKS)
+    if chunk > settings.max_chunk_rows:
+        raise HTTPException(422, f"chunk_size {chunk} exceeds CUSP_MAX_CHUNK_ROWS={settings.max_chunk_rows}")
+    if math.ceil(rows / chunk) > MAX_DETECT_CHUNKS:
+        raise HTTPException(422, f"{rows:,} rows in chunks of {chunk} make {math.ceil(rows / chunk):,} chunks; the limit is "
+                                 f"{MAX_DETECT_CHUNKS:,}: use chunk_size >= {math.ceil(rows / MAX_DETECT_CHUNKS)}")
+    return chunk
+
+
+def run(cfg, data: np.ndarray, chunk: int) -> Detector:
+    """The stream's models over the series (in a worker thread)."""
+    det = Detector.for_stream(cfg, chunk)
+    try:
+        det.update(data).flush()
+    except (InputError, ModelError, EngineError) as exc:
+        raise HTTPException(422, str(exc)) from None
+    return det
+
+
+def answer(det: Detector, times: list | None) -> DetectOut:
+    when = (lambda i: times[i]) if times is not None else (lambda i: None)  # noqa: E731
+    changes = det.changepoints
+    is_cp, conf = [False] * det.n, [0.0] * det.n
+    for c in changes:
+        is_cp[c.location], conf[c.location] = True, c.confidence
+    probs, results, events = det.probabilities, det.results, det.events
+    return DetectOut(
+        rows=det.n, chunk_size=max(r for _, r in det.chunks),
+        changepoints=[DetectChange(index=c.location, time=when(c.location), detected_at=c.detected_at, confidence=c.confidence,
+                                   support=c.support) for c in changes],
+        is_change_point=is_cp, confidence_scores=conf,
+        models=[DetectModel(name=m, spec=spec, method=results[m][-1].method, log_evidence=results[m][-1].log_evidence,
+                            posterior_probability=probs[m],
+                            changepoints=[DetectEvent(index=e.location, time=when(e.location), detected_at=e.detected_at,
+                                                      confidence=e.confidence, log_bayes_factor=e.log_bayes_factor,
+                                                      log_prior_odds=e.log_prior_odds) for e in events[m]],
+                            log_predictive=[r.log_predictive for r in results[m]],
+                            annealing_steps=[r.annealing_steps for r in results[m]],
+                            warnings=sorted({w for r in results[m] for w in r.warnings}))
+                for m, spec in zip(det.names, det.models)],
+        chunks=[DetectChunk(start=s, rows=r) for s, r in det.chunks])

@@ -1,0 +1,289 @@
+"""cusp.Client against a running API (real HTTP, embedded redis-server, a worker in burst mode),
+issue 17 item 3: automatic seq, idempotent resends through real network faults, results paged
+and live over SSE with resume, errors carrying the server's message, and cusp.Detector giving
+the service's numbers for the same data, seed and chunking."""
+
+import http.server
+import threading
+import uuid
+
+import httpx
+import numpy as np
+import pytest
+
+import cusp
+from service.worker import Worker
+from tests.service_fixtures import LiveServer
+
+
+@pytest.fixture(scope="module")
+def live(redis_url):
+    server = LiveServer(redis_url)
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def client(live):
+    with cusp.Client(live.url, backoff=0.01) as c:
+        yield c
+
+
+def name():
+    return "c" + uuid.uuid4().hex[:10]
+
+
+@pytest.fixture(scope="module")
+def worker(redis_url):
+    """One worker for the module: a new one per burst would count the last one's heartbeat as a
+    live worker for its lease time and take only its share of the work."""
+    w = Worker(redis_url)
+    yield w
+    w.release_all()
+
+
+def burst(w):
+    try:
+        return w.run_until_idle()
+    finally:
+        w.release_all()
+
+
+def shifted(n=300, seed=0):
+    rng = np.random.default_rng(seed)
+    return np.concatenate([rng.normal(0, 1, n), rng.normal(3, 1, n)]).round(4)
+
+
+class FaultyProxy:
+    """A real HTTP proxy in front of the API that breaks the way networks do: ``drop`` requests
+    whose path ends so are forwarded and processed, then the connection is closed with no answer
+    (the client cannot know the request landed); ``busy`` requests are answered 503 with
+    Retry-After: 0 without forwarding; an SSE feed is cut after ``cut_sse`` events."""
+
+    def __init__(self, upstream: str):
+        self.drop: dict[str, int] = {}
+        self.busy: dict[str, int] = {}
+        self.cut_sse = 0
+        self.seen: list[tuple[str, str, str | None]] = []  # method, path, Last-Event-ID
+        proxy = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args):
+                pass
+
+            def _take(self, faults: dict) -> bool:
+                for suffix, left in faults.items():
+                    if self.path.split("?")[0].endswith(suffix) and left > 0:
+                        faults[suffix] = left - 1
+                        return True
+                return False
+
+            def _forward(self):
+                proxy.seen.append((self.command, self.path, self.headers.get("Last-Event-ID")))
+                if self._take(proxy.busy):
+                    self.send_response(503)
+                    self.send_header("Retry-After", "0")
+                    self.send_header("Content-Type", "application/json")
+                    body = b'{"detail": "busy"}'
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body)
+                    return
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "content-length", "connection")}
+                if self.path.split("?")[0].endswith("/sse"):
+                    return self._sse(headers)
+                r = httpx.request(self.command, upstream + self.path, content=body, headers=headers, timeout=30)
+                if self._take(proxy.drop):
+                    self.close_connection = True  # processed upstream; the answer is lost
+                    return
+                self.send_response(r.status_code)
+                for k, v in r.headers.items():
+                    if k.lower() not in ("content-length", "transfer-encoding", "connection", "content-encoding"):
+                        self.send_header(k, v)
+                self.send_header("Content-Length", str(len(r.content)))
+                self.end_headers()
+                self.wfile.write(r.content)
+
+            def _sse(self, headers):
+                cut, proxy.cut_sse = proxy.cut_sse, 0
+                with httpx.stream("GET", upstream + self.path, headers=headers, timeout=httpx.Timeout(30, read=None)) as r:
+                    self.send_response(r.status_code)
+                    self.send_header("Content-Type", r.headers.get("content-type", "text/event-stream"))
+                    self.send_header("Connection", "close")
+                    self.end_headers()
+                    self.close_connection = True
+                    events = 0
+                    try:
+                        for line in r.iter_lines():
+                            self.wfile.write((line + "\n").encode())
+                            self.wfile.flush()
+                            if not line and cut:
+                                events += 1
+                                if events >= cut:
+                                    return  # the connection drops mid-feed
+                    except (BrokenPipeError, ConnectionResetError):
+                        return  # the client left
+
+            do_GET = do_POST = do_DELETE = _forward
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def proxy(live):
+    p = FaultyProxy(live.url)
+    yield p
+    p.close()
+
+
+def test_create_post_read_and_delete(client, live, worker):
+    s = name()
+    info = client.create_stream(s, ["ms"])  # no models: the default portfolio
+    assert [m["name"] for m in info["models"]] == ["level", "ar", "trend"] and info["next_seq"] == 0
+    x = shifted()
+    acks = [client.post(s, x[lo : lo + 20]) for lo in range(0, 600, 20)]
+    assert [a["seq"] for a in acks] == list(range(30)) and {a["status"] for a in acks} == {"accepted"}
+    assert client.post(s, x[:20], seq=0)["status"] == "duplicate"
+    assert client.next_seq(s) == 30
+    assert burst(worker) == 90
+    results = list(client.results(s))
+    assert len([r for r in results if r["kind"] == "result"]) == 90
+    assert [r["seq"] for r in client.results(s, model="ar") if r["kind"] == "result"] == list(range(30))
+    since = results[40]["id"]
+    assert [r["id"] for r in client.results(s, since=since)] == [r["id"] for r in results[41:]]
+    cps = client.changepoints(s)
+    assert [c["location"] for c in cps["stream"]] == [300]
+    assert client.wait(s)["models"][0]["observations"] == 600
+    # a second client (another process, say) continues the sequence from the server's next_seq
+    with cusp.Client(live.url) as other:
+        assert other.post(s, x[:5])["seq"] == 30
+    burst(worker)
+    client.delete_stream(s)
+    assert s not in client.streams()
+    with pytest.raises(cusp.NotFoundError, match=f"no stream named '{s}'") as err:
+        client.stream(s)
+    assert err.value.status == 404
+
+
+def test_detector_gives_the_service_numbers(client, live, worker):
+    """Same data, seed and chunks: the worker's per-chunk evidence and change points, the API's
+    model-averaged change points and POST /v1/detect's answer equal cusp.Detector's, bit for bit."""
+    s, x = name(), shifted(seed=4)
+    client.create_stream(s, ["ms"], models=["level", "ar", "trend"], seed=7, detector={"threshold": 0.995})
+    for lo in range(0, 600, 20):
+        client.post(s, x[lo : lo + 20])
+    burst(worker)
+    det = cusp.Detector(models=["level", "ar", "trend"], chunk_size=20, seed=7, threshold=0.995).update(x)
+    entries = list(client.results(s))
+    for m in det.names:
+        assert [e["log_evidence"] for e in entries if e["model"] == m and e["kind"] == "result"] == \
+               [r.log_evidence for r in det.results[m]]
+        assert [(e["location"], e["confidence"]) for e in entries if e["model"] == m and e["kind"] == "changepoint"] == \
+               [(e.location, e.confidence) for e in det.events[m]]
+    assert client.changepoints(s)["stream"] == [
+        {**c.to_dict(), "support": {m: list(v) for m, v in c.support.items()}} for c in det.changepoints]
+    one = client.detect(x, chunk_size=20, seed=7, detector={"threshold": 0.995})
+    assert [c["index"] for c in one["changepoints"]] == [c.location for c in det.changepoints] == [300]
+    assert [m["log_evidence"] for m in one["models"]] == list(det.evidence.values())
+    client.delete_stream(s)
+
+
+def test_lost_answers_and_busy_server_are_retried_with_the_same_seq(live, proxy, worker):
+    s = name()
+    with cusp.Client(proxy.url, backoff=0.01) as c:
+        proxy.drop["/v1/streams"] = 1  # the stream is created but the answer is lost
+        assert c.create_stream(s, ["a"], models=["level"])["name"] == s
+        proxy.drop["/chunks"] = 2  # stored twice over, answers lost: the resend is a duplicate
+        proxy.busy["/chunks"] = 1
+        ack = c.post(s, [1.0, 2.0, 3.0])
+        assert ack == {"seq": 0, "status": "duplicate", "id": "1-0"}
+        assert c.post(s, [4.0, 5.0])["seq"] == 1
+        posts = [p for m, p, _ in proxy.seen if m == "POST" and p.endswith("/chunks")]
+        assert len(posts) == 5  # dropped, dropped, 503, duplicate, then seq 1
+        proxy.drop[f"/{s}"] = 1  # deleted, answer lost: the resend's 404 means done
+        burst(worker)
+        c.delete_stream(s)
+    assert s not in live.client.get("/v1/streams").json()["streams"]
+
+
+def test_retries_run_out_with_a_clear_error(live, proxy):
+    s = name()
+    live.client.post("/v1/streams", json={"name": s, "columns": ["a"], "models": ["level"]})
+    with cusp.Client(proxy.url, retries=2, backoff=0.0) as c:
+        proxy.busy["/chunks"] = 5
+        with pytest.raises(cusp.ServerUnavailable, match="POST /v1/streams/.*/chunks: 503: busy \\(after 3 attempts\\)"):
+            c.post(s, [1.0])
+        proxy.busy.clear()
+        assert c.post(s, [1.0])["status"] == "accepted"  # the same seq 0: nothing was stored
+    with cusp.Client("http://127.0.0.1:9", retries=1, backoff=0.0) as dead:
+        with pytest.raises(cusp.ServerUnavailable, match="ConnectError"):
+            dead.streams()
+
+
+def test_live_results_resume_after_a_dropped_feed(live, proxy, worker):
+    s = name()
+    with cusp.Client(proxy.url, backoff=0.01) as c:
+        c.create_stream(s, ["a"], models=["level", "ar"])
+        for q in range(4):
+            c.post(s, np.arange(q * 10, q * 10 + 10, dtype=float) % 7)
+        burst(worker)
+        stored = list(c.results(s))
+        proxy.cut_sse = 3
+        feed = c.results(s, follow=True)
+        got = [next(feed) for _ in stored]
+        feed.close()
+    assert [e["id"] for e in got] == [e["id"] for e in stored]  # nothing lost, nothing twice
+    feeds = [last for m, p, last in proxy.seen if p.endswith("/evidence/sse")]
+    assert feeds == [None, stored[2]["id"]]  # the second connection resumed with Last-Event-ID
+
+
+def test_bad_arguments_and_refusals_raise_exceptions_naming_the_problem(client, live):
+    s = name()
+    client.create_stream(s, ["a", "b"], models=["gaussian"])
+    for call, kind, message in [
+        (lambda: client.post(s, [[1.0, float("inf")]]), cusp.InputError, "rows\\[0\\]\\[1\\] is inf"),
+        (lambda: client.post(s, [[1.0, 2.0], [3.0]]), cusp.InputError, "rows\\[1\\] has 1 values, rows\\[0\\] has 2"),
+        (lambda: client.post(s, []), cusp.InputError, "non-empty list"),
+        (lambda: client.post(s, [["x", 1.0]]), cusp.InputError, "rows\\[0\\]\\[0\\] must be a number"),
+        (lambda: client.post(s, [[1.0, 2.0]], seq=-1), cusp.InputError, "seq must be an integer"),
+        (lambda: client.post("a/b", [[1.0, 2.0]]), cusp.InputError, "stream name"),
+        (lambda: client.create_stream(name(), "ab"), cusp.InputError, "columns must be a non-empty list"),
+        (lambda: client.create_stream(name(), ["a"], models=["nope"]), cusp.InvalidRequestError, "422: model 'nope': unknown model"),
+        (lambda: client.post(s, [[1.0, 2.0, 3.0]]), cusp.InvalidRequestError, "has 3 values, the stream has 2 columns"),
+        (lambda: client.post(s, [[1.0, 2.0]], seq=4), cusp.ConflictError, "out of order: expected seq 0"),
+        (lambda: cusp.Client("localhost:8000"), cusp.InputError, "url must be an http"),
+        (lambda: cusp.Client(live.url, retries=-1), cusp.InputError, "retries must be an integer >= 0"),
+        (lambda: client.detect([1.0, 2.0], times=["2024-01-01T00:00:00Z", "2023-01-01T00:00:00Z"]), cusp.InvalidRequestError,
+         "times\\[1\\] is not after times\\[0\\]"),
+    ]:
+        with pytest.raises(kind, match=message):
+            call()
+    assert client.stream(s)["next_seq"] == 0  # nothing stored
+    assert client.post(s, [[1.0, 2.0]])["seq"] == 0
+
+
+def test_api_keys(redis_url):
+    server = LiveServer(redis_url, api_keys="writer-key-1,reader-key-1:read")
+    try:
+        s = name()
+        with cusp.Client(server.url, api_key="writer-key-1") as w, cusp.Client(server.url, api_key="reader-key-1") as r, \
+                cusp.Client(server.url) as anon:
+            w.create_stream(s, ["a"], models=["level"])
+            with pytest.raises(cusp.AuthenticationError, match="403: this API key is read-only"):
+                r.post(s, [1.0])
+            with pytest.raises(cusp.AuthenticationError, match="401: missing or unknown API key"):
+                anon.stream(s)
+            assert r.stream(s)["name"] == s
+            w.delete_stream(s)
+    finally:
+        server.stop()

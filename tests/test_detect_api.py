@@ -1,0 +1,82 @@
+"""POST /v1/detect (issue 17, item 7) over real HTTP: a whole series in, its change points,
+evidence and per-chunk log predictive out, nothing stored in Redis; bad input a 4xx naming it."""
+
+import re
+
+import numpy as np
+import pytest
+
+from service.store import connect
+from tests.service_fixtures import LiveServer
+
+
+@pytest.fixture(scope="module")
+def live(redis_url):
+    server = LiveServer(redis_url, max_chunk_rows=500)
+    yield server
+    server.stop()
+
+
+def shifted(n=150, seed=0):
+    rng = np.random.default_rng(seed)
+    return np.concatenate([rng.normal(10, 1, n), rng.normal(14, 1, n)]).round(4).tolist()
+
+
+def test_a_series_in_its_change_points_out_and_nothing_stored(live, redis_url):
+    before = connect(redis_url).dbsize()
+    times = [1_700_000_000 + 60 * i for i in range(300)]
+    r = live.client.post("/v1/detect", json={"values": shifted(), "times": times, "chunk_size": 10})
+    assert r.status_code == 200, r.text
+    out = r.json()
+    assert out["rows"] == 300 and out["chunk_size"] == 10 and len(out["chunks"]) == 30
+    assert [(c["index"], c["time"]) for c in out["changepoints"]] == [(150, times[150])]
+    assert out["changepoints"][0]["confidence"] >= 0.99
+    assert [i for i, b in enumerate(out["is_change_point"]) if b] == [150]
+    assert out["confidence_scores"][150] == out["changepoints"][0]["confidence"] and sum(out["confidence_scores"]) < 1.0 + 1e-9
+    assert [m["name"] for m in out["models"]] == ["level", "ar", "trend"]  # the default portfolio
+    assert sum(m["posterior_probability"] for m in out["models"]) == pytest.approx(1.0)
+    level = out["models"][0]
+    assert level["method"] == "exact" and len(level["log_predictive"]) == 30 and level["warnings"] == []
+    assert level["annealing_steps"] == [0] * 30 and all(np.isfinite(level["log_predictive"]))
+    assert connect(redis_url).dbsize() == before
+
+
+def test_azure_shaped_series_models_and_default_chunks(live):
+    values = shifted(100, seed=2)
+    series = [{"timestamp": f"2024-05-01T{i // 60:02d}:{i % 60:02d}:00Z", "value": v} for i, v in enumerate(values)]
+    out = live.client.post("/v1/detect", json={"series": series, "models": ["level", {"spec": "gaussian", "name": "g", "prior": 2}]}).json()
+    assert out["chunk_size"] == 1  # ceil(200 / 250)
+    assert [m["name"] for m in out["models"]] == ["level", "g"]
+    (change,) = out["changepoints"]  # point by point: the change at 100, placed up to a few rows late
+    assert 100 <= change["index"] <= 103 and change["time"] == series[change["index"]]["timestamp"]
+    rows = np.random.default_rng(3).normal(size=(60, 2)).round(4).tolist()
+    two = live.client.post("/v1/detect", json={"values": rows, "columns": ["a", "b"], "chunk_size": 20}).json()
+    assert [m["spec"] for m in two["models"]] == ["gaussian"] and two["changepoints"] == []
+
+
+@pytest.mark.parametrize("body, status, message", [
+    ({}, 422, "give the series as 'values'"),
+    ({"values": [1.0], "series": [{"timestamp": 0, "value": 1.0}]}, 422, "not both or neither"),
+    ({"values": []}, 422, "values is empty"),
+    ({"values": [[1.0, 2.0], [3.0]]}, 422, "values\\[1\\] has 2 values at row 0"),
+    ({"values": [1.0, "x"]}, 422, "values"),
+    ({"values": [1.0, 2.0], "times": [0]}, 422, "times has 1 entries for 2 rows"),
+    ({"values": [1.0, 2.0], "times": [5, 5]}, 422, "times\\[1\\] is not after times\\[0\\]"),
+    ({"values": [1.0, 2.0], "times": ["2024-01-01T00:00:00Z", "yesterday"]}, 422, "times\\[1\\]: 'yesterday' is not an RFC 3339"),
+    ({"values": [1.0, 2.0], "times": ["2024-01-01T00:00:00", "2024-01-01T00:01:00"]}, 422, "has no UTC offset"),
+    ({"values": [1.0, 2.0], "models": ["nope"]}, 422, "model 'nope': unknown model 'nope'"),
+    ({"values": [1.0, 2.0], "models": ["linear-regression"]}, 422, "needs at least 2 columns"),
+    ({"values": [1.0, 2.0], "detector": {"threshold": 2}}, 422, "detector: threshold must be a probability"),
+    ({"values": [1.0, 2.0], "columns": ["a", "b"]}, 422, "columns names 2 columns but the rows have 1 values"),
+    ({"values": [1.0, 2.0], "chunk_size": 501}, 422, "exceeds CUSP_MAX_CHUNK_ROWS=500"),
+    ({"values": [1.0] * 3000, "chunk_size": 1}, 422, "make 3,000 chunks; the limit is 2,000: use chunk_size >= 2"),
+    ({"values": [1.0] * 100_001}, 413, "at most 100,000"),
+    ({"values": [-1.0, 2.0], "models": ["poisson"]}, 422, "model 'poisson'"),
+    ({"values": [1.0, 2.0], "sampler": {"overrides": {"particles": 0}}}, 422, "sampler"),
+])
+def test_bad_input_answers_4xx_naming_it_and_stores_nothing(live, redis_url, body, status, message):
+    before = connect(redis_url).dbsize()
+    r = live.client.post("/v1/detect", json=body)
+    assert r.status_code == status, r.text
+    assert re.search(message, r.json()["detail"]), r.json()["detail"]
+    assert connect(redis_url).dbsize() == before
