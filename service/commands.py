@@ -44,6 +44,10 @@ def add_parsers(sub) -> None:
     p.add_argument("--max-lag", type=int, default=DEMO_MAX_LAG,
                    help="wait while the slowest model is more than this many chunks behind (0: never wait)")
     p.add_argument("--api-key", help="API key, if the server requires one")
+    p.add_argument("--loop", action="store_true",
+                   help="keep posting: after each round of data, a new round drawn with the next seed (its 3 clusters "
+                        "after the last round's 7 are a change too); cusp serve --demo loops")
+    p.add_argument("--rounds", type=int, default=0, help="with --loop: stop after this many rounds in all (0: never)")
     p.set_defaults(func=feed_demo)
 
 
@@ -78,7 +82,7 @@ def serve(args: argparse.Namespace) -> int:
     base = f"http://{settings.host}:{settings.port}"
     if args.demo:
         demo = argparse.Namespace(url=base, stream="demo", observations=100_000, chunk_size=500, rate=5000.0, max_lag=DEMO_MAX_LAG,
-                                  api_key=next(iter(settings.keys), None))
+                                  api_key=next(iter(settings.keys), None), loop=True)
         threading.Thread(target=_demo_when_up, args=(demo,), daemon=True).start()
     print(f"cusp serving on {base}  (live page {base}/ , API docs {base}/docs)", flush=True)
     # uvicorn shuts down gracefully on SIGTERM and then raises the signal again once it restored the
@@ -180,7 +184,6 @@ def feed_demo(args: argparse.Namespace) -> int:
     """Create the demo stream (GMMs with 3, 5, 7 components) and post the paper's data."""
     from service.demo import distribution_shift_data
 
-    data, changes = distribution_shift_data(args.observations, seed=0)
     spec = {"name": args.stream, "columns": ["x", "y"],
             "models": [{"name": f"gmm{k}", "spec": f"gmm:components={k}"} for k in (3, 5, 7)], "seed": 0}
     code, body = _request("POST", f"{args.url}/v1/streams", spec, args.api_key)
@@ -189,11 +192,26 @@ def feed_demo(args: argparse.Namespace) -> int:
         return 1
     code, info = _request("GET", f"{args.url}/v1/streams/{args.stream}", None, args.api_key)
     start_seq = info.get("next_seq", 0)
-    print(f"feed-demo: stream {args.stream!r}, change points at observations {changes}, posting from seq {start_seq}", flush=True)
     pace = args.chunk_size / args.rate if args.rate > 0 else 0.0
     max_lag = getattr(args, "max_lag", DEMO_MAX_LAG)
+    per_round = (args.observations + args.chunk_size - 1) // args.chunk_size
+    rnd = start_seq // per_round
+    while True:  # one round of the paper's data per seed: 3 -> 5 -> 7 clusters, then 3 again
+        data, changes = distribution_shift_data(args.observations, seed=rnd)
+        first = rnd * per_round
+        at = [first * args.chunk_size + c for c in ([0] if rnd else []) + list(changes)]
+        print(f"feed-demo: stream {args.stream!r}, round {rnd}: change points at observations {at}, posting from seq "
+              f"{max(start_seq, first)}", flush=True)
+        code = _post_round(args, data, first, max(start_seq, first), per_round, pace, max_lag)
+        rnd += 1
+        if code or not getattr(args, "loop", False) or rnd == getattr(args, "rounds", 0):
+            return code
+
+
+def _post_round(args: argparse.Namespace, data, first: int, start_seq: int, per_round: int, pace: float,
+                max_lag: int) -> int:
     done, next_at, told = -1, time.monotonic(), 0.0
-    for seq in range(start_seq, (data.shape[0] + args.chunk_size - 1) // args.chunk_size):
+    for seq in range(start_seq, first + per_round):
         while max_lag > 0 and seq - done > max_lag:  # back-pressure: wait for the slowest model
             done = _slowest_done(args, done)
             if seq - done > max_lag:
@@ -202,7 +220,7 @@ def feed_demo(args: argparse.Namespace) -> int:
                     print(f"feed-demo: at seq {seq}, waiting for the workers (slowest model done up to seq {done}; "
                           f"--max-lag {max_lag})", flush=True)
                 time.sleep(0.2)
-        rows = data[seq * args.chunk_size : (seq + 1) * args.chunk_size].tolist()
+        rows = data[(seq - first) * args.chunk_size : (seq - first + 1) * args.chunk_size].tolist()
         for attempt in range(30):
             code, body = _request("POST", f"{args.url}/v1/streams/{args.stream}/chunks", {"seq": seq, "rows": rows}, args.api_key)
             if code in (200, 202):
@@ -218,7 +236,7 @@ def feed_demo(args: argparse.Namespace) -> int:
                 time.sleep(delay)
             else:
                 next_at = time.monotonic()
-    print(f"feed-demo: sent {data.shape[0]} observations", flush=True)
+    print(f"feed-demo: sent {data.shape[0]} observations (seq {first} to {first + per_round - 1})", flush=True)
     return 0
 
 

@@ -6,6 +6,7 @@ decoded into dicts (``{"id", "model", "kind", **data}``, the wire format of resu
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 from collections.abc import AsyncIterator, Iterable
@@ -49,6 +50,23 @@ class ApiStore:
         self._ingest = self.r.register_script(scripts.INGEST)
         self._create = self.r.register_script(scripts.CREATE)
         self._reserve = self.r.register_script(scripts.RESERVE)
+        self._loaded: asyncio.Lock | None = None
+        self._scripts_ready = False
+
+    async def load_scripts(self) -> None:
+        """Load the scripts on every node once, before their first use. Without it, concurrent first
+        calls all get NOSCRIPT and reload at once; on a cluster redis-py's asyncio client then
+        tears down connections other calls are using (seen: 'NoneType' object has no attribute
+        'writelines', a 500 in 3 of 4 runs of 16 concurrent creates)."""
+        if self._scripts_ready:
+            return
+        if self._loaded is None:
+            self._loaded = asyncio.Lock()
+        async with self._loaded:
+            if not self._scripts_ready:
+                for script in (self._ingest, self._create, self._reserve):
+                    await self.r.script_load(script.script)
+                self._scripts_ready = True
 
     async def close(self) -> None:
         await self.r.aclose()
@@ -88,6 +106,7 @@ class ApiStore:
         unless its config exists; the name is then added to the set again, since a worker may have
         swept it as an orphan in between. So a stream with a config is always listed once its create
         returned, and the limit holds under concurrent creates (a reservation counts at once)."""
+        await self.load_scripts()
         reserved = int(await self._reserve(keys=[keys.STREAMS], args=[cfg.name, limit]))
         if reserved == 0:
             return "full"
@@ -130,6 +149,7 @@ class ApiStore:
     async def ingest(self, stream: str, seq: int, raw: bytes, rows: int, digest: str, window: int) -> tuple[str, str]:
         """Append one chunk (``raw``: its float64 rows) unless its seq is taken or out of order.
         Returns ("ok", entry id) | ("dup", stored digest) | ("old", expected seq) | ("gap", expected seq)."""
+        await self.load_scripts()
         res = await self._ingest(keys=[keys.seq(stream), keys.inbox(stream), keys.seen(stream)], args=[seq, raw, rows, digest, window])
         return res[0].decode(), res[1].decode()
 
