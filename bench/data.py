@@ -112,35 +112,9 @@ def gmm_data(n: int, seed: int = 0, components: int = 5, dims: int = 2) -> torch
     return torch.from_numpy(_blocks(n, seed, 3, mix.sample))
 
 
-#: the distribution-shift clusters (papers/001 section 6.2, Figure 1): 3, then 5 including the
-#: first 3, then 7 including the 5. Each later phase adds one separate cluster and one that
-#: partly overlaps an earlier one (cluster 4 overlaps 2, cluster 6 overlaps 0).
-SHIFT_MEANS = np.array([
-    [-4.0, -3.0], [4.0, -3.0], [0.0, 4.0],   # phase 1
-    [-4.5, 3.0], [1.5, 4.5],                 # phase 2
-    [4.0, 1.5], [-2.5, -1.5],                # phase 3
-])
-SHIFT_SDS = np.array([0.8, 0.8, 0.9, 0.8, 0.7, 0.8, 0.9])
-SHIFT_PHASES = (3, 5, 7)
-SHIFT_CHANGES = (1_000, 10_000)
-
-
-def distribution_shift_data(n: int = 100_000, seed: int = 0,
-                            changes: tuple[int, int] = SHIFT_CHANGES) -> tuple[torch.Tensor, list[int]]:
-    """The paper's non-stationary stream: rows ``[0, changes[0])`` from 3 equally weighted 2-D
-    Gaussian clusters, ``[changes[0], changes[1])`` from 5 (the 3 plus 2 more), the rest from 7.
-    Returns (data ``[n, 2]`` float64, the change indices that fall inside ``n``)."""
-    c1, c2 = changes
-    if not 0 < c1 < c2:
-        raise ValueError("changes must be increasing positive indices")
-
-    # one block-seeded stream per row range keeps the generator prefix-consistent
-    z = _blocks(n, seed, 4, lambda rng, m: np.column_stack([rng.standard_normal((m, 2)), rng.random(m)]))
-    idx = np.arange(n)
-    active = np.where(idx < c1, SHIFT_PHASES[0], np.where(idx < c2, SHIFT_PHASES[1], SHIFT_PHASES[2]))
-    comp = np.minimum((z[:, 2] * active).astype(np.int64), active - 1)
-    out = SHIFT_MEANS[comp] + SHIFT_SDS[comp, None] * z[:, :2]
-    return torch.from_numpy(out), [c for c in changes if c < n]
+# the distribution-shift clusters (papers/001 section 6.2, Figure 1): the service's demo data,
+# defined once in service/demo.py (the service must not import the benchmarks)
+from service.demo import SHIFT_CHANGES, SHIFT_MEANS, SHIFT_PHASES, SHIFT_SDS, distribution_shift_data  # noqa: E402,F401
 
 
 def shuffled(data: torch.Tensor, seed: int = 0) -> torch.Tensor:
