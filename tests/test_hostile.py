@@ -441,3 +441,25 @@ def test_websocket_to_unknown_stream_or_with_bad_since_is_closed_1008(live, redi
                 ws.recv(timeout=5)
             assert info.value.rcvd.code == 1008, path
     unchanged(live, redis_url, stream)
+
+
+ROUND2_CASES = [
+    # (content type, raw body bytes, status, message): issue 19 item 7, each refused and nothing stored
+    ("application/json", '{"seq": 1, "rows": [[1.0, 2.0]]}'.encode("utf-16"), 400, "not UTF-8"),
+    ("application/json", '{"seq": 1, "rows": [[1.0, 2.0]]}'.encode("utf-32"), 400, "not UTF-8"),
+    ("application/json", b"\xef\xbb\xbf" + b'{"seq": 1, "rows": [[1.0, 2.0]]}', 400, "byte-order mark"),
+    ("application/json", b'{"seq": 1, "rows": [[1.0, 2.0]], "rows": [[3.0, 4.0]]}', 400, "key 'rows' twice"),
+    ("application/json", b'{"seq": 1, "columns": {"a": [1.0], "a": [2.0], "b": [3.0]}}', 400, "key 'a' twice"),
+    ("text/csv", b"1_000,2.0\n", 422, "'1_000' is not a number"),
+    # U+2028 is no line break in NDJSON: the two rows are one line, which is not one JSON value
+    ("application/x-ndjson", "[1.0, 2.0]\u2028[3.0, 4.0]\n".encode(), 400, "not valid JSON"),
+    (";;;", b'{"seq": 1, "rows": [[1.0, 2.0]]}', 415, "unsupported content type"),
+]
+
+
+@pytest.mark.parametrize("ctype,body,status,message", ROUND2_CASES, ids=[c[0] + ":" + str(i) for i, c in enumerate(ROUND2_CASES)])
+def test_round2_encodings_duplicates_separators_and_media_types(live, redis_url, stream, ctype, body, status, message):
+    r = live.client.post(f"/v1/streams/{S}/chunks", content=body, headers={"Content-Type": ctype},
+                         params={"seq": 1} if ctype in ("text/csv", "application/x-ndjson") else None)
+    assert r.status_code == status and message in r.text, (r.status_code, r.text)
+    unchanged(live, redis_url, stream)

@@ -26,9 +26,27 @@ def _reject_constant(name: str) -> float:
     raise ChunkError(f"{name} is not accepted (only finite numbers)", 422)
 
 
+def _no_duplicates(pairs: list[tuple[str, object]]) -> dict:
+    out: dict = {}
+    for key, value in pairs:
+        if key in out:
+            raise ChunkError(f"JSON object has the key {key!r} twice", 400)
+        out[key] = value
+    return out
+
+
 def loads(body: bytes | str) -> object:
+    """JSON as RFC 8259 has it exchanged: UTF-8 without a byte-order mark (json.loads would also
+    take UTF-16 and UTF-32, and skip a BOM), no key twice in an object, no NaN or Infinity."""
+    if isinstance(body, bytes):
+        if body.startswith(b"\xef\xbb\xbf"):
+            raise ChunkError("body starts with a byte-order mark; send UTF-8 without one", 400)
+        try:
+            body = body.decode("utf-8")
+        except UnicodeDecodeError:
+            raise ChunkError("body is not UTF-8 (JSON must be UTF-8)", 400) from None
     try:
-        return json.loads(body, parse_constant=_reject_constant)
+        return json.loads(body, parse_constant=_reject_constant, object_pairs_hook=_no_duplicates)
     except ChunkError:
         raise
     except RecursionError:
@@ -148,7 +166,9 @@ def parse_ndjson(body: bytes, columns: list[str]) -> np.ndarray:
         text = body.decode()
     except UnicodeDecodeError:
         raise ChunkError("NDJSON body is not UTF-8", 400) from None
-    for lineno, line in enumerate(text.splitlines(), start=1):
+    # lines end at \n only (str.splitlines would also split inside a value at U+2028 and the like)
+    for lineno, line in enumerate(text.split("\n"), start=1):
+        line = line.removesuffix("\r")
         if not line.strip():
             continue
         item = loads(line)
@@ -178,6 +198,8 @@ def parse_csv(body: bytes, columns: list[str]) -> np.ndarray:
             raise ChunkError(f"row {i}: has {len(row)} values, the stream has {len(columns)} columns {columns}")
         for j, cell in enumerate(row):
             try:
+                if "_" in cell:  # float() reads '1_000' as 1000: a digit separator CSV does not have
+                    raise ValueError
                 v = float(cell)
             except ValueError:
                 raise ChunkError(f"row {i} column {columns[j]!r}: {cell.strip()[:40]!r} is not a number") from None

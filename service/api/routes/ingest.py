@@ -69,7 +69,8 @@ async def post_chunk(stream: str, request: Request, store: StoreDep, settings: S
                      seq: Annotated[int | None, Query(ge=0, le=2**53, description="sequence number for NDJSON/CSV bodies")] = None):
     cfg = await crud.stream_config(store, stream)
     body = await read_body(request, settings.max_body_bytes)
-    ctype = request.headers.get("content-type", "application/json").split(";")[0].strip().lower()
+    # no header: JSON; a header whose media type is empty (';;;') names nothing we read: 415
+    ctype = request.headers.get("content-type", "application/json").split(";")[0].strip().lower() or "(empty)"
     try:
         s, data = C.parse_body(ctype, body, seq, cfg.columns)
         status, ack = await crud.ingest(store, settings, cfg, s, data)
