@@ -10,6 +10,7 @@ import json
 import math
 import re
 import time
+import uuid
 
 import numpy as np
 import torch
@@ -81,7 +82,7 @@ def config_from_request(body: StreamIn) -> StreamConfig:
         entries.append(ModelEntry(name=name, spec=m.spec, target=target, prior=m.prior))
     cfg = StreamConfig(name=body.name, columns=body.columns, models=entries,
                        sampler={"preset": body.sampler.preset, "overrides": body.sampler.overrides},
-                       seed=body.seed, detector=body.detector, created=time.time())
+                       seed=body.seed, detector=body.detector, created=time.time(), uid=uuid.uuid4().hex)
     try:
         DetectorConfig.from_dict(body.detector)
     except ConfigError as exc:
@@ -197,7 +198,7 @@ async def ingest(store: ApiStore, settings: Settings, cfg: StreamConfig, seq: in
     check_chunk(settings, cfg, data)
     raw = data.astype("<f8").tobytes()  # stored as is; its digest recognises a resend in any body format
     payload_digest = digest(raw)
-    kind, val = await store.ingest(cfg.name, seq, raw, data.shape[0], payload_digest, settings.dedup_window)
+    kind, val = await store.ingest(cfg.name, seq, raw, data.shape[0], payload_digest, settings.dedup_window, cfg.uid)
     if kind == "ok":
         M.INGESTED_CHUNKS.labels(cfg.name).inc()
         M.INGESTED_ROWS.labels(cfg.name).inc(data.shape[0])
@@ -212,6 +213,9 @@ async def ingest(store: ApiStore, settings: Settings, cfg: StreamConfig, seq: in
         raise ChunkError(f"seq {seq} was accepted long ago: it is older than the last CUSP_DEDUP_WINDOW="
                          f"{settings.dedup_window} chunks, whose digests are kept, so it cannot be checked against "
                          f"the stored data; expected seq {val}", 409)
+    if kind == "gone":
+        M.REJECTED.labels("gone").inc()
+        raise ChunkError(f"stream {cfg.name!r} was deleted (or deleted and created again): nothing stored", 404)
     M.REJECTED.labels("gap").inc()
     raise ChunkError(f"seq {seq} is out of order: expected seq {val}", 409)
 

@@ -110,6 +110,7 @@ class StreamConfig:
     seed: int = 0
     detector: dict = field(default_factory=dict)
     created: float = 0.0
+    uid: str = ""  # this incarnation of the stream (keys.uid); "" for streams created before it existed
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), separators=(",", ":"))

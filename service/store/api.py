@@ -111,8 +111,9 @@ class ApiStore:
         if reserved == 0:
             return "full"
         try:
-            created = await self._create(keys=[keys.config(cfg.name), *[keys.state(cfg.name, m.name) for m in cfg.models]],
-                                         args=[cfg.to_json(), *states])
+            created = await self._create(
+                keys=[keys.config(cfg.name), keys.uid(cfg.name), *[keys.state(cfg.name, m.name) for m in cfg.models]],
+                args=[cfg.to_json(), cfg.uid, *states])
         except BaseException:
             if reserved == 1:  # ours alone; if this fails too, the workers sweep the orphan
                 with contextlib.suppress(Exception):
@@ -146,11 +147,14 @@ class ApiStore:
         return StreamProgress(last_seq=int(last_in) if last_in is not None else -1, dead_letters=int(dead), models=models)
 
     # --- ingest -------------------------------------------------------------------------------
-    async def ingest(self, stream: str, seq: int, raw: bytes, rows: int, digest: str, window: int) -> tuple[str, str]:
-        """Append one chunk (``raw``: its float64 rows) unless its seq is taken or out of order.
-        Returns ("ok", entry id) | ("dup", stored digest) | ("old", expected seq) | ("gap", expected seq)."""
+    async def ingest(self, stream: str, seq: int, raw: bytes, rows: int, digest: str, window: int,
+                     uid: str = "") -> tuple[str, str]:
+        """Append one chunk (``raw``: its float64 rows) unless its seq is taken or out of order, or
+        the stream is not (any more) the incarnation ``uid``. Returns ("ok", entry id) | ("dup",
+        stored digest) | ("old", expected seq) | ("gap", expected seq) | ("gone", "")."""
         await self.load_scripts()
-        res = await self._ingest(keys=[keys.seq(stream), keys.inbox(stream), keys.seen(stream)], args=[seq, raw, rows, digest, window])
+        res = await self._ingest(keys=[keys.seq(stream), keys.inbox(stream), keys.seen(stream), keys.config(stream),
+                                       keys.uid(stream)], args=[seq, raw, rows, digest, window, uid])
         return res[0].decode(), res[1].decode()
 
     # --- results ------------------------------------------------------------------------------

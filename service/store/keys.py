@@ -13,6 +13,7 @@ and docs/architecture.md (Redis).
 | ``cusp:workers`` | zset | worker id -> last progress (unix seconds): written by the worker loop at least every third of a lease; used to share leases and by ``/readyz`` |
 | ``cusp:wake`` | pub/sub channel | a message per accepted chunk; idle workers block on it instead of polling |
 | ``cusp:{s}:config`` | string | the stream's JSON config: columns, models, sampler, seed, limits |
+| ``cusp:{s}:uid`` | string | this incarnation of the stream (a random id set at create): an ingest that names another (a WebSocket opened before a delete and a re-create) writes nothing |
 | ``cusp:{s}:in`` | stream | ingested chunks; entry id ``<seq+1>-0``; fields ``rows`` (float64 bytes), ``n``; trimmed below every model's ``keep_from`` |
 | ``cusp:{s}:seen`` | stream | digest of each accepted chunk (entry id ``<seq+1>-0``, field ``d``), capped at about ``CUSP_DEDUP_WINDOW`` entries, so a resend is recognised after its input entry was trimmed |
 | ``cusp:{s}:seq`` | string | last accepted sequence number |
@@ -39,6 +40,10 @@ WAKE = "cusp:wake"  # pub/sub channel: the ingest script publishes on it, idle w
 
 def config(s: str) -> str:
     return f"cusp:{{{s}}}:config"
+
+
+def uid(s: str) -> str:
+    return f"cusp:{{{s}}}:uid"
 
 
 def inbox(s: str) -> str:
@@ -86,7 +91,7 @@ def model_keys(s: str, m: str) -> list[str]:
 
 
 def stream_keys(s: str, models: list[str]) -> list[str]:
-    keys = [config(s), inbox(s), seen(s), seq(s), out(s), dead(s)]
+    keys = [config(s), uid(s), inbox(s), seen(s), seq(s), out(s), dead(s)]
     for m in models:
         keys += model_keys(s, m)
     return keys

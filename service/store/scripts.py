@@ -3,13 +3,17 @@
 Every script's KEYS lie in one hash slot, so each runs on one Redis Cluster shard: either one
 stream's keys (all tagged ``{stream}``) or one global key; never both (see keys.py)."""
 
-# Ingest one chunk. KEYS: seq, inbox, seen. ARGV: seq, rows(bytes), n_rows, digest, seen_window.
+# Ingest one chunk. KEYS: seq, inbox, seen, config, uid. ARGV: seq, rows(bytes), n_rows, digest,
+# seen_window, uid. Nothing is written unless the stream exists and is the incarnation ``uid``
+# (returns {'gone'}): a chunk sent to a deleted stream cannot leave keys behind or become a chunk
+# of the next stream of that name.
 # Publishes on ``cusp:wake`` (keys.WAKE) so that idle workers start at once instead of polling.
 # The digest goes to the ``seen`` stream (capped at about seen_window entries), not into the
 # input entry, so that a resend is still recognised after the input entry was trimmed.
 # Returns {"ok", id} | {"dup", stored_digest} | {"old", expected} (a seq older than the kept
 # digests) | {"gap", expected}
 INGEST = """
+if redis.call('EXISTS', KEYS[4]) == 0 or (redis.call('GET', KEYS[5]) or '') ~= ARGV[6] then return {'gone', ''} end
 local last = tonumber(redis.call('GET', KEYS[1]) or '-1')
 local s = tonumber(ARGV[1])
 if s <= last then
@@ -68,9 +72,10 @@ return 'ok'
 """
 
 # Acquire a lease (or retake one this worker still holds, e.g. after Redis restarted and the
-# worker dropped its in-memory pairs). KEYS: lease, fence. ARGV: worker_id, ttl_ms.
-# Returns the new fence token or false.
+# worker dropped its in-memory pairs). KEYS: lease, fence, state. ARGV: worker_id, ttl_ms.
+# Returns the new fence token or false (also when the pair's state is gone: a deleted stream).
 ACQUIRE = """
+if redis.call('EXISTS', KEYS[3]) == 0 then return false end
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   return redis.call('INCR', KEYS[2])
@@ -96,18 +101,26 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) 
 return 0
 """
 
-# Create a stream if it does not exist. KEYS: config, then per model: state (one stream's keys: one
-# hash slot). ARGV: config_json, then per model: state bytes. Returns 1 (created) or 0 (exists).
+# Create a stream if it does not exist. KEYS: config, uid, then per model: state (one stream's keys:
+# one hash slot). ARGV: config_json, uid, then per model: state bytes. Returns 1 (created) or 0 (exists).
 # The stream set (keys.STREAMS, another slot) is not touched here: RESERVE adds the name before and
 # the store adds it again after (ApiStore.create), so "config exists => name in the set" holds.
 CREATE = """
 if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
 redis.call('SET', KEYS[1], ARGV[1])
-for i = 2, #KEYS do
+redis.call('SET', KEYS[2], ARGV[2])
+for i = 3, #KEYS do
   redis.call('HSET', KEYS[i], 'state', ARGV[i], 'last_seq', '-1', 'n', '0', 'log_evidence', '0', 'chunks', '0',
              'detector', '', 'keep_from', '0', 'error', '')
 end
 return 1
+"""
+
+# Count one more failed attempt at a chunk, unless the pair is gone (a stream deleted meanwhile:
+# nothing is written back). KEYS: attempts, state. ARGV: seq. Returns the attempts so far (0: gone).
+COUNT_FAILURE = """
+if redis.call('EXISTS', KEYS[2]) == 0 then return 0 end
+return redis.call('HINCRBY', KEYS[1], ARGV[1], 1)
 """
 
 # Reserve a place in the stream set under the stream limit, before the stream's keys are written.

@@ -83,7 +83,8 @@ class WorkerStore:
     # --- leases -------------------------------------------------------------------------------
     def acquire(self, s: str, m: str, worker_id: str, ttl_ms: int) -> bytes | None:
         """A new fencing token if the lease was free (or already ours), else None."""
-        token = self._script(scripts.ACQUIRE)(keys=[keys.lease(s, m), keys.fence(s, m)], args=[worker_id, ttl_ms])
+        token = self._script(scripts.ACQUIRE)(keys=[keys.lease(s, m), keys.fence(s, m), keys.state(s, m)],
+                                              args=[worker_id, ttl_ms])
         return str(token).encode() if token else None
 
     def renew(self, s: str, m: str, worker_id: str, ttl_ms: int, token: bytes) -> bool:
@@ -124,7 +125,7 @@ class WorkerStore:
 
     def count_failure(self, s: str, m: str, seq: int) -> int:
         """One more failed attempt at ``seq``; returns the attempts so far (they survive crashes)."""
-        return int(self.r.hincrby(keys.attempts(s, m), str(seq), 1))
+        return int(self._script(scripts.COUNT_FAILURE)(keys=[keys.attempts(s, m), keys.state(s, m)], args=[seq]))
 
     def dead_letter(self, s: str, m: str, token: bytes, seq: int, error: str, result_maxlen: int, data: str, keep_from: int) -> str:
         """Park chunk ``seq`` in the dead-letter stream and move past it; 'ok', 'fenced' or 'stale'."""
