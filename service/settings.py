@@ -34,6 +34,10 @@ class Settings(BaseSettings):
     max_chunk_rows: int = Field(10_000, ge=1, description="Most rows accepted in one chunk.")
     dedup_window: int = Field(100_000, ge=1, description="Chunks per stream whose digests are kept to recognise a resent seq after its input was trimmed.")
     max_streams: int = Field(1000, ge=1, description="Most streams that may exist at once (bounds metric label cardinality).")
+    max_stream_bytes: int = Field(
+        256 * 1024 * 1024, ge=1024 * 1024,
+        description="Most Redis memory one stream's models may come to need, bytes: their states plus their full reservoirs "
+                    "(reservoir_capacity rows of the model's working width); a create beyond it is refused (413).")
     lease_seconds: float = Field(10.0, gt=0.5, le=3600, description="How long a worker's lease on a stream x model lasts without renewal.")
     workers: int = Field(1, ge=0, le=64, description="Worker processes that `cusp serve` starts and supervises (0: API only).")
     worker_stall_seconds: float = Field(

@@ -90,25 +90,35 @@ def config_from_request(body: StreamIn) -> StreamConfig:
     return cfg
 
 
-def initial_states(cfg: StreamConfig) -> list[bytes]:
-    """Each model's first SGAIS state (its prior draws), or 422 if the sampler settings are invalid."""
+def initial_states(cfg: StreamConfig, max_bytes: int | None = None) -> list[bytes]:
+    """Each model's first state (SGAIS: its prior draws), or 422 if the sampler settings are
+    invalid, or 413 when the models would come to need more than ``max_bytes`` of Redis (their
+    states and their reservoirs once full), checked before any state is drawn."""
     try:
-        states = []
-        for e in cfg.models:
-            sampler = build(cfg, e)
-            if sampler.config.particles * sampler.model.dim > MAX_PARTICLE_VALUES:
+        samplers = [(e, build(cfg, e)) for e in cfg.models]
+        need = 0
+        for e, sampler in samplers:
+            values = sampler.config.particles * sampler.model.dim
+            if getattr(sampler, "method", "sgais") == "sgais" and values > MAX_PARTICLE_VALUES:
                 raise HTTPException(422, f"model {e.name!r}: {sampler.config.particles} particles x {sampler.model.dim} parameters "
                                          f"exceeds {MAX_PARTICLE_VALUES:,} values")
-            states.append(sampler.init(model_seed(cfg, e)).to_bytes())
+            need += 8 * (values + sampler.config.reservoir_capacity * sampler.model.feature_width)
+        if max_bytes is not None and need > max_bytes:
+            raise HTTPException(413, f"the stream's models would need about {need / 2**20:,.0f} MiB of Redis (particles and "
+                                     f"reservoirs of {samplers[0][1].config.reservoir_capacity:,} rows), more than "
+                                     f"CUSP_MAX_STREAM_BYTES={max_bytes / 2**20:,.0f} MiB; use fewer or smaller models, "
+                                     "fewer particles or a smaller reservoir_capacity")
+        return [sampler.init(model_seed(cfg, e)).to_bytes() for e, sampler in samplers]
     except (ConfigError, TypeError) as exc:
         raise HTTPException(422, f"sampler: {exc}") from None
-    return states
 
 
 async def create_stream(store: ApiStore, settings: Settings, body: StreamIn) -> StreamOut:
     check_names(body)
     cfg = config_from_request(body)
-    outcome = await store.create(cfg, initial_states(cfg), settings.max_streams)
+    # drawing the models' first states can take seconds for large models: not on the event loop
+    states = await asyncio.to_thread(initial_states, cfg, settings.max_stream_bytes)
+    outcome = await store.create(cfg, states, settings.max_streams)
     if outcome == "full":
         raise HTTPException(409, f"the stream limit CUSP_MAX_STREAMS={settings.max_streams} is reached")
     if outcome == "exists":

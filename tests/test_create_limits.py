@@ -1,0 +1,65 @@
+"""Issue 19 item 2: a create runs its models' first draws off the event loop (the API keeps
+answering meanwhile), and a stream whose models would need more Redis than
+CUSP_MAX_STREAM_BYTES (particles plus full reservoirs) is refused with 413 before anything is
+drawn or stored. Over real HTTP with the embedded Redis."""
+
+import threading
+import time
+import uuid
+
+import pytest
+
+from service.store import connect, keys
+from tests.service_fixtures import LiveServer
+
+LIMIT = 48 * 2**20
+#: 64 columns, 64 components, 300 particles: 2,476,800 values (19 MiB) per model, drawn in about 0.5 s
+BIG = {"spec": "gmm:components=64"}
+
+
+@pytest.fixture(scope="module")
+def live(redis_url):
+    server = LiveServer(redis_url, max_stream_bytes=LIMIT)
+    yield server
+    server.stop()
+
+
+def body(name, models):
+    return {"name": name, "columns": [f"c{i}" for i in range(64)],
+            "models": [{**BIG, "name": f"g{i}"} for i in range(models)],
+            "sampler": {"overrides": {"particles": 300, "reservoir_capacity": 1000}}}
+
+
+def test_a_stream_too_large_for_redis_is_refused_and_nothing_is_stored(live, redis_url):
+    s = "big" + uuid.uuid4().hex[:8]
+    t0 = time.monotonic()
+    r = live.client.post("/v1/streams", json=body(s, 3))  # 3 x (19 MiB + 0.5 MiB) > 48 MiB
+    assert r.status_code == 413 and "CUSP_MAX_STREAM_BYTES=48 MiB" in r.text and "60 MiB" in r.text, r.text
+    assert time.monotonic() - t0 < 5  # refused before drawing 7.4 million values (generous: measured 0.1 s)
+    red = connect(redis_url)
+    assert not list(red.scan_iter(match=f"cusp:{{{s}}}:*")) and not red.sismember(keys.STREAMS, s)
+    assert live.client.get(f"/v1/streams/{s}").status_code == 404
+
+
+def test_the_api_answers_while_a_large_stream_is_created(live):
+    s = "big" + uuid.uuid4().hex[:8]
+    latencies, done = [], threading.Event()
+
+    def probe():
+        while not done.is_set():
+            t = time.monotonic()
+            assert live.client.get("/healthz").status_code == 200
+            latencies.append(time.monotonic() - t)
+            time.sleep(0.01)
+
+    th = threading.Thread(target=probe)
+    th.start()
+    t0 = time.monotonic()
+    r = live.client.post("/v1/streams", json=body(s, 2))  # 39 MiB: allowed
+    took = time.monotonic() - t0
+    done.set()
+    th.join()
+    assert r.status_code == 201, r.text
+    # the draws took about a second; on the event loop every probe during them would wait as long
+    assert len(latencies) >= 5 and max(latencies) < took / 2, (took, max(latencies), len(latencies))
+    assert live.client.delete(f"/v1/streams/{s}").status_code == 204
