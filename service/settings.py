@@ -6,6 +6,8 @@ at start-up and an invalid value stops the process with a message naming the var
 
 from __future__ import annotations
 
+import re
+
 import hmac
 from functools import cached_property
 from pathlib import Path
@@ -34,6 +36,10 @@ class Settings(BaseSettings):
     max_chunk_rows: int = Field(10_000, ge=1, description="Most rows accepted in one chunk.")
     dedup_window: int = Field(100_000, ge=1, description="Chunks per stream whose digests are kept to recognise a resent seq after its input was trimmed.")
     max_streams: int = Field(1000, ge=1, description="Most streams that may exist at once (bounds metric label cardinality).")
+    allowed_origins: str = Field(
+        "", description="Comma-separated web origins (scheme://host[:port]) whose pages may open cusp's WebSockets and, "
+                        "with CORS, call the API. Empty: the same origin only (the live page). '*': any (not advised).")
+    cors: bool = Field(False, description="Answer CORS requests (preflights included) from CUSP_ALLOWED_ORIGINS; off: no CORS headers.")
     max_stream_bytes: int = Field(
         256 * 1024 * 1024, ge=1024 * 1024,
         description="Most Redis memory one stream's models may come to need, bytes: their states plus their full reservoirs "
@@ -83,6 +89,14 @@ class Settings(BaseSettings):
                 raise ValueError("each API key must be at least 8 characters")
             if scope not in ("", "read", "write"):
                 raise ValueError(f"unknown key scope {scope!r} (use KEY or KEY:read)")
+        return v
+
+    @field_validator("allowed_origins")
+    @classmethod
+    def _check_origins(cls, v: str) -> str:
+        for item in filter(None, (s.strip() for s in v.split(","))):
+            if item != "*" and not re.fullmatch(r"https?://[^/\s]+/?", item):
+                raise ValueError(f"{item!r} is not an origin: give scheme://host[:port], e.g. https://grafana.example.com, or *")
         return v
 
     @cached_property

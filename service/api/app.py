@@ -28,6 +28,12 @@ def create_app(settings: Settings, redis_url: str, worker_metrics: Sequence[str]
     app.state.worker_metrics = tuple(worker_metrics)
     M.WORKERS.inc(0)  # always exported, 0 in an API-only process
     errors.install(app)
+    if settings.cors:  # opt-in: without it no CORS headers, so other sites' pages cannot read answers
+        from fastapi.middleware.cors import CORSMiddleware
+
+        origins = [o.strip().rstrip("/") for o in settings.allowed_origins.split(",") if o.strip()]
+        app.add_middleware(CORSMiddleware, allow_origins=origins, allow_methods=["GET", "POST", "DELETE"],
+                           allow_headers=["Authorization", "Content-Type", "X-API-Key", "Last-Event-ID"])
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
     app.add_middleware(CheckLengthAndCount, limit=settings.max_body_bytes)
     for module in (ops, streams, ingest, results, detect, pages):

@@ -73,8 +73,25 @@ async def reject(ws: WebSocket, reason: str) -> None:
     await ws.close(code=1008, reason=reason[:120])
 
 
+def origin_allowed(settings: Settings, origin: str | None, host: str | None) -> bool:
+    """A browser's ``Origin`` against ``CUSP_ALLOWED_ORIGINS`` (empty: the same origin only). No
+    Origin header (a program, not a page): allowed, the API key is its check. A page elsewhere
+    must not be able to write with the credentials of whoever opens it (cross-site WebSocket
+    hijacking: browsers do not apply CORS to WebSockets)."""
+    if origin is None:
+        return True
+    allowed = [o.strip().rstrip("/") for o in settings.allowed_origins.split(",") if o.strip()]
+    if "*" in allowed or origin.rstrip("/") in allowed:
+        return True
+    return bool(host) and origin.split("://", 1)[-1].rstrip("/").lower() == host.lower()
+
+
 async def ws_allowed(ws: WebSocket, settings: Settings, scope: str) -> bool:
-    """A WebSocket's key (``?token=``, X-API-Key or Bearer); on failure the socket is closed with 1008."""
+    """A WebSocket's origin (``origin_allowed``) and key (``?token=``, X-API-Key or Bearer); on
+    failure the socket is closed with 1008."""
+    if not origin_allowed(settings, ws.headers.get("origin"), ws.headers.get("host")):
+        await reject(ws, "origin not allowed (CUSP_ALLOWED_ORIGINS)")
+        return False
     key = ws.query_params.get("token") or ws.headers.get("x-api-key")
     auth = ws.headers.get("authorization", "")
     if not key and auth.lower().startswith("bearer "):
