@@ -105,6 +105,12 @@ def run(args: argparse.Namespace) -> int:
     for label in labels:
         print(f"{label}: log-evidence {final[label]:.3f} nats over {data.shape[0]} observations "
               f"({traces[label][-1]['method']}), posterior probability {probs[label]:.4f}", file=sys.stderr)
+        model, state = runs[label].sampler.model, runs[label].state
+        if hasattr(model, "frame"):  # a data-dependent prior: say which (issue 20)
+            frame = model.frame(state.post)
+            print(f"{label}: prior on (y - centre) / scale, centre {frame[0]:.6g}, scale {frame[1]:.6g} (from its first "
+                  f"{model.warmup} rows; they are conditioned on, not scored)" if frame else
+                  f"{label}: still in its warm-up of {model.warmup} rows (no frame yet)", file=sys.stderr)
         warned = Counter(w for t in traces[label] for w in t["warnings"])
         for w, count in sorted(warned.items()):
             print(f"{label}: WARNING {count} of {len(traces[label])} chunks: {w}: {WARNINGS[w]}", file=sys.stderr)

@@ -56,3 +56,22 @@ def test_several_columns_without_models_get_gaussian(live):
 def test_an_empty_model_list_is_still_refused(live):
     r = live.client.post("/v1/streams", json={"name": "p" + uuid.uuid4().hex[:10], "columns": ["a"], "models": []})
     assert r.status_code == 422 and "models" in r.text
+
+
+def test_the_effective_prior_of_each_model_is_shown(live, redis_url):
+    """The metric-series models' frame (centre and scale of their warm-up rows) is their
+    data-dependent prior: GET /v1/streams/{s} shows it once the warm-up is done (issue 20)."""
+    s = "f" + uuid.uuid4().hex[:10]
+    assert live.client.post("/v1/streams", json={"name": s, "columns": ["ms"], "models": ["level", "gaussian"]}).status_code == 201
+    first = live.client.get(f"/v1/streams/{s}").json()["models"]
+    assert first[0]["frame"] == {"warmup_rows": 5, "centre": None, "scale": None} and first[1]["frame"] is None
+    y = [250.0, 260.0, 240.0, 255.0, 245.0, 251.0]
+    assert live.client.post(f"/v1/streams/{s}/chunks", json={"seq": 0, "rows": [[v] for v in y]}).status_code == 202
+    w = Worker(redis_url)
+    try:
+        w.run_until_idle()
+    finally:
+        w.release_all()
+    frame = live.client.get(f"/v1/streams/{s}").json()["models"][0]["frame"]
+    assert frame["centre"] == pytest.approx(np.mean(y[:5]), rel=1e-12)
+    assert frame["scale"] == pytest.approx(np.std(y[:5], ddof=1), rel=1e-12)

@@ -176,3 +176,15 @@ def test_replay_reproduces_the_service_bit_for_bit_for_every_model(tmp_path, red
         assert served_cps == replayed_cps, name
     if detect:  # the test means something: the shift at observation 300 was found and restarted models
         assert any(e["kind"] == "changepoint" for e in entries)
+
+
+def test_replay_without_models_runs_the_default_portfolio_and_shows_its_prior(tmp_path):
+    """No --model: the default portfolio, as for a stream created without models; each metric-series
+    model says which data-dependent prior it used (its frame: the warm-up's centre and scale)."""
+    y = [250.0, 260.0, 240.0, 255.0, 245.0] + [250.0 + (i % 7) for i in range(60)]
+    p = tmp_path / "ms.csv"
+    p.write_text("ms\n" + "\n".join(repr(v) for v in y) + "\n")
+    out = cusp(str(p), "--chunk-size", "10", "--out", str(tmp_path / "t.jsonl"))
+    assert out.returncode == 0, out.stderr
+    for model in ("level", "ar", "trend"):
+        assert f"{model}: prior on (y - centre) / scale, centre 250, scale 7.90569 (from its first 5 rows" in out.stderr, out.stderr

@@ -20,12 +20,12 @@ from models import ModelError, build_model
 from models.registry import SUPERVISED, default_portfolio
 from service import metrics as M
 from service.api.chunks import ChunkError
-from service.api.schemas import ModelIn, ModelOut, StreamIn, StreamOut
+from service.api.schemas import ModelFrame, ModelIn, ModelOut, StreamIn, StreamOut
 from service.data import log_model_probabilities
 from service.detect import DetectorConfig, model_averaged_from_entries, training_rows
 from service.runtime import build, cached_model, model_seed
 from service.settings import Settings
-from service.sgais import ConfigError
+from service.sgais import ConfigError, load_state
 from service.store import ModelEntry, StreamConfig, digest, keys
 from service.store.api import ApiStore
 
@@ -161,8 +161,20 @@ async def model_rows(store: ApiStore, cfg: StreamConfig) -> tuple[int, int, list
     return p.last_seq, p.dead_letters, out
 
 
+async def model_frame(store: ApiStore, cfg: StreamConfig, entry) -> ModelFrame | None:
+    """A metric-series model's frame from its saved state (None for models without one)."""
+    model = cached_model(entry.spec, len(cfg.columns), entry.target)
+    if not hasattr(model, "frame"):
+        return None
+    raw = await store.model_state(cfg.name, entry.name)
+    frame = model.frame(load_state(raw).post) if raw else None
+    return ModelFrame(warmup_rows=model.warmup, centre=frame[0] if frame else None, scale=frame[1] if frame else None)
+
+
 async def stream_out(store: ApiStore, cfg: StreamConfig) -> StreamOut:
     last_seq, dead, models = await model_rows(store, cfg)
+    for row, entry in zip(models, cfg.models):
+        row.frame = await model_frame(store, cfg, entry)
     return StreamOut(name=cfg.name, columns=cfg.columns, sampler=cfg.sampler, detector=cfg.detector, seed=cfg.seed,
                      last_seq=last_seq, next_seq=last_seq + 1, dead_letters=dead, models=models)
 

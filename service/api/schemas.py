@@ -39,6 +39,16 @@ class StreamIn(BaseModel):
                     "'threshold': 0.999}; {'enabled': false} turns it off")
 
 
+class ModelFrame(BaseModel):
+    """The reference frame a metric-series model fixed from its first rows: its prior is on
+    (y - centre) / scale, so this is the effective, data-dependent prior (README, "Models for
+    metric series"); centre and scale are null until the warm-up is done."""
+
+    warmup_rows: int
+    centre: float | None
+    scale: float | None
+
+
 class ModelOut(BaseModel):
     name: str
     spec: str
@@ -51,6 +61,8 @@ class ModelOut(BaseModel):
     posterior_probability: float | None
     lag_chunks: int
     error: str | None
+    frame: ModelFrame | None = Field(None, description="metric-series models only (level, ar, trend, seasonal): the "
+                                                       "frame fixed from their warm-up, i.e. their effective prior")
 
 
 class StreamOut(BaseModel):

@@ -134,6 +134,10 @@ class ApiStore:
         if await self.r.exists(keys.config(name)):
             await self.r.sadd(keys.STREAMS, name)
 
+    async def model_state(self, stream: str, model: str) -> bytes | None:
+        """A model's saved sampler state (its bytes; None before the stream exists)."""
+        return await self.r.hget(keys.state(stream, model), "state")
+
     async def progress(self, cfg: StreamConfig) -> StreamProgress:
         pipe = self.r.pipeline(transaction=False)
         pipe.get(keys.seq(cfg.name))
