@@ -9,7 +9,7 @@
 It runs what a worker runs for a stream (``service.detect.OfflineRun`` per model, built and
 seeded by ``service.runtime`` from a ``StreamConfig``) and averages change points over the
 models as the API does (``service.detect.model_averaged_changes``, window: the largest chunk, at
-least the models' training sample, ``service.detect.training_rows``),
+least the models' training sample: ``service.detect.stream_window``),
 so the same data, seed and chunking give the server's numbers. ``POST /v1/detect`` runs one of
 these over a whole series (``Detector.for_stream``).
 """
@@ -28,7 +28,7 @@ from cusp.errors import InputError
 from models import ModelError
 from models.registry import default_portfolio, parse_spec
 from service.data import log_model_probabilities
-from service.detect import DetectorConfig, Event, OfflineRun, StreamChange, model_averaged_changes, training_rows
+from service.detect import DetectorConfig, Event, OfflineRun, StreamChange, model_averaged_changes, stream_window
 from service.runtime import build, model_seed, sampler_config
 from service.sgais import ChunkResult, ConfigError, EngineError
 from service.store import ModelEntry, StreamConfig
@@ -270,8 +270,8 @@ class Detector:
                 self._changes = []
             else:
                 traces = {m: [(r.n, r.log_evidence) for r in rs] for m, rs in self._results.items()}
-                window = max(max(r for _, r in self._chunks),
-                             max(training_rows(run.sampler.model, self.config) for run in self._runs.values()))
+                window = stream_window([run.sampler.model for run in self._runs.values()], self.config,
+                                       max(r for _, r in self._chunks))
                 self._changes = model_averaged_changes(self._events, traces, window=window,
                                                        threshold=self.config.threshold, log_prior=self._log_prior)
         return list(self._changes)

@@ -228,7 +228,7 @@ def _srif_nig(r, z, a, b, phi, y):
     """One block of the Normal-Inverse-Gamma regression: (R', z', a', b', log p(y | past))."""
     d = r.shape[0]
     tri = torch.linalg.qr(torch.cat([torch.cat([r, z[:, None]], 1), torch.cat([phi, y[:, None]], 1)]), mode="r").R
-    r2, z2, e = tri[:d, :d], tri[:d, d], tri[d, d] if tri.shape[0] > d else torch.zeros((), dtype=torch.float64)
+    r2, z2, e = tri[:d, :d], tri[:d, d], tri[d, d]  # at least one row of y: tri is [D+1, D+1]
     n = y.shape[0]
     a2, b2 = a + 0.5 * n, b + 0.5 * e * e
     logdet = torch.log(torch.abs(torch.diagonal(r))).sum() - torch.log(torch.abs(torch.diagonal(r2))).sum()

@@ -344,6 +344,13 @@ def training_rows(model, config: DetectorConfig) -> int:
     return config.train or (model.dim if framed else max(10, 2 * model.dim))
 
 
+def stream_window(models, config: DetectorConfig, chunk_rows: int = 0) -> int:
+    """The stream's resolution: events of its ``models`` closer than this are one change (the
+    largest ``training_rows``, at least ``chunk_rows``); ``model_averaged_changes``'s window offline,
+    in replay, in the API and in ``cusp.Detector`` alike."""
+    return max(chunk_rows, max(training_rows(m, config) for m in models))
+
+
 class Detector:
     """Stateless like Sampler: everything that changes lives in DetectorState."""
 
@@ -864,7 +871,7 @@ def detect_stream(data, model_specs: Sequence[str] | None = None, chunk_size: in
             result, found = run.step(x[lo : lo + chunk_size])
             events[spec] += found
             traces[spec].append((result.n, result.log_evidence))
-    window = max(chunk_size, max(training_rows(r.sampler.model, cfg) for r in runs.values()))
+    window = stream_window([r.sampler.model for r in runs.values()], cfg, chunk_size)
     return events, model_averaged_changes(events, traces, window=window, threshold=cfg.threshold)
 
 

@@ -14,7 +14,7 @@ import torch
 from models import ModelError, build_model
 from models.registry import default_portfolio
 from service.data import DataError, log_model_probabilities, read_table, resolve_target
-from service.detect import DetectorConfig, OfflineRun, model_averaged_changes, training_rows
+from service.detect import DetectorConfig, OfflineRun, model_averaged_changes, stream_window
 from service.runtime import seed_for
 from service.sgais import WARNINGS, ConfigError, EngineError, SGAISConfig, build_sampler
 
@@ -91,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
             progress(min(lo + args.chunk_size, data.shape[0]))
         if args.detect and len(labels) > 1:  # the stream's answer: each model's events weighted by its posterior probability
             evidence = {label: [(t["n"], t["log_evidence"]) for t in traces[label]] for label in labels}
-            window = max(args.chunk_size, max(training_rows(s.model, dcfg) for s in samplers.values()))
+            window = stream_window([s.model for s in samplers.values()], dcfg, args.chunk_size)
             for c in model_averaged_changes(found, evidence, window=window, threshold=dcfg.threshold):
                 out.write(json.dumps({"model": "*", "kind": "stream_changepoint", **c.to_dict()}) + "\n")
                 support = ", ".join(f"{m} p={p:.3g}" for m, (p, _) in sorted(c.support.items()))

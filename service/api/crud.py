@@ -22,7 +22,7 @@ from service import metrics as M
 from service.api.chunks import ChunkError
 from service.api.schemas import ModelFrame, ModelIn, ModelOut, StreamIn, StreamOut
 from service.data import log_model_probabilities
-from service.detect import DetectorConfig, model_averaged_from_entries, training_rows
+from service.detect import DetectorConfig, model_averaged_from_entries, stream_window
 from service.runtime import build, cached_model, model_seed
 from service.settings import Settings
 from service.sgais import ConfigError, load_state
@@ -260,6 +260,6 @@ async def changepoints(store: ApiStore, cfg: StreamConfig) -> dict:
     several = len(cfg.models) > 1  # then the results too: the models' evidence weighs their events
     out = await store.results_of_kinds(cfg.name, ("changepoint", "result") if several else ("changepoint",))
     dcfg = DetectorConfig.from_dict(cfg.detector)
-    resolution = max(training_rows(cached_model(m.spec, len(cfg.columns), m.target), dcfg) for m in cfg.models)
+    resolution = stream_window([cached_model(m.spec, len(cfg.columns), m.target) for m in cfg.models], dcfg)
     found = await asyncio.to_thread(model_averaged_from_entries, out, dcfg.threshold, log_model_priors(cfg), resolution)
     return {"changepoints": [c for c in out if c["kind"] == "changepoint"], "stream": [c.to_dict() for c in found]}
