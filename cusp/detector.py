@@ -8,9 +8,9 @@
 
 It runs what a worker runs for a stream (``service.detect.OfflineRun`` per model, built and
 seeded by ``service.runtime`` from a ``StreamConfig``) and averages change points over the
-models as the API does (``service.detect.model_averaged_changes``, window: the largest chunk, at
-least the models' training sample: ``service.detect.stream_window``),
-so the same data, seed and chunking give the server's numbers. ``POST /v1/detect`` runs one of
+models chunk by chunk as the service's workers do (``service.detect.StreamAnswer``, window: the
+models' training sample, widened to the largest chunk: ``service.detect.stream_window``), so the
+same data, seed and chunking give the server's numbers. ``POST /v1/detect`` runs one of
 these over a whole series (``Detector.for_stream``).
 """
 
@@ -28,7 +28,7 @@ from cusp.errors import InputError
 from models import ModelError
 from models.registry import default_portfolio, parse_spec
 from service.data import log_model_probabilities
-from service.detect import DetectorConfig, Event, OfflineRun, StreamChange, model_averaged_changes, stream_window
+from service.detect import DetectorConfig, Event, OfflineRun, StreamAnswer, StreamChange, stream_window
 from service.runtime import build, model_seed, sampler_config
 from service.sgais import ChunkResult, ConfigError, EngineError
 from service.store import ModelEntry, StreamConfig
@@ -119,7 +119,8 @@ class Detector:
         self._events: dict[str, list[Event]] = {}
         self._chunks: list[tuple[int, int]] = []  # (first observation, rows) of each chunk processed
         self._pending = np.zeros((0, self.columns or 0))
-        self._changes: list[StreamChange] | None = None
+        self._answer: StreamAnswer | None = None
+        self._changes: list[StreamChange] = []
         self._width: int | None = self.columns
 
     def _stream_config(self, width: int) -> StreamConfig:
@@ -144,6 +145,8 @@ class Detector:
         self._log_prior = {e.name: math.log(e.prior) for e in cfg.models}
         self._results = {name: [] for name in runs}
         self._events = {name: [] for name in runs}
+        self._answer = StreamAnswer(list(runs), stream_window([r.sampler.model for r in runs.values()], self.config),
+                                    self.config.threshold, self._log_prior)
         self._pending = np.zeros((0, self._width))
 
     # --- input --------------------------------------------------------------------------------
@@ -208,15 +211,17 @@ class Detector:
 
     def _step(self, chunk: np.ndarray) -> None:
         t = torch.from_numpy(np.ascontiguousarray(chunk))
+        evidence, new = {}, {}
         for name, run in self._runs.items():
             try:
-                result, events = run.step(t)
+                result, new[name] = run.step(t)
             except EngineError as exc:
                 raise EngineError(f"model {name!r}: {exc}") from None
             self._results[name].append(result)
-            self._events[name] += events
+            self._events[name] += new[name]
+            evidence[name] = (result.n, result.log_evidence)
         self._chunks.append((self.n, int(chunk.shape[0])))
-        self._changes = None
+        self._changes += self._answer.chunk(int(chunk.shape[0]), evidence, new)
 
     # --- answers ------------------------------------------------------------------------------
     @property
@@ -262,19 +267,10 @@ class Detector:
     @property
     def changepoints(self) -> list[StreamChange]:
         """The stream's change points: each model's events weighted by its posterior probability
-        (``service.detect.model_averaged_changes``; with one model, its own events). Each has
+        (``service.detect.StreamAnswer``; with one model, its own events). Each has
         ``location`` (index of the first observation of the new regime), ``detected_at``,
         ``confidence`` and ``support`` (model -> [posterior probability, event confidence])."""
-        if self._changes is None:
-            if not any(self._events.values()):
-                self._changes = []
-            else:
-                traces = {m: [(r.n, r.log_evidence) for r in rs] for m, rs in self._results.items()}
-                window = stream_window([run.sampler.model for run in self._runs.values()], self.config,
-                                       max(r for _, r in self._chunks))
-                self._changes = model_averaged_changes(self._events, traces, window=window,
-                                                       threshold=self.config.threshold, log_prior=self._log_prior)
-        return list(self._changes)
+        return sorted(self._changes, key=lambda c: c.location)
 
     def __repr__(self) -> str:
         return (f"Detector(models={list(self._runs) or self.models}, chunk_size={self.chunk_size}, seed={self.seed}, "

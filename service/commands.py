@@ -110,7 +110,8 @@ def worker(args: argparse.Namespace) -> int:
     if settings.redis_url is None:
         raise SystemExit("cusp worker: set CUSP_REDIS_URL (a worker process shares the Redis of a running cusp)")
     w = Worker(settings.redis_url, lease_seconds=settings.lease_seconds, max_attempts=settings.max_attempts,
-               result_maxlen=settings.result_maxlen, stall_seconds=settings.worker_stall_seconds)
+               result_maxlen=settings.result_maxlen, stall_seconds=settings.worker_stall_seconds,
+               changepoint_maxlen=settings.changepoint_maxlen)
     if args.metrics_port:
         _serve_metrics(args.metrics_port, args.metrics_host, w.health.problem)
     if args.burst:

@@ -55,6 +55,20 @@ CHANGEPOINT_CONFIDENCE = Gauge(
 CHANGEPOINT_LAST_OBSERVATION = Gauge(
     "cusp_changepoint_last_observation", "Observation index of the last detected change point.", SM, registry=REGISTRY
 )
+STREAM_CHANGEPOINTS = Counter(
+    "cusp_stream_changepoints",
+    "The stream's change points: its models' events weighted by their posterior probabilities (with one model, its "
+    "events). The stream's primary answer; the change-point alert fires on it.",
+    ("stream",),
+    registry=REGISTRY,
+)
+STREAM_CHANGEPOINT_CONFIDENCE = Gauge(
+    "cusp_stream_changepoint_last_confidence", "Confidence (a lower bound on its posterior probability) of the stream's last change point.",
+    ("stream",), registry=REGISTRY,
+)
+STREAM_CHANGEPOINT_LAST_OBSERVATION = Gauge(
+    "cusp_stream_changepoint_last_observation", "Observation index of the stream's last change point.", ("stream",), registry=REGISTRY
+)
 MODEL_POSTERIOR = Gauge(
     "cusp_model_posterior_probability", "Posterior probability of the model among its stream's models.", SM, registry=REGISTRY
 )

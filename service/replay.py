@@ -14,7 +14,7 @@ import torch
 from models import ModelError, build_model
 from models.registry import default_portfolio
 from service.data import DataError, log_model_probabilities, read_table, resolve_target
-from service.detect import DetectorConfig, OfflineRun, model_averaged_changes, stream_window
+from service.detect import DetectorConfig, OfflineRun, StreamAnswer, stream_window
 from service.runtime import seed_for
 from service.sgais import WARNINGS, ConfigError, EngineError, SGAISConfig, build_sampler
 
@@ -76,9 +76,14 @@ def run(args: argparse.Namespace) -> int:
     try:
         # model i of the list gets the seed the service gives the i-th model of a stream seeded --seed
         runs = {label: OfflineRun(s, seed_for(args.seed, i), dcfg) for i, (label, s) in enumerate(samplers.items())}
+        # the stream's answer: each model's events weighted by its posterior probability, chunk by chunk as the service does
+        answer = StreamAnswer(labels, stream_window([s.model for s in samplers.values()], dcfg), dcfg.threshold)
         for chunk, lo in enumerate(range(0, data.shape[0], args.chunk_size)):
+            rows = data[lo : lo + args.chunk_size]
+            evidence, new = {}, {}
             for label, run in runs.items():
-                result, events = run.step(data[lo : lo + args.chunk_size])
+                result, events = run.step(rows)
+                evidence[label], new[label] = (result.n, result.log_evidence), events
                 line = {"model": label, "chunk": chunk, **result.to_dict()}
                 traces[label].append(line)
                 out.write(json.dumps(line) + "\n")
@@ -88,15 +93,12 @@ def run(args: argparse.Namespace) -> int:
                     print(f"{label}: change point at observation {ev.location} (chunk {ev.chunk}), confidence "
                           f"{ev.confidence:.4f}, log Bayes factor {ev.log_bayes_factor:.1f}, detected at {ev.detected_at}",
                           file=sys.stderr)
-            progress(min(lo + args.chunk_size, data.shape[0]))
-        if args.detect and len(labels) > 1:  # the stream's answer: each model's events weighted by its posterior probability
-            evidence = {label: [(t["n"], t["log_evidence"]) for t in traces[label]] for label in labels}
-            window = stream_window([s.model for s in samplers.values()], dcfg, args.chunk_size)
-            for c in model_averaged_changes(found, evidence, window=window, threshold=dcfg.threshold):
+            for c in answer.chunk(rows.shape[0], evidence, new) if args.detect else ():
                 out.write(json.dumps({"model": "*", "kind": "stream_changepoint", **c.to_dict()}) + "\n")
                 support = ", ".join(f"{m} p={p:.3g}" for m, (p, _) in sorted(c.support.items()))
                 print(f"stream (model-averaged): change point at observation {c.location}, confidence {c.confidence:.4f}, "
                       f"detected at {c.detected_at} ({support})", file=sys.stderr)
+            progress(min(lo + args.chunk_size, data.shape[0]))
     finally:
         if out is not sys.stdout:
             out.close()

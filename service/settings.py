@@ -56,6 +56,9 @@ class Settings(BaseSettings):
                           "ingest is durable, and the workers' own /healthz reports them).")
     max_attempts: int = Field(3, ge=1, le=100, description="Attempts at a chunk that makes a model fail before it is dead-lettered.")
     result_maxlen: int = Field(200_000, ge=100, description="Approximate cap on each result stream's length (XADD MAXLEN ~).")
+    changepoint_maxlen: int = Field(10_000, ge=100, description="Approximate cap on each stream's change-point store "
+                                    "(each model's events and the stream's; kept apart from the results, so result "
+                                    "trimming does not lose them).")
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="Log level.")
     # read by models/native.py from the environment directly (the models package does not
     # depend on the service); declared here so that a bad value stops start-up

@@ -33,10 +33,11 @@ import torch
 
 from models import ModelError
 from service import metrics as M
-from service.detect import Detector, DetectorConfig, DetectorState, detector_seed
-from service.runtime import build, model_seed, rows_from_bytes
+from service.detect import Detector, DetectorConfig, DetectorState, Event, StreamChange, detector_seed
+from service.runtime import build, model_seed, rows_from_bytes, stream_answer
 from service.sgais import WARNINGS, EngineError, Reservoir, Sampler, SGAISState, load_state
 from service.store import StreamConfig
+from service.store.keys import tally_field
 from service.store.worker import WorkerStore
 
 log = logging.getLogger("cusp.worker")
@@ -67,6 +68,10 @@ MAX_POLL_ERRORS = 5
 #: a stream name in the stream set without a config for this long is an orphan of a create or
 #: delete that stopped half-way (API process killed); it is taken out of the set
 ORPHAN_GRACE_SECONDS = 60.0
+
+#: chunks per tally read while taking chunks into a stream's answer, and at most per answer commit
+ANSWER_BATCH = 16
+ANSWER_MAX_CHUNKS = 1024
 
 
 @dataclass
@@ -104,7 +109,7 @@ class LoopHealth:
 class Worker:
     def __init__(self, redis_url: str, *, lease_seconds: float = 10.0, max_attempts: int = 3,
                  result_maxlen: int = 200_000, worker_id: str | None = None, batch: int = 16,
-                 stall_seconds: float = 120.0):
+                 stall_seconds: float = 120.0, changepoint_maxlen: int = 10_000):
         torch.set_num_threads(1)
         self.store = WorkerStore(redis_url)
         self.health = LoopHealth(stall_seconds)
@@ -114,6 +119,7 @@ class Worker:
         self.lease_ms = int(lease_seconds * 1000)
         self.max_attempts = max_attempts
         self.result_maxlen = result_maxlen
+        self.changepoint_maxlen = changepoint_maxlen
         self.batch = batch
         self.hot: dict[tuple[str, str], Hot] = {}
         self._configs: dict[str, tuple[bytes, StreamConfig]] = {}
@@ -270,6 +276,7 @@ class Worker:
         self.hot[(s, m)] = hot
         for counter in (M.CHANGEPOINTS, M.DEAD_LETTERS, M.REDELIVERIES, M.FENCED_WRITES):
             counter.labels(s, m)  # series exist from 0, so increase() sees the first event
+        self._answer(s)  # chunks every model applied but no answer took (a worker died in between)
         return True
 
     def _load(self, s: str, m: str, token: bytes) -> Hot | None:
@@ -349,7 +356,7 @@ class Worker:
         try:
             state, result, writes = hot.sampler.update(hot.state, rows, hot.reservoir)
         except (ModelError, EngineError, ValueError, FloatingPointError) as exc:
-            return self._failed(hot, seq, exc)
+            return self._failed(hot, seq, exc, int(rows.shape[0]))
         reservoir, events, dstate, det_bytes = None, [], None, b""
         if hot.detector is not None:
             step = hot.detector.update(hot.dstate, seq, rows, hot.state, state, result)
@@ -363,10 +370,14 @@ class Worker:
         outs = [m, "result", json.dumps(data)]
         for ev in events:
             outs += [m, "changepoint", json.dumps({"seq": seq, **ev.to_dict()})]
+        # what this chunk adds to the stream's answer (taken by _answer once every model applied it)
+        tally = json.dumps({"rows": int(rows.shape[0]), "n": result.n, "log_evidence": result.log_evidence,
+                            "events": [ev.to_dict() for ev in events]})
         row_bytes = hot.reservoir.width * 8
         slot_args = self._slot_runs(writes)
         status = self.store.apply(s, m, hot.token, seq, state.to_bytes(), result.n, result.log_evidence, chunks, det_bytes,
-                                  self._keep_from(seq, dstate), row_bytes, self.result_maxlen, outs, slot_args)
+                                  self._keep_from(seq, dstate), row_bytes, self.result_maxlen, outs, slot_args,
+                                  tally, self.changepoint_maxlen)
         if status != "ok":
             if status == "fenced" and not self.store.stream_exists(s):
                 log.info("stream %s was deleted while model %s processed seq %d; result dropped", s, m, seq)
@@ -394,7 +405,69 @@ class Worker:
             M.CHANGEPOINT_LAST_OBSERVATION.labels(s, m).set(ev.location)
             log.info("stream %s model %s: change point at observation %d (confidence %.4f, log BF %.1f)",
                      s, m, ev.location, ev.confidence, ev.log_bayes_factor)
+        self._answer(s)
         return "ok"
+
+    # --- the stream's answer ------------------------------------------------------------------
+    def _answer(self, s: str) -> None:
+        """Take the chunks every model of stream ``s`` has applied into the stream's answer
+        (``service.detect.StreamAnswer``: the models' events weighted by their posterior
+        probabilities) and store the stream change points it finds. Whichever worker applies a
+        chunk's last model does it (and a worker taking a pair catches up what a crash left); a
+        compare-and-set on the answer's cursor makes that once per chunk, and since the answer is
+        a function of the chunks' records, any worker computes the same. Costs one HMGET per
+        applied chunk while other models are behind."""
+        got = self._configs.get(s)
+        if got is None:
+            return
+        cfg = got[1]
+        names = [e.name for e in cfg.models]
+        cursor, raw_state, uid = self.store.answer_head(s)
+        if uid is None:
+            return
+        if cursor is None:  # a stream from before the answer existed: start at its oldest waiting record
+            waiting = [int(f.split(b":", 1)[0]) for f in self.store.tally_fields(s)]
+            if not waiting:
+                return
+            start = min(waiting) - 1
+        else:
+            start = cursor
+        answer = stream_answer(cfg).load(json.loads(raw_state) if raw_state else None)
+        taken: list[str] = []
+        found: list[tuple[int, StreamChange]] = []
+        seq = start + 1
+        while len(taken) < ANSWER_MAX_CHUNKS * len(names):
+            span = range(seq, seq + ANSWER_BATCH)
+            fields = [tally_field(q, m) for q in span for m in names]
+            records = dict(zip(fields, self.store.tallied(s, fields)))
+            for q in span:
+                recs = [records[tally_field(q, m)] for m in names]
+                if any(r is None for r in recs):
+                    break
+                recs = [json.loads(r) for r in recs]
+                evidence = {m: None if r.get("dead") else (r["n"], r["log_evidence"]) for m, r in zip(names, recs)}
+                events = {m: [Event(**e) for e in r.get("events", ())] for m, r in zip(names, recs)}
+                found += [(q, c) for c in answer.chunk(recs[0]["rows"], evidence, events)]
+                taken += [tally_field(q, m) for m in names]
+                seq = q + 1
+            else:
+                continue
+            break
+        if not taken:
+            return
+        status = self.store.commit_answer(s, uid, cursor, seq - 1, json.dumps(answer.to_dict()), taken,
+                                          [json.dumps({"seq": q, **c.to_dict()}) for q, c in found],
+                                          self.changepoint_maxlen, self.result_maxlen)
+        if status != "ok":  # another worker took these chunks (it computed the same), or the stream is gone
+            return
+        M.STREAM_CHANGEPOINTS.labels(s).inc(0)  # the series exists from the stream's first answer on
+        for q, c in found:
+            M.STREAM_CHANGEPOINTS.labels(s).inc()
+            M.STREAM_CHANGEPOINT_CONFIDENCE.labels(s).set(c.confidence)
+            M.STREAM_CHANGEPOINT_LAST_OBSERVATION.labels(s).set(c.location)
+            support = ", ".join(f"{m} p={p:.3g}" for m, (p, _) in sorted(c.support.items()))
+            log.info("stream %s: change point at observation %d (confidence %.4f, detected at %d after seq %d; %s)",
+                     s, c.location, c.confidence, c.detected_at, q, support)
 
     @staticmethod
     def _keep_from(seq: int, dstate: DetectorState | None) -> int:
@@ -420,7 +493,7 @@ class Worker:
             out += [int(slots[a]), rows[a:b].tobytes()]
         return out
 
-    def _failed(self, hot: Hot, seq: int, exc: Exception) -> str:
+    def _failed(self, hot: Hot, seq: int, exc: Exception, rows: int) -> str:
         s, m = hot.stream, hot.model
         n = self.store.count_failure(s, m, seq)
         err = f"{type(exc).__name__}: {exc}"
@@ -429,11 +502,12 @@ class Worker:
             log.warning("stream %s model %s seq %d failed (attempt %d/%d): %s", s, m, seq, n, self.max_attempts, err)
             return "retry"
         status = self.store.dead_letter(s, m, hot.token, seq, err, self.result_maxlen, json.dumps({"seq": seq, "error": err}),
-                                        self._keep_from(seq, hot.dstate))
+                                        self._keep_from(seq, hot.dstate), json.dumps({"rows": rows, "dead": True}))
         if status == "ok":
             hot.last_seq = seq
             M.DEAD_LETTERS.labels(s, m).inc()
             log.error("stream %s model %s seq %d dead-lettered after %d attempts: %s", s, m, seq, n, err)
+            self._answer(s)
             return "ok"
         self._drop((s, m))
         return "fenced"

@@ -325,8 +325,14 @@ def test_service_reports_the_same_change_points_as_offline(tmp_path):
         assert [e["n"] for e in res] == [10 * (i + 1) for i in range(60)]
         # the stream's chunk index and count, not the restarted model's own (it began at the change)
         assert [e["chunk"] for e in res] == list(range(60))
+        # one model: the stream's answer is its event (p = 1), counted as the stream's
+        stream = live.client.get("/v1/streams/cp/changepoints").json()["stream"]
+        assert [(c["location"], c["detected_at"], c["confidence"], c["model"], c["kind"]) for c in stream] == [
+            (cps[0]["location"], cps[0]["detected_at"], cps[0]["confidence"], "*", "stream_changepoint")]
         text = live.client.get("/metrics").text
         assert 'cusp_changepoints_total{model="gaussian",stream="cp"} 1.0' in text
+        assert 'cusp_stream_changepoints_total{stream="cp"} 1.0' in text
+        assert f'cusp_stream_changepoint_last_observation{{stream="cp"}} {float(cps[0]["location"])}' in text
         info = live.client.get("/v1/streams/cp").json()
         assert info["detector"] == {"threshold": 0.995} and info["models"][0]["observations"] == 600
         assert info["models"][0]["chunks"] == 60
@@ -338,7 +344,7 @@ def test_service_reports_the_same_change_points_as_offline(tmp_path):
 def test_service_lists_the_streams_model_averaged_change_points(tmp_path):
     """Two models on one stream, both detecting the shift: /changepoints lists each model's
     event and, under ``stream``, the model-averaged change, equal to the offline computation
-    on the same traces and events (a one-model stream has none: see the test above)."""
+    on the same traces and events (a one-model stream's answer is its model's events: see the test above)."""
     from service.runtime import model_seed
     from service.store import EmbeddedRedis, StreamConfig, connect, keys
     from tests.service_fixtures import LiveServer
@@ -366,7 +372,9 @@ def test_service_lists_the_streams_model_averaged_change_points(tmp_path):
             traces[mc.name] = t
         want = model_averaged_changes(events, traces, window=10)
         assert len(want) == 1 and abs(want[0].location - 300) <= 10 and want[0].confidence >= 0.99
-        assert got["stream"] == [json.loads(json.dumps(c.to_dict())) for c in want]
+        stored = [{k: v for k, v in c.items() if k not in ("id", "model", "kind", "seq")} for c in got["stream"]]
+        assert stored == [json.loads(json.dumps(c.to_dict())) for c in want]
+        assert [c["model"] for c in got["stream"]] == ["*"] and got["stream"][0]["seq"] == want[0].detected_at // 10 - 1
         assert set(got["stream"][0]["support"]) == set(names)
     finally:
         live.stop()

@@ -22,8 +22,8 @@ from service import metrics as M
 from service.api.chunks import ChunkError
 from service.api.schemas import ModelFrame, ModelIn, ModelOut, StreamIn, StreamOut
 from service.data import log_model_probabilities
-from service.detect import DetectorConfig, model_averaged_from_entries, stream_window
-from service.runtime import build, cached_model, model_seed
+from service.detect import DetectorConfig
+from service.runtime import build, cached_model, log_model_priors, model_seed
 from service.settings import Settings
 from service.sgais import ConfigError, load_state
 from service.store import ModelEntry, StreamConfig, digest, keys
@@ -137,13 +137,6 @@ async def delete_stream(store: ApiStore, cfg: StreamConfig) -> None:
                 pass
 
 
-def log_model_priors(cfg: StreamConfig) -> dict[str, float]:
-    """The models' log prior probabilities, normalised in logs: priors may be as large as 1e308 or as small as 5e-324."""
-    top = max(m.prior for m in cfg.models)
-    log_total = math.log(top) + math.log(sum(m.prior / top for m in cfg.models))
-    return {m.name: math.log(m.prior) - log_total for m in cfg.models}
-
-
 async def model_rows(store: ApiStore, cfg: StreamConfig) -> tuple[int, int, list[ModelOut]]:
     """(last accepted seq, dead letters, each model's summary with its posterior probability)."""
     p = await store.progress(cfg)
@@ -255,11 +248,10 @@ def check_id(since: str | None) -> str:
 
 
 async def changepoints(store: ApiStore, cfg: StreamConfig) -> dict:
-    """Each model's change points and, with several models, the stream's (each model's events
-    weighted by its posterior probability: service.detect.model_averaged_changes)."""
-    several = len(cfg.models) > 1  # then the results too: the models' evidence weighs their events
-    out = await store.results_of_kinds(cfg.name, ("changepoint", "result") if several else ("changepoint",))
-    dcfg = DetectorConfig.from_dict(cfg.detector)
-    resolution = stream_window([cached_model(m.spec, len(cfg.columns), m.target) for m in cfg.models], dcfg)
-    found = await asyncio.to_thread(model_averaged_from_entries, out, dcfg.threshold, log_model_priors(cfg), resolution)
-    return {"changepoints": [c for c in out if c["kind"] == "changepoint"], "stream": [c.to_dict() for c in found]}
+    """The stream's change points from their own store (``keys.changes``, kept apart from the
+    result stream and its trimming): each model's events, and the stream's answer (each model's
+    events weighted by its posterior probability, taken chunk by chunk by the workers:
+    ``service.detect.StreamAnswer``). O(events)."""
+    got = await store.changes(cfg.name)
+    return {"changepoints": [c for c in got if c["kind"] == "changepoint"],
+            "stream": [c for c in got if c["kind"] == "stream_changepoint"]}

@@ -176,6 +176,24 @@ class ChangepointEntry(BaseModel):
     adapted: bool = Field(None, description="whether the model restarted there")
 
 
+class StreamChangepointEntry(BaseModel):
+    """A change point of the stream (kind "stream_changepoint", model "*"): its models' events
+    weighted by their posterior probabilities (service.detect.StreamAnswer); with one model, that
+    model's events. The stream's primary answer: it is what cusp_stream_changepoints_total counts,
+    what the alert rules fire on and what the live page draws."""
+
+    model_config = ConfigDict(extra="allow")
+    id: str
+    model: Literal["*"]
+    kind: Literal["stream_changepoint"]
+    seq: int = Field(None, description="the chunk after which it was found")
+    location: int = Field(None, description="index (0-based, over the whole stream) of the first observation of the new regime")
+    detected_at: int = Field(None, description="observations seen when it was found")
+    confidence: float = Field(None, description="a lower bound on the posterior probability of a change within the "
+                                                "stream's resolution of location")
+    support: dict[str, tuple[float, float]] = Field(None, description="model -> [posterior probability, event confidence]")
+
+
 class DeadLetterEntry(BaseModel):
     """A chunk a model could not process (kind "dead_letter"): its seq and the error."""
 
@@ -187,7 +205,7 @@ class DeadLetterEntry(BaseModel):
     error: str = None
 
 
-KNOWN_KINDS = ("result", "changepoint", "dead_letter")
+KNOWN_KINDS = ("result", "changepoint", "stream_changepoint", "dead_letter")
 
 
 class OtherEntry(BaseModel):
@@ -205,22 +223,15 @@ def _entry_kind(v: Any) -> str:
 
 
 Entry = Annotated[Annotated[ResultEntry, Tag("result")] | Annotated[ChangepointEntry, Tag("changepoint")]
-                  | Annotated[DeadLetterEntry, Tag("dead_letter")] | Annotated[OtherEntry, Tag("other")], Discriminator(_entry_kind)]
-
-
-class StreamChange(BaseModel):
-    location: int
-    detected_at: int
-    confidence: float = Field(description="a lower bound on the posterior probability of a change within one chunk of location")
-    support: dict[str, tuple[float, float]] = Field(description="model -> [posterior probability, event confidence]")
+                  | Annotated[StreamChangepointEntry, Tag("stream_changepoint")] | Annotated[DeadLetterEntry, Tag("dead_letter")] | Annotated[OtherEntry, Tag("other")], Discriminator(_entry_kind)]
 
 
 class ChangepointList(BaseModel):
     changepoints: list[ChangepointEntry] = Field(description="each model's change points, in the order they were reported")
-    stream: list[StreamChange] = Field(
-        description="with several models: the stream's change points, each model's events weighted by its posterior "
-                    "probability (location, detected_at, confidence: a lower bound on the posterior probability of a "
-                    "change within one chunk of location; support: model -> [posterior probability, event confidence])")
+    stream: list[StreamChangepointEntry] = Field(
+        description="the stream's change points, in the order they were found: each model's events weighted by its "
+                    "posterior probability (with one model: its events). Kept in their own store, apart from the "
+                    "results: trimming the result stream does not lose them (CUSP_CHANGEPOINT_MAXLEN caps it)")
 
 
 class DeadLetter(BaseModel):

@@ -12,6 +12,7 @@ and a generator (the reservoir's draws), saved with the state.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 
@@ -19,7 +20,7 @@ import torch
 
 from models.base import Model
 from service.sgais.config import SGAISConfig
-from service.sgais.engine import ChunkResult, SamplerBase, prepare
+from service.sgais.engine import ChunkResult, EngineError, SamplerBase, prepare
 from service.sgais.reservoir import Reservoir, ReservoirWrites, algorithm_r
 from service.sgais.state import decode, encode
 
@@ -84,6 +85,11 @@ class ExactSampler(SamplerBase):
             g = torch.Generator()
             g.set_state(state.rng)
             writes = algorithm_r(g, state.n, rows, self.config.reservoir_capacity)
+        if not math.isfinite(lp) or not all(bool(torch.isfinite(t).all()) for t in _tensors(post)):
+            # a value so far out that the statistics overflow float64 (e.g. 1e160 squared): refused,
+            # state unchanged (the worker retries, then dead-letters it), never a -inf or NaN evidence
+            raise EngineError(f"the chunk's exact update is not finite (log predictive {lp}): a value in it is too "
+                              f"large for this model's sufficient statistics in float64")
         b = int(rows.shape[0])
         new = ExactState(post=post, log_evidence=state.log_evidence + lp, n=state.n + b, chunks=state.chunks + 1,
                          rng=g.get_state())
@@ -93,3 +99,14 @@ class ExactSampler(SamplerBase):
             seconds=time.perf_counter() - t0, method=self.method, conditioned=conditioned,
         )
         return new, result, writes
+
+
+def _tensors(post) -> list[torch.Tensor]:
+    """The tensors of a posterior (a tensor, or a tuple/list/dict of them, nested)."""
+    if isinstance(post, torch.Tensor):
+        return [post]
+    if isinstance(post, dict):
+        post = list(post.values())
+    if isinstance(post, (list, tuple)):
+        return [t for p in post for t in _tensors(p)]
+    return []

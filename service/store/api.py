@@ -112,7 +112,8 @@ class ApiStore:
             return "full"
         try:
             created = await self._create(
-                keys=[keys.config(cfg.name), keys.uid(cfg.name), *[keys.state(cfg.name, m.name) for m in cfg.models]],
+                keys=[keys.config(cfg.name), keys.uid(cfg.name), keys.answer(cfg.name),
+                      *[keys.state(cfg.name, m.name) for m in cfg.models]],
                 args=[cfg.to_json(), cfg.uid, *states])
         except BaseException:
             if reserved == 1:  # ours alone; if this fails too, the workers sweep the orphan
@@ -176,6 +177,18 @@ class ApiStore:
         while True:
             got = await self.r.xrange(keys.out(stream), min=start, count=page)
             out += [entry(e, f) for e, f in got if f[b"kind"] in wanted]
+            if len(got) < page:
+                return out
+            start = "(" + got[-1][0].decode()
+
+    async def changes(self, stream: str, page: int = 5000) -> list[dict]:
+        """The stream's change-point store (``keys.changes``): each model's events and the stream's,
+        oldest first. O(events): result trimming does not reach it; it has its own cap."""
+        out: list[dict] = []
+        start = "-"
+        while True:
+            got = await self.r.xrange(keys.changes(stream), min=start, count=page)
+            out += [entry(eid, f) for eid, f in got]
             if len(got) < page:
                 return out
             start = "(" + got[-1][0].decode()

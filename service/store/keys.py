@@ -24,6 +24,9 @@ and docs/architecture.md (Redis).
 | ``cusp:{s}:{m}:fence`` | string | fencing token, incremented on every lease acquisition |
 | ``cusp:{s}:{m}:attempts`` | hash | seq -> failed attempts (survives worker crashes) |
 | ``cusp:{s}:dead`` | stream | dead-lettered chunks: model, seq, error |
+| ``cusp:{s}:tally`` | hash | ``<seq>:<model>`` -> what the model's apply of that chunk contributes to the stream's answer (JSON: rows, n, log-evidence, its events; or dead-lettered); written by APPLY/DEAD_LETTER, removed once the answer has taken the chunk |
+| ``cusp:{s}:answer`` | hash | the stream's model-averaged answer (``service.detect.StreamAnswer``): ``cursor`` (the last seq it took), ``state`` (JSON) |
+| ``cusp:{s}:changes`` | stream | change points, separate from ``out`` so that result trimming does not lose them: each model's events (kind ``changepoint``) and the stream's (kind ``stream_changepoint``, model ``*``); fields as in ``out``; capped at about ``CUSP_CHANGEPOINT_MAXLEN`` entries |
 """
 
 from __future__ import annotations
@@ -66,6 +69,22 @@ def dead(s: str) -> str:
     return f"cusp:{{{s}}}:dead"
 
 
+def tally(s: str) -> str:
+    return f"cusp:{{{s}}}:tally"
+
+
+def answer(s: str) -> str:
+    return f"cusp:{{{s}}}:answer"
+
+
+def changes(s: str) -> str:
+    return f"cusp:{{{s}}}:changes"
+
+
+def tally_field(seq_no: int, m: str) -> str:
+    return f"{seq_no}:{m}"
+
+
 def state(s: str, m: str) -> str:
     return f"cusp:{{{s}}}:{m}:state"
 
@@ -91,7 +110,7 @@ def model_keys(s: str, m: str) -> list[str]:
 
 
 def stream_keys(s: str, models: list[str]) -> list[str]:
-    keys = [config(s), uid(s), inbox(s), seen(s), seq(s), out(s), dead(s)]
+    keys = [config(s), uid(s), inbox(s), seen(s), seq(s), out(s), dead(s), tally(s), answer(s), changes(s)]
     for m in models:
         keys += model_keys(s, m)
     return keys

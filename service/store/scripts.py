@@ -29,11 +29,14 @@ redis.call('PUBLISH', 'cusp:wake', ARGV[1])
 return {'ok', id}
 """
 
-# Apply one processed chunk. KEYS: state, reservoir, fence, out, attempts.
+# Apply one processed chunk. KEYS: state, reservoir, fence, out, attempts, tally, changes.
 # ARGV: fence_token, seq, state_bytes, n, log_evidence, chunks, detector_bytes, keep_from, row_bytes,
-#       out_maxlen, n_out, [model, kind, data] * n_out, then (slot, bytes) pairs.
+#       out_maxlen, n_out, tally_field, tally_record, changes_maxlen, [model, kind, data] * n_out,
+#       then (slot, bytes) pairs.
 # keep_from: the first input seq this model may still read (its next chunk, or the oldest chunk its
 # detector must re-read on restore); TRIM_INBOX drops what no model of the stream needs.
+# The tally record is this chunk's contribution to the stream's answer (ANSWER takes it); the
+# model's change points go to the change-point store too, which result trimming does not touch.
 # Returns 'ok' | 'fenced' | 'stale'
 APPLY = """
 local token = redis.call('GET', KEYS[3])
@@ -42,11 +45,15 @@ local last = tonumber(redis.call('HGET', KEYS[1], 'last_seq') or '-1')
 if last + 1 ~= tonumber(ARGV[2]) then return 'stale' end
 redis.call('HSET', KEYS[1], 'state', ARGV[3], 'last_seq', ARGV[2], 'n', ARGV[4], 'log_evidence', ARGV[5],
            'chunks', ARGV[6], 'detector', ARGV[7], 'keep_from', ARGV[8], 'error', '')
+redis.call('HSET', KEYS[6], ARGV[12], ARGV[13])
 local rb = tonumber(ARGV[9])
 local n_out = tonumber(ARGV[11])
-local i = 12
+local i = 15
 for _ = 1, n_out do
   redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[10], '*', 'model', ARGV[i], 'kind', ARGV[i + 1], 'data', ARGV[i + 2])
+  if ARGV[i + 1] == 'changepoint' then
+    redis.call('XADD', KEYS[7], 'MAXLEN', '~', ARGV[14], '*', 'model', ARGV[i], 'kind', ARGV[i + 1], 'data', ARGV[i + 2])
+  end
   i = i + 3
 end
 while i <= #ARGV do
@@ -57,8 +64,8 @@ redis.call('HDEL', KEYS[5], ARGV[2])
 return 'ok'
 """
 
-# Park a chunk that keeps failing. KEYS: state, fence, out, dead, attempts.
-# ARGV: fence_token, seq, model, error, out_maxlen, data_json, keep_from
+# Park a chunk that keeps failing. KEYS: state, fence, out, dead, attempts, tally.
+# ARGV: fence_token, seq, model, error, out_maxlen, data_json, keep_from, tally_field, tally_record
 DEAD_LETTER = """
 local token = redis.call('GET', KEYS[2])
 if token ~= ARGV[1] then return 'fenced' end
@@ -67,7 +74,28 @@ if last + 1 ~= tonumber(ARGV[2]) then return 'stale' end
 redis.call('HSET', KEYS[1], 'last_seq', ARGV[2], 'error', ARGV[4], 'keep_from', ARGV[7])
 redis.call('XADD', KEYS[4], 'MAXLEN', '~', '10000', '*', 'model', ARGV[3], 'seq', ARGV[2], 'error', ARGV[4])
 redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[5], '*', 'model', ARGV[3], 'kind', 'dead_letter', 'data', ARGV[6])
+redis.call('HSET', KEYS[6], ARGV[8], ARGV[9])
 redis.call('HDEL', KEYS[5], ARGV[2])
+return 'ok'
+"""
+
+# Take chunks into the stream's answer (service.detect.StreamAnswer), once per chunk however many
+# workers try: the answer's cursor must still be the one the caller read (compare-and-set), and the
+# stream must still be the incarnation it read (a stream deleted and created again meanwhile gets
+# nothing). KEYS: answer, tally, changes, out, config, uid.
+# ARGV: uid, expected_cursor ('' when the answer has none yet), new_cursor, state_json,
+#       changes_maxlen, out_maxlen, n_fields, tally fields taken * n_fields, then stream change JSONs.
+# Returns 'ok' | 'stale' (another worker took them) | 'gone'
+ANSWER = """
+if redis.call('EXISTS', KEYS[5]) == 0 or (redis.call('GET', KEYS[6]) or '') ~= ARGV[1] then return 'gone' end
+if (redis.call('HGET', KEYS[1], 'cursor') or '') ~= ARGV[2] then return 'stale' end
+redis.call('HSET', KEYS[1], 'cursor', ARGV[3], 'state', ARGV[4])
+local nf = tonumber(ARGV[7])
+for i = 8, 7 + nf do redis.call('HDEL', KEYS[2], ARGV[i]) end
+for i = 8 + nf, #ARGV do
+  redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[5], '*', 'model', '*', 'kind', 'stream_changepoint', 'data', ARGV[i])
+  redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[6], '*', 'model', '*', 'kind', 'stream_changepoint', 'data', ARGV[i])
+end
 return 'ok'
 """
 
@@ -101,16 +129,17 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) 
 return 0
 """
 
-# Create a stream if it does not exist. KEYS: config, uid, then per model: state (one stream's keys:
-# one hash slot). ARGV: config_json, uid, then per model: state bytes. Returns 1 (created) or 0 (exists).
+# Create a stream if it does not exist. KEYS: config, uid, answer, then per model: state (one stream's
+# keys: one hash slot). ARGV: config_json, uid, then per model: state bytes. Returns 1 (created) or 0 (exists).
 # The stream set (keys.STREAMS, another slot) is not touched here: RESERVE adds the name before and
 # the store adds it again after (ApiStore.create), so "config exists => name in the set" holds.
 CREATE = """
 if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
 redis.call('SET', KEYS[1], ARGV[1])
 redis.call('SET', KEYS[2], ARGV[2])
-for i = 3, #KEYS do
-  redis.call('HSET', KEYS[i], 'state', ARGV[i], 'last_seq', '-1', 'n', '0', 'log_evidence', '0', 'chunks', '0',
+redis.call('HSET', KEYS[3], 'cursor', '-1', 'state', '')
+for i = 4, #KEYS do
+  redis.call('HSET', KEYS[i], 'state', ARGV[i - 1], 'last_seq', '-1', 'n', '0', 'log_evidence', '0', 'chunks', '0',
              'detector', '', 'keep_from', '0', 'error', '')
 end
 return 1

@@ -113,25 +113,56 @@ class WorkerStore:
 
     # --- outcomes -----------------------------------------------------------------------------
     def apply(self, s: str, m: str, token: bytes, seq: int, state: bytes, n: int, log_evidence: float, chunks: int,
-              detector: bytes, keep_from: int, row_bytes: int, result_maxlen: int, outs: list, slot_args: list) -> str:
+              detector: bytes, keep_from: int, row_bytes: int, result_maxlen: int, outs: list, slot_args: list,
+              tally: str, changes_maxlen: int) -> str:
         """One processed chunk, atomically: state, counters, result entries (``outs``: model, kind,
-        data per entry) and reservoir slots (``slot_args``: first slot, bytes per run). Returns
-        'ok', 'fenced' (the lease moved on) or 'stale' (seq already applied)."""
+        data per entry; change points also to the change-point store), the chunk's record for the
+        stream's answer (``tally``) and reservoir slots (``slot_args``: first slot, bytes per run).
+        Returns 'ok', 'fenced' (the lease moved on) or 'stale' (seq already applied)."""
         return _text(self._script(scripts.APPLY)(
-            keys=[keys.state(s, m), keys.reservoir(s, m), keys.fence(s, m), keys.out(s), keys.attempts(s, m)],
+            keys=[keys.state(s, m), keys.reservoir(s, m), keys.fence(s, m), keys.out(s), keys.attempts(s, m),
+                  keys.tally(s), keys.changes(s)],
             args=[token, seq, state, n, repr(log_evidence), chunks, detector, keep_from, row_bytes, result_maxlen,
-                  len(outs) // 3, *outs, *slot_args],
+                  len(outs) // 3, keys.tally_field(seq, m), tally, changes_maxlen, *outs, *slot_args],
         ))
 
     def count_failure(self, s: str, m: str, seq: int) -> int:
         """One more failed attempt at ``seq``; returns the attempts so far (they survive crashes)."""
         return int(self._script(scripts.COUNT_FAILURE)(keys=[keys.attempts(s, m), keys.state(s, m)], args=[seq]))
 
-    def dead_letter(self, s: str, m: str, token: bytes, seq: int, error: str, result_maxlen: int, data: str, keep_from: int) -> str:
+    def dead_letter(self, s: str, m: str, token: bytes, seq: int, error: str, result_maxlen: int, data: str, keep_from: int,
+                    tally: str) -> str:
         """Park chunk ``seq`` in the dead-letter stream and move past it; 'ok', 'fenced' or 'stale'."""
         return _text(self._script(scripts.DEAD_LETTER)(
-            keys=[keys.state(s, m), keys.fence(s, m), keys.out(s), keys.dead(s), keys.attempts(s, m)],
-            args=[token, seq, m, error, result_maxlen, data, keep_from],
+            keys=[keys.state(s, m), keys.fence(s, m), keys.out(s), keys.dead(s), keys.attempts(s, m), keys.tally(s)],
+            args=[token, seq, m, error, result_maxlen, data, keep_from, keys.tally_field(seq, m), tally],
+        ))
+
+    # --- the stream's answer --------------------------------------------------------------------
+    def answer_head(self, s: str) -> tuple[int | None, bytes, bytes | None]:
+        """(cursor: the last seq the stream's answer took, None if it has no answer key; its state;
+        the stream's incarnation id, None if the stream is gone)."""
+        pipe = self.r.pipeline(transaction=False)
+        pipe.hmget(keys.answer(s), "cursor", "state")
+        pipe.get(keys.uid(s))
+        (cursor, state), uid = pipe.execute()
+        return (None if cursor is None else int(cursor)), (state or b""), uid
+
+    def tallied(self, s: str, fields: list[str]) -> list[bytes | None]:
+        return self.r.hmget(keys.tally(s), fields) if fields else []
+
+    def tally_fields(self, s: str) -> list[bytes]:
+        """Every record waiting in the tally (a stream from before the answer existed: where to start)."""
+        return self.r.hkeys(keys.tally(s))
+
+    def commit_answer(self, s: str, uid: bytes, expected: int | None, cursor: int, state: str, taken: list[str],
+                      changes: list[str], changes_maxlen: int, result_maxlen: int) -> str:
+        """Move the answer from ``expected`` to ``cursor`` (compare-and-set), drop the tally records
+        it took, append its stream change points; 'ok', 'stale' (another worker did) or 'gone'."""
+        return _text(self._script(scripts.ANSWER)(
+            keys=[keys.answer(s), keys.tally(s), keys.changes(s), keys.out(s), keys.config(s), keys.uid(s)],
+            args=[uid, "" if expected is None else expected, cursor, state, changes_maxlen, result_maxlen, len(taken),
+                  *taken, *changes],
         ))
 
     # --- waking up ----------------------------------------------------------------------------

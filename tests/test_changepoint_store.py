@@ -1,0 +1,177 @@
+"""The stream's answer and the change-point store (issue 16 item 4, issue 19 item 6).
+
+Every chunk every model applied is taken, once, into the stream's answer
+(``service.detect.StreamAnswer``) by whichever worker applies it last; its change points and each
+model's events go to ``cusp:{s}:changes``, apart from the result stream, so trimming the results
+does not lose them. Real Redis, real HTTP, real workers (in threads)."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import numpy as np
+import pytest
+
+from service.detect import detect_stream
+from service.store import EmbeddedRedis, connect, keys
+from service.store.worker import WorkerStore
+from service.worker import Worker
+from tests.service_fixtures import LiveServer, stream_keys_in_redis
+
+
+def shifted(n: int, at: int, size: float, seed: int) -> np.ndarray:
+    g = np.random.default_rng(seed)
+    return g.normal(0.0, 1.0, n) + np.where(np.arange(n) >= at, size, 0.0)
+
+
+@pytest.fixture()
+def redis(tmp_path):
+    r = EmbeddedRedis(tmp_path / "redis")
+    yield r
+    r.close()
+
+
+def burst(url: str, **kw) -> None:
+    w = Worker(url, **kw)
+    try:
+        w.run_until_idle()
+    finally:
+        w.release_all()
+
+
+def post_all(live: LiveServer, s: str, x: np.ndarray, size: int) -> None:
+    for seq, lo in enumerate(range(0, len(x), size)):
+        r = live.client.post(f"/v1/streams/{s}/chunks", json={"seq": seq, "rows": x[lo : lo + size, None].tolist()})
+        assert r.status_code == 202, r.text
+
+
+def stripped(entries: list[dict]) -> list[dict]:
+    return [{k: v for k, v in e.items() if k not in ("id", "model", "kind", "seq")} for e in entries]
+
+
+def test_change_points_outlive_result_trimming(redis):
+    """CUSP_RESULT_MAXLEN=100 (its minimum): 3,000 observations in chunks of 10 with a jump at
+    300 leave about 100 result entries, the change long trimmed from them; /changepoints still
+    lists the model's event and the stream's, read from their own store."""
+    live = LiveServer(redis.url, result_maxlen=100)
+    try:
+        r = live.client.post("/v1/streams", json={"name": "trim", "columns": ["v"], "models": ["gaussian"], "seed": 1})
+        assert r.status_code == 201, r.text
+        post_all(live, "trim", shifted(3000, 300, 5.0, seed=4), 10)
+        burst(redis.url, result_maxlen=100)
+        rc = connect(redis.url)
+        oldest = json.loads(rc.xrange(keys.out("trim"), count=1)[0][1][b"data"])
+        assert rc.xlen(keys.out("trim")) < 300 and oldest["seq"] > 100, "the result stream was not trimmed"
+        got = live.client.get("/v1/streams/trim/changepoints").json()
+        assert [abs(c["location"] - 300) <= 10 for c in got["changepoints"]] == [True], got
+        assert [c["location"] for c in got["stream"]] == [got["changepoints"][0]["location"]], got
+        # everything taken: no record waits in the tally, the answer's cursor is at the last chunk
+        assert rc.hlen(keys.tally("trim")) == 0
+        assert int(rc.hget(keys.answer("trim"), "cursor")) == 299
+    finally:
+        live.stop()
+
+
+def test_two_workers_take_each_chunk_into_the_answer_once(redis):
+    """Two workers in threads share a stream's three models (leases split the pairs); the chunk
+    a model applies last is taken by whichever worker applied it, the other's compare-and-set
+    fails. The stored answer equals the offline one (``detect_stream``, seeded as the service
+    seeds the models) entry for entry: nothing duplicated, nothing lost."""
+    live = LiveServer(redis.url)
+    specs = ["gaussian", "gaussian:kappa0=0.1", "level"]
+    try:
+        named = [{"name": f"m{i}", "spec": spec} for i, spec in enumerate(specs)]
+        r = live.client.post("/v1/streams", json={"name": "pair", "columns": ["v"], "models": named, "seed": 5})
+        assert r.status_code == 201, r.text
+        x = np.concatenate([shifted(400, 200, 4.0, seed=1), shifted(400, 200, -4.0, seed=2) + 4.0])
+        post_all(live, "pair", x, 10)
+        threads = [threading.Thread(target=burst, args=(redis.url,), kwargs={"worker_id": f"w{i}"}) for i in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=300)
+        got = live.client.get("/v1/streams/pair/changepoints").json()
+        _, want = detect_stream(x, specs, chunk_size=10, seed=5)
+        assert [c.location for c in want] and all(abs(a - b) <= 10 for a, b in zip([c.location for c in want], (200, 600)))
+        names = {m["spec"]: m["name"] for m in named}
+        want = [{**c.to_dict(), "support": {names[k]: v for k, v in c.support.items()}} for c in want]
+        assert stripped(got["stream"]) == json.loads(json.dumps(want))
+        assert connect(redis.url).hlen(keys.tally("pair")) == 0
+    finally:
+        live.stop()
+
+
+def test_answer_commit_is_compare_and_set_and_fenced_by_incarnation(redis):
+    """ANSWER writes only from the cursor it read and into the incarnation it read: a stale
+    cursor gets 'stale', a stream deleted (or deleted and created again) gets 'gone'; neither
+    writes anything."""
+    live = LiveServer(redis.url)
+    try:
+        body = {"name": "cas", "columns": ["v"], "models": ["gaussian"], "seed": 0}
+        assert live.client.post("/v1/streams", json=body).status_code == 201
+        post_all(live, "cas", shifted(100, 1000, 0.0, seed=0), 10)
+        burst(redis.url)
+        store = WorkerStore(redis.url)
+        cursor, state, uid = store.answer_head("cas")
+        assert cursor == 9 and uid
+        before = connect(redis.url).xlen(keys.changes("cas"))
+        assert store.commit_answer("cas", uid, 3, 10, state.decode(), [], ["{}"], 100, 100) == "stale"
+        assert store.commit_answer("cas", b"another", 9, 10, state.decode(), [], ["{}"], 100, 100) == "gone"
+        assert connect(redis.url).xlen(keys.changes("cas")) == before
+        assert live.client.delete("/v1/streams/cas").status_code == 204
+        assert store.commit_answer("cas", uid, 9, 10, state.decode(), [], ["{}"], 100, 100) == "gone"
+        assert stream_keys_in_redis(redis.url, "cas") == []  # the answer's keys went with the stream
+    finally:
+        live.stop()
+
+
+def test_a_dead_lettered_chunk_does_not_stall_the_answer(redis):
+    """A chunk neither model can take (a value whose square overflows float64, planted past the
+    API's validation) is dead-lettered by both; the answer takes it as a chunk where nothing is
+    compared and goes on: the jump after it is found, supported by both models."""
+    live = LiveServer(redis.url)
+    try:
+        body = {"name": "poison", "columns": ["v"], "models": ["gaussian", "level"], "seed": 2}
+        assert live.client.post("/v1/streams", json=body).status_code == 201
+        x = shifted(400, 200, 5.0, seed=3)
+        post_all(live, "poison", x[:100], 10)
+        rc = connect(redis.url)
+        rc.xadd(keys.inbox("poison"), {"rows": np.array([[1e160]]).astype("<f8").tobytes(), "n": 1}, id=keys.entry_id(10))
+        rc.set(keys.seq("poison"), 10)
+        for seq, lo in enumerate(range(100, 400, 10), start=11):
+            assert live.client.post("/v1/streams/poison/chunks", json={"seq": seq, "rows": x[lo : lo + 10, None].tolist()}).status_code == 202
+        burst(redis.url, max_attempts=1)
+        assert live.client.get("/v1/streams/poison").json()["dead_letters"] == 2
+        assert int(rc.hget(keys.answer("poison"), "cursor")) == 40 and rc.hlen(keys.tally("poison")) == 0
+        stream = live.client.get("/v1/streams/poison/changepoints").json()["stream"]
+        # the planted row shifts indices by 1
+        assert len(stream) == 1 and abs(stream[0]["location"] - 201) <= 10, stream
+        assert set(stream[0]["support"]) == {"gaussian", "level"}, stream
+    finally:
+        live.stop()
+
+
+
+def test_a_model_that_missed_a_chunk_leaves_the_comparison():
+    """StreamAnswer.chunk: a model that has seen fewer observations than the others (it
+    dead-lettered a chunk they took) gets probability 0 from then on, so its events no longer
+    count and the others' are weighed among themselves; no model applied: nothing compared."""
+    from service.detect import Event, StreamAnswer
+
+    def ev(loc: int, at: int, conf: float) -> Event:
+        return Event(location=loc, chunk=0, seq=0, detected_at=at, delay=at - loc, confidence=conf,
+                     log_bayes_factor=0.0, log_prior_odds=0.0, adapted=True)
+
+    a = StreamAnswer(["a", "b"], window=10)
+    assert a.chunk(10, {"a": (10, -10.0), "b": (10, -10.0)}) == []
+    assert a.chunk(10, {"a": None, "b": (20, -20.0)}) == []  # a dead-lettered the chunk
+    # b's event alone: equal evidence would give it half; a is out, so b's confidence is the bound
+    got = a.chunk(10, {"a": (20, -1.0), "b": (30, -30.0)}, {"b": [ev(25, 30, 0.995)]})
+    assert [(c.location, c.detected_at, c.support["b"][0]) for c in got] == [(25, 30, 1.0)]
+    assert got[0].confidence == 0.995 and got[0].support == {"b": (1.0, 0.995)}
+    # a's event is worth nothing now
+    assert a.chunk(10, {"a": (30, -1.0), "b": (40, -40.0)}, {"a": [ev(60, 40, 0.9999)]}) == []
+    # nobody applied the chunk: n moves on, nothing is compared
+    b = StreamAnswer(["a"], window=10)
+    assert b.chunk(7, {"a": None}) == [] and b.n == 7
