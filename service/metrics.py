@@ -118,9 +118,14 @@ class _Families:
 
 def merged_exposition(texts: list[str]) -> bytes:
     """This process's REGISTRY merged with other processes' expositions (Prometheus text format),
-    as one valid exposition: one family per name, one sample per name and label set. The
-    optional ``_created`` samples are left out: the text parser reads them back as gauge families
-    of their own, which would repeat them."""
+    as one valid exposition: one family per name, one sample per name and label set.
+
+    Counters and histograms keep their ``_created`` samples (the earliest of the processes'): the
+    change-point alerts count a counter born within their window by its ``_created`` time, since
+    increase() cannot see a series whose first sample is already 1 (a change counted before
+    Prometheus's first scrape). The text parser reads a worker's ``X_created`` lines back as a
+    gauge family of their own; they are folded into family X again here. (prometheus_client's
+    multiprocess mode, the usual alternative to this merge, exports no ``_created`` at all.)"""
     from prometheus_client import generate_latest
     from prometheus_client.metrics_core import Metric
     from prometheus_client.parser import text_string_to_metric_families
@@ -128,7 +133,8 @@ def merged_exposition(texts: list[str]) -> bytes:
 
     families: dict[str, Metric] = {}
     values: dict[str, dict[tuple, list[Sample]]] = {}
-    sources = [list(REGISTRY.collect())]
+    sources = [list(REGISTRY.collect())]  # every family cusp defines, with its type, even without samples
+    timed = {f.name for f in sources[0] if f.type in ("counter", "histogram", "summary")}
     for t in texts:
         try:
             sources.append(list(text_string_to_metric_families(t)))
@@ -136,21 +142,24 @@ def merged_exposition(texts: list[str]) -> bytes:
             continue
     for source in sources:
         for fam in source:
-            if fam.name.endswith("_created"):
-                continue
-            if fam.name not in families:
-                families[fam.name] = Metric(fam.name, fam.documentation, fam.type, fam.unit)
-                values[fam.name] = {}
+            name = fam.name
+            if name.endswith("_created") and name[: -len("_created")] in timed:
+                name = name[: -len("_created")]
+            elif name.endswith("_created"):
+                continue  # not one of ours
+            if name not in families:
+                families[name] = Metric(name, fam.documentation, fam.type, fam.unit)
+                values[name] = {}
             for s in fam.samples:
-                if s.name.endswith("_created"):
-                    continue
-                values[fam.name].setdefault((s.name, tuple(sorted(s.labels.items()))), []).append(s)
+                values[name].setdefault((s.name, tuple(sorted(s.labels.items()))), []).append(s)
     out = []
     for name, fam in families.items():
         for (_, _), got in values[name].items():
             first = got[0]
             if len(got) == 1:
                 value = first.value
+            elif first.name.endswith("_created"):
+                value = min(s.value for s in got)
             elif fam.type == "gauge":
                 value = _COMBINE[name]([s.value for s in got]) if name in _COMBINE else first.value
             else:

@@ -246,14 +246,18 @@ def test_merged_exposition_sums_counters_combines_process_gauges_and_skips_garba
 
     def worker(chunks: float, leases: float, redis_up: float, log_z: float) -> str:
         reg = CollectorRegistry()
-        Counter("cusp_chunks_processed", "c", ("stream", "model"), registry=reg).labels("m1", "g").inc(chunks)
+        child = Counter("cusp_chunks_processed", "c", ("stream", "model"), registry=reg).labels("m1", "g")
+        child.inc(chunks)
+        made.append(child._created)
         Gauge("cusp_worker_leases", "l", registry=reg).set(leases)
         Gauge("cusp_redis_up", "r", registry=reg).set(redis_up)
         Gauge("cusp_log_evidence_nats", "z", ("stream", "model"), registry=reg).labels("m1", "g").set(log_z)
         Histogram("cusp_annealing_steps", "h", ("stream", "model"), buckets=(1, 5), registry=reg).labels("m1", "g").observe(3)
         return generate_latest(reg).decode()
 
-    text = M.merged_exposition([worker(3, 1, 1, -10.0), worker(4, 2, 0, -11.0), "cusp_broken{ 1\n"]).decode()
+    made: list[float] = []
+    texts = [worker(3, 1, 1, -10.0), worker(4, 2, 0, -11.0)]
+    text = M.merged_exposition([*texts, "cusp_broken{ 1\n"]).decode()
     fams = list(text_string_to_metric_families(text))
     assert len({f.name for f in fams}) == len(fams)
     assert metric(text, "cusp_chunks_processed_total", stream="m1", model="g") == 7  # counters add up
@@ -262,4 +266,26 @@ def test_merged_exposition_sums_counters_combines_process_gauges_and_skips_garba
     assert metric(text, "cusp_worker_leases") == 3 + M.WORKER_LEASES._value.get()  # per-process gauges: summed
     assert metric(text, "cusp_redis_up") == 0  # the worst of the processes
     assert metric(text, "cusp_log_evidence_nats", stream="m1", model="g") == -10.0  # one series, first seen
-    assert "cusp_broken" not in text and "_created" not in text
+    assert "cusp_broken" not in text
+    # each counter's _created: once, as a gauge beside its family, the earliest of the processes'
+    created = [f for f in fams if f.name == "cusp_chunks_processed_created"]
+    assert len(created) == 1 and created[0].type == "gauge"
+    assert metric(text, "cusp_chunks_processed_created", stream="m1", model="g") == min(made)
+
+
+def test_merged_exposition_keeps_what_the_change_point_alert_needs():
+    """A worker's counter born at 1 (a change counted before Prometheus's first scrape) comes
+    through the merge with its _created sample, so the alert's `_created` branch can see it; a
+    sample of a `_created` family that is not one of cusp's counters is dropped."""
+    from prometheus_client import CollectorRegistry, Counter, generate_latest
+
+    from service import metrics as M
+
+    reg = CollectorRegistry()
+    c = Counter("cusp_stream_changepoints", "c", ("stream",), registry=reg)
+    c.labels("late").inc()
+    born = c.labels("late")._created
+    text = M.merged_exposition([generate_latest(reg).decode() + "# TYPE foo_created gauge\nfoo_created 5.0\n"]).decode()
+    assert metric(text, "cusp_stream_changepoints_total", stream="late") == 1
+    assert metric(text, "cusp_stream_changepoints_created", stream="late") == born
+    assert "foo_created" not in text

@@ -212,13 +212,13 @@ def query_variable(name: str, query: str, description: str) -> dict:
     }
 
 
-def counted(counter: str, sel: str, window: str, window_s: str, fn: str = "increase") -> str:
-    """Events of a counter in a window, per stream and model, including the first event of a
-    series created by that event (prometheus_client creates a labelled child on first use,
+def counted(counter: str, sel: str, window: str, window_s: str, fn: str = "increase", by: str = "stream, model") -> str:
+    """Events of a counter in a window, per ``by`` (stream and model), including the first event
+    of a series created by that event (prometheus_client creates a labelled child on first use,
     and increase()/changes() need two samples of a series): a series created within the
     window (its ``_created`` sample, a unix time) counts whole, an older one by ``fn``."""
     return (
-        f"sum by (stream, model) (({counter}_total{sel} and (time() - {counter}_created{sel} < {window_s}))"
+        f"sum by ({by}) (({counter}_total{sel} and (time() - {counter}_created{sel} < {window_s}))"
         f" or {fn}({counter}_total{sel}[{window}]))"
     )
 
@@ -338,35 +338,47 @@ def build() -> dict:
         stat(
             lay,
             "Change points (in time range)",
-            [target(counted("cusp_changepoints", SEL, "$__range", "$__range_s"), SM)],
-            w=8,
+            [target(counted("cusp_stream_changepoints", SEL_STREAM, "$__range", "$__range_s", by="stream"), "{{stream}}")],
+            w=6,
             h=6,
             decimals=0,
             thresholds=[(None, "green"), (1, "orange")],
-            description="Change points detected in the selected time range (they are also drawn as red annotations on the time series). A worker's counter created by its first change point counts whole.",
+            description="The stream's change points in the selected time range: its models' events weighted by their posterior probabilities (with one model, its events); drawn as red annotations on the time series, and what the CuspChangePointDetected alert fires on. A worker's counter created by its first change point counts whole.",
         )
     )
     panels.append(
         stat(
             lay,
             "Last change-point confidence",
-            [target(f"max by (stream, model) (cusp_changepoint_last_confidence{SEL})", SM)],
+            [target(f"max by (stream) (cusp_stream_changepoint_last_confidence{SEL_STREAM})", "{{stream}}")],
             unit="percentunit",
-            w=8,
+            w=6,
             h=6,
             thresholds=[(None, "blue"), (0.9, "orange"), (0.99, "red")],
-            description="Posterior probability of the last detected change point.",
+            description="Confidence of the stream's last change point: a lower bound on its posterior probability, averaged over the models.",
         )
     )
     panels.append(
         stat(
             lay,
             "Last change-point location (observation)",
-            [target(f"max by (stream, model) (cusp_changepoint_last_observation{SEL})", SM)],
-            w=8,
+            [target(f"max by (stream) (cusp_stream_changepoint_last_observation{SEL_STREAM})", "{{stream}}")],
+            w=6,
             h=6,
             decimals=0,
-            description="Observation index of the last detected change point.",
+            description="Observation index of the stream's last change point.",
+        )
+    )
+    panels.append(
+        stat(
+            lay,
+            "Model events (in time range)",
+            [target(counted("cusp_changepoints", SEL, "$__range", "$__range_s"), SM)],
+            w=6,
+            h=6,
+            decimals=0,
+            thresholds=[(None, "green"), (1, "blue")],
+            description="Each model's own change points (its detector's events) in the selected time range, before the models are weighed: a model the data reject may report changes the stream's answer does not. Drawn as orange annotations when 'Model events' is switched on; they do not alert.",
         )
     )
 
@@ -521,13 +533,25 @@ def build() -> dict:
                 {
                     "datasource": DS,
                     "enable": True,
-                    "expr": counted("cusp_changepoints", SEL, "1m", "60", fn="changes") + " > 0",
+                    "expr": counted("cusp_stream_changepoints", SEL_STREAM, "1m", "60", fn="changes", by="stream") + " > 0",
                     "iconColor": "red",
                     "name": "Change points",
                     "step": "15s",
-                    "tagKeys": "stream,model",
-                    "textFormat": "change point on {{stream}} / {{model}}",
+                    "tagKeys": "stream",
+                    "textFormat": "change point on {{stream}}",
                     "titleFormat": "Change point",
+                    "useValueForTime": False,
+                },
+                {
+                    "datasource": DS,
+                    "enable": False,
+                    "expr": counted("cusp_changepoints", SEL, "1m", "60", fn="changes") + " > 0",
+                    "iconColor": "orange",
+                    "name": "Model events",
+                    "step": "15s",
+                    "tagKeys": "stream,model",
+                    "textFormat": "{{model}} reported a change on {{stream}}",
+                    "titleFormat": "Model event",
                     "useValueForTime": False,
                 },
             ]
