@@ -209,19 +209,31 @@ def test_live_page_plots_results_probabilities_and_changepoints(chromium, live, 
     assert ink(page, "evidence", "#b91c1c") == 0  # no change-point mark yet
     assert page.eval("document.getElementById('cps').textContent") == "none yet"
 
-    # a change-point entry, as the worker's apply script writes it (model, kind, data JSON)
-    connect(redis_url).xadd(keys.out(s), {"model": "gaussian", "kind": "changepoint",
-                                          "data": json.dumps({"seq": 4, "location": 420, "confidence": 0.93})})
-    page.wait_for("window.cusp.changepoints.length === 1")
-    cp = page.eval("window.cusp.changepoints[0]")
-    assert (cp["model"], cp["location"], cp["confidence"]) == ("gaussian", 420, 0.93)
-    items = page.wait_for("(() => { const li = [...document.querySelectorAll('#cps li.cp')]; return li.length && li.map((x) => x.textContent); })()")
+    # a model's own event, as the worker's apply script writes it (model, kind, data JSON): listed
+    # under "model events" and ticked in the model's color, not drawn as the stream's change
+    event = {"model": "gaussian", "kind": "changepoint", "data": json.dumps({"seq": 4, "location": 420, "confidence": 0.93})}
+    connect(redis_url).xadd(keys.out(s), event)
+    connect(redis_url).xadd(keys.changes(s), event)  # APPLY writes it to both
+    page.wait_for("window.cusp.events.length === 1")
+    ev = page.eval("window.cusp.events[0]")
+    assert (ev["model"], ev["location"], ev["confidence"]) == ("gaussian", 420, 0.93)
+    items = page.wait_for("(() => { const li = [...document.querySelectorAll('#events li.ev')]; return li.length && li.map((x) => x.textContent); })()")
     assert items == ["gaussian: observation 420 (confidence 0.930)"]
+    assert page.eval("window.cusp.changepoints.length") == 0 and ink(page, "evidence", "#b91c1c") == 0
+    # the stream's change point (the ANSWER script's entry): red dashed marks on both plots, listed first
+    connect(redis_url).xadd(keys.out(s), {"model": "*", "kind": "stream_changepoint", "data": json.dumps(
+        {"seq": 4, "location": 421, "detected_at": 500, "confidence": 0.97, "support": {"gaussian": [0.99, 0.93]}})})
+    page.wait_for("window.cusp.changepoints.length === 1")
+    items = page.wait_for("(() => { const li = [...document.querySelectorAll('#cps li.cp')]; return li.length && li.map((x) => x.textContent); })()")
+    assert items == ["observation 421 (confidence 0.970)"]
     assert ink(page, "evidence", "#b91c1c") > 20 and ink(page, "steps", "#b91c1c") > 20  # dashed marks on both plots
     connect(redis_url).xadd(keys.out(s), {"model": "gmm2", "kind": "changepoint",
                                           "data": json.dumps({"seq": 5, "location": 550, "confidence": 0.5})})
-    items = page.wait_for("(() => { const li = [...document.querySelectorAll('#cps li.cp')]; return li.length === 2 && li.map((x) => x.textContent); })()")
+    items = page.wait_for("(() => { const li = [...document.querySelectorAll('#events li.ev')]; return li.length === 2 && li.map((x) => x.textContent); })()")
     assert items == ["gmm2: observation 550 (confidence 0.500)", "gaussian: observation 420 (confidence 0.930)"]  # newest first
+    # a change point only in the change-point store (its result entries trimmed away): shown after a reload
+    connect(redis_url).xadd(keys.changes(s), {"model": "*", "kind": "stream_changepoint", "data": json.dumps(
+        {"seq": 5, "location": 560, "detected_at": 600, "confidence": 0.995, "support": {"gmm2": [0.9, 0.5]}})})
 
     shot = page.screenshot(tmp_path / "live_page.png")
     print(f"\nlive page screenshot: {shot}")
@@ -230,7 +242,9 @@ def test_live_page_plots_results_probabilities_and_changepoints(chromium, live, 
     # a reload back-fills everything, change point included, with no gaps or repeats
     page.call("Page.reload")
     page.wait_for(f"document.getElementById('status').textContent === 'live: {s}'")
-    assert lengths(page) == {m: 6 for m in MODELS} and page.eval("window.cusp.changepoints.length") == 2
+    assert lengths(page) == {m: 6 for m in MODELS}
+    assert [c["location"] for c in page.eval("window.cusp.changepoints")] == [421, 560]  # from results, then the store
+    assert [c["location"] for c in page.eval("window.cusp.events")] == [420, 550]  # each once, though in both
 
     # one model ahead of the other: the API has no P(model) then, the page keeps the last one, marked
     assert live.client.post(f"/v1/streams/{s}/chunks", json={"seq": 6, "rows": rows(100, 6)}).status_code == 202

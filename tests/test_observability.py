@@ -78,7 +78,12 @@ PAGE_FIELD_METRIC = {
     "posterior_probability": ("model", "cusp_model_posterior_probability"),
 }
 #: Fields the page reads that are identity or bookkeeping, not numbers with a metric.
-PAGE_FIELD_STRUCTURAL = {"id", "kind", "model", "name"}
+PAGE_FIELD_STRUCTURAL = {"id", "kind", "model", "name", "seq"}
+#: Fields the page reads of the stream's change points (``sc.X``) -> the per-stream metric.
+PAGE_STREAM_FIELD_METRIC = {
+    "location": "cusp_stream_changepoint_last_observation",
+    "confidence": "cusp_stream_changepoint_last_confidence",
+}
 
 
 # ------------------------------------------------------------------ PromQL label usage
@@ -332,9 +337,11 @@ def test_api_results_and_metrics_report_the_same_numbers(scraped):
 
 def test_live_page_fields_exist_in_the_api_and_match_the_metrics(scraped, redis_url):
     page = STATIC_PAGE.read_text(encoding="utf-8")
-    used = set(re.findall(r"\b(?:item|m|c|cp)\.([a-z_]+)\b", page))
+    used = set(re.findall(r"\b(?:item|m|c|cp|me)\.([a-z_]+)\b", page))
     unmapped = used - set(PAGE_FIELD_METRIC) - PAGE_FIELD_STRUCTURAL
     assert not unmapped, f"the live page reads {sorted(unmapped)}: map each to its metric in PAGE_FIELD_METRIC"
+    stream_used = set(re.findall(r"\bsc\.([a-z_]+)\b", page))
+    assert stream_used and not stream_used - set(PAGE_STREAM_FIELD_METRIC), sorted(stream_used)
     s = scraped
     declared = declared_collectors()
     changepoints = s.live.client.get(f"/v1/streams/{s.stream}/changepoints").json()["changepoints"]
@@ -352,6 +359,12 @@ def test_live_page_fields_exist_in_the_api_and_match_the_metrics(scraped, redis_
                     continue
                 value = mine[-1][f]
             assert s.value(metric, stream=s.stream, model=model) == pytest.approx(value, rel=1e-12), (f, metric, model)
+    stream_changes = s.live.client.get(f"/v1/streams/{s.stream}/changepoints").json()["stream"]
+    for f in sorted(stream_used):
+        metric = PAGE_STREAM_FIELD_METRIC[f]
+        assert set(declared[metric]._labelnames) == {"stream"}, metric  # noqa: SLF001
+        if stream_changes:  # only when the stream's answer found a change on this stream
+            assert s.value(metric, stream=s.stream) == pytest.approx(stream_changes[-1][f], rel=1e-12), (f, metric)
 
 
 # ------------------------------------------------------------ a `cusp worker` process
