@@ -3,16 +3,29 @@ SGAIS engine, and apply each result atomically (state, reservoir slots, last_seq
 entry) under a fencing token, so a crash at any point neither loses nor double-applies a
 chunk. One process runs any number of pairs; any number of processes share one Redis.
 
-Leases: ``SET NX PX`` plus a fencing token (INCR) per acquisition; the owner renews while it
-works. Every write checks the token and ``last_seq`` inside one Lua script, so a worker that
-was paused past its lease has its late writes refused (counted in cusp_fenced_writes_total).
-Load sharing: each worker takes at most its share, ceil(pairs / live workers).
+Leases: ``SET NX PX`` plus a fencing token (INCR) per acquisition. A lease keeper thread renews
+every held lease each third of a lease, whatever the loop is doing (a chunk may compute for
+longer than a lease), and writes the worker's heartbeat. Every write checks the token and
+``last_seq`` inside one Lua script, so a worker that was paused past its lease has its late
+writes refused (counted in cusp_fenced_writes_total).
+
+Load sharing: each worker holds at most its share, ceil(pairs / live workers); one above it (a
+worker joined) gives the excess back, so the newcomer gets its share at once; a worker is live
+while its heartbeat is younger than one lease, so a dead worker's pairs are taken over about a
+lease after it died (its leases lapse then too). Dead workers' entries are pruned.
+
+Scheduling: the ingest script publishes the stream's name on ``cusp:wake``; an idle worker
+blocks on it and then looks at the named streams (and its pairs with more backlog) only, not at
+every stream. A full scan of every stream (one pipelined round trip per kind of read) runs at
+start, every ``FULL_SCAN_SECONDS``, after an error and when the number of live workers changed,
+for anything a lost message left behind. Pairs are served from a rotating start, not in name
+order. SIGTERM: the chunk in hand is finished, leases are released, the loop exits.
 
 Health: the loop records each step it completes (a poll, a chunk applied) in ``LoopHealth``, which
 the worker's ``/healthz`` reads (stuck for ``stall_seconds``, or the last ``MAX_POLL_ERRORS`` polls
-failed: 503), and in Redis (``cusp:workers``, at least every third of a lease while it moves),
-which the API's ``/readyz`` reads. A heartbeat is written after a poll succeeded, never before, so
-a worker whose polls fail does not count as alive.
+failed: 503). The heartbeat in Redis (``cusp:workers``, read by the API's ``/readyz`` and by
+load sharing) is written after a poll succeeded and by the lease keeper while the loop is not
+stalled, never while polls fail, so a worker whose polls fail does not count as alive.
 """
 
 from __future__ import annotations
@@ -69,6 +82,13 @@ MAX_POLL_ERRORS = 5
 #: delete that stopped half-way (API process killed); it is taken out of the set
 ORPHAN_GRACE_SECONDS = 60.0
 
+#: seconds between full scans of every stream (between them, a worker looks at the streams the
+#: wake channel names and at its own pairs with backlog)
+FULL_SCAN_SECONDS = 30.0
+
+#: heartbeats older than this many leases are dead workers' and are pruned from the registry
+PRUNE_LEASES = 10
+
 #: chunks per tally read while taking chunks into a stream's answer, and at most per answer commit
 ANSWER_BATCH = 16
 ANSWER_MAX_CHUNKS = 1024
@@ -122,7 +142,16 @@ class Worker:
         self.changepoint_maxlen = changepoint_maxlen
         self.batch = batch
         self.hot: dict[tuple[str, str], Hot] = {}
-        self._configs: dict[str, tuple[bytes, StreamConfig]] = {}
+        self._configs: dict[str, tuple[bytes, StreamConfig]] = {}  # stream -> (its uid, its config)
+        self._hot_lock = threading.Lock()  # self.hot is read by the lease keeper thread
+        self._lost: dict[tuple[str, str], bytes] = {}  # pairs whose renewal failed -> the token that failed
+        self._keeper: threading.Thread | None = None
+        self._stop: threading.Event | None = None
+        self._streams: list[str] = []  # the stream set at the last full scan
+        self._scanned = -math.inf  # monotonic time of the last full scan
+        self._alive = 0  # live workers at the last poll
+        self._backlog: set[tuple[str, str]] = set()  # held pairs that had more chunks than one batch
+        self._turn = 0  # rotating start over the pairs of a poll
 
     # --- loop -------------------------------------------------------------------------------
     def run_forever(self, stop: threading.Event, idle_sleep: float = 0.5) -> None:
@@ -131,38 +160,78 @@ class Worker:
         wake-up message from the ingest script, so a new chunk starts within a round trip."""
         M.WORKERS.inc()
         idle = min(idle_sleep, self.lease_ms / 6000)
+        self._stop = stop
+        self._keeper = threading.Thread(target=self._keep_leases, args=(stop,), name="cusp-lease-keeper", daemon=True)
+        self._keeper.start()
+        woken: set[str] | None = None  # None: look at every stream
         try:
             while not stop.is_set():
                 try:
-                    done = self.poll_once()
+                    done = self.poll_once(woken)
                     M.REDIS_UP.set(1)
                     self.health.succeeded()
-                    if not done:
-                        self._wait_for_work(idle)
+                    # the wake channel is read after every pass (at once after a busy one), so
+                    # streams that got chunks meanwhile are seen next pass, not at the next scan
+                    woken = self._wait_for_work(0.0 if done else idle)
                 except (rexc.ConnectionError, rexc.TimeoutError, OSError) as exc:
                     M.REDIS_UP.set(0)
                     self.health.failed(exc)
                     log.warning("redis unavailable (%s); retrying", exc)
                     self._reset_after_error()
+                    woken = None
                     stop.wait(1.0)
                 except Exception as exc:  # noqa: BLE001 - a worker must survive anything and retry
                     self.health.failed(exc)
                     log.exception("worker poll failed")
                     self._reset_after_error()
+                    woken = None
                     stop.wait(1.0)
         finally:
             M.WORKERS.dec()
             self._close_wake()
             self.release_all()
+            self._keeper.join(timeout=5)
+            self._keeper = None
 
-    def _wait_for_work(self, timeout: float) -> None:
-        self.store.wait_for_wake(timeout)
+    def _wait_for_work(self, timeout: float) -> set[str] | None:
+        """The streams named on the wake channel within ``timeout`` (None: unknown, look at all)."""
+        return self.store.wait_for_wake(timeout)
+
+    # --- the lease keeper (its own thread) ------------------------------------------------------
+    def _keep_leases(self, stop: threading.Event) -> None:
+        """Renew every held lease and write the heartbeat each third of a lease, independently of
+        the loop: a chunk that computes for several leases keeps its lease, and a busy worker
+        stays live. A lease found lost is reported to the loop (``_keep``), which drops the pair."""
+        period = self.lease_ms / 3000
+        while not stop.wait(period):
+            try:
+                self._renew_all()
+            except Exception as exc:  # noqa: BLE001 - Redis away: the loop reports it; try again next period
+                log.warning("lease renewal failed (%s); retrying", exc)
+
+    def _renew_all(self) -> None:
+        with self._hot_lock:
+            held = [(key, hot.token) for key, hot in self.hot.items()]
+        now = time.monotonic()
+        ok = self.store.renew_many([(s, m, token) for (s, m), token in held], self.id, self.lease_ms)
+        with self._hot_lock:
+            for (key, token), kept in zip(held, ok):
+                hot = self.hot.get(key)
+                if hot is None or hot.token != token:
+                    continue
+                if kept:
+                    hot.renewed = now
+                else:
+                    self._lost[key] = token
+        if time.monotonic() - self.health.last_step < self.health.stall_seconds:  # alive and moving
+            self.store.heartbeat(self.id, time.time())
 
     def _close_wake(self) -> None:
         self.store.close_wake()
 
     def _reset_after_error(self) -> None:
-        self.hot.clear()
+        with self._hot_lock:
+            self.hot.clear()
         self._close_wake()
 
     def run_until_idle(self, timeout: float = 120.0) -> int:
@@ -184,7 +253,8 @@ class Worker:
                 self.store.release(s, m, self.id)
             except Exception:  # noqa: BLE001
                 pass
-        self.hot.clear()
+        with self._hot_lock:
+            self.hot.clear()
         M.WORKER_LEASES.set(0)
         try:
             self.store.retire(self.id)
@@ -192,36 +262,96 @@ class Worker:
             pass
 
     # --- one pass ---------------------------------------------------------------------------
-    def poll_once(self) -> int:
-        alive = self.store.live_workers(self.id, time.time(), 3 * self.lease_ms / 1000)
-        streams = self.store.stream_names()
-        pairs = []
-        for s in streams:
-            cfg = self._config(s)
-            if cfg is not None:
-                pairs += [(s, m.name) for m in cfg.models]
-                self._orphans.pop(s, None)
-            else:
-                self._sweep(s)
-        for key in list(self.hot):
-            if key[0] not in streams:
-                self._drop(key)
-        share = math.ceil(len(pairs) / alive)
+    def poll_once(self, woken: set[str] | None = None) -> int:
+        """One pass: take, give back and process pairs; returns chunks applied. ``woken``: the
+        streams the wake channel named since the last pass, looked at with this worker's pairs
+        that have more backlog; None (or a full scan due): every stream."""
+        with self._hot_lock:
+            lost = [k for k, token in self._lost.items() if k in self.hot and self.hot[k].token == token]
+        for key in lost:  # the lease keeper found these leases taken over
+            log.warning("stream %s model %s: lease lost; dropped", *key)
+            self._drop(key)
+        now = time.time()
+        alive = self.store.live_workers(self.id, now, self.lease_ms / 1000)
+        full = woken is None or alive != self._alive or time.monotonic() - self._scanned >= FULL_SCAN_SECONDS
+        self._alive = alive
+        if full:
+            self._streams = self.store.stream_names()
+            self._scanned = time.monotonic()
+            self.store.prune_workers(now - PRUNE_LEASES * self.lease_ms / 1000)
+            looked = self._streams
+        else:
+            looked = sorted((woken & set(self._streams)) | {s for s, _ in self._backlog}
+                            | (woken - set(self._streams)))  # a stream created since the last scan
+        configs = self._configs_of(looked)
+        if full:
+            for key in list(self.hot):
+                if key[0] not in configs:
+                    self._drop(key)
+        pairs_total = sum(len(c.models) for s, (_, c) in self._configs.items() if s in self._streams or s in configs)
+        share = math.ceil(max(pairs_total, 1) / alive)
+        pairs = [(s, e.name) for s in looked if s in configs for e in configs[s].models]
+        if pairs:
+            self._turn = (self._turn + 1) % len(pairs)
+            pairs = pairs[self._turn:] + pairs[: self._turn]  # no pair always waits behind the others
+        pending = dict(zip(pairs, self.store.pending(pairs)))
+        self._give_back(share, pending)
         done = 0
-        for s, m in pairs:
-            key = (s, m)
+        self._backlog.clear()
+        for key in pairs:
+            if self._stopping():
+                break
             if key in self.hot:
-                if not self._keep(self.hot[key]):
+                if not self._keep(self.hot[key]) or not pending[key]:
                     continue
-            elif len(self.hot) < share and self._has_pending(s, m):
-                if not self._take(s, m):
+            elif len(self.hot) < share and pending[key]:
+                if not self._take(*key):
                     continue
             else:
                 continue
-            done += self._process(self.hot[key])
+            n = self._process(self.hot[key])
+            done += n
+            if n >= self.batch:
+                self._backlog.add(key)
         M.WORKER_LEASES.set(len(self.hot))
         self._progress(force=True)
         return done
+
+    def _stopping(self) -> bool:
+        return self._stop is not None and self._stop.is_set()
+
+    def _configs_of(self, streams: list[str]) -> dict[str, StreamConfig]:
+        """The configs of ``streams`` that exist: a uid per stream in one round trip, and the config
+        itself only for a stream this worker has not seen in this incarnation (a config never
+        changes within one: a 7.5 MB config is not re-read every poll). Names without a config
+        are swept as orphans after a grace period."""
+        out: dict[str, StreamConfig] = {}
+        for s, uid in zip(streams, self.store.uids(streams)):
+            if uid is None:
+                self._configs.pop(s, None)
+                self._sweep(s)
+                continue
+            self._orphans.pop(s, None)
+            cached = self._configs.get(s)
+            if cached is None or cached[0] != uid:
+                raw = self.store.config_raw(s)
+                if raw is None:
+                    continue
+                cached = self._configs[s] = (uid, StreamConfig.from_json(raw))
+            out[s] = cached[1]
+        return out
+
+    def _give_back(self, share: int, pending: dict[tuple[str, str], bool]) -> None:
+        """Above its share (a worker joined), release the excess, pairs without pending chunks
+        first, so that the newcomer takes them now rather than never."""
+        excess = len(self.hot) - share
+        if excess <= 0:
+            return
+        order = sorted(self.hot, key=lambda k: (pending.get(k, False), k))
+        for key in order[:excess]:
+            self.store.release(key[0], key[1], self.id)
+            self._drop(key)
+            log.info("released stream %s model %s: above this worker's share of %d (a worker joined)", key[0], key[1], share)
 
     def _progress(self, force: bool = False) -> None:
         """A step completed: tell /healthz, and Redis (for /readyz and load sharing) at least every
@@ -242,24 +372,14 @@ class Worker:
             del self._orphans[s]
 
     def _config(self, s: str) -> StreamConfig | None:
-        raw = self.store.config_raw(s)
-        if raw is None:
-            return None
-        cached = self._configs.get(s)
-        if cached is None or cached[0] != raw:
-            self._configs[s] = (raw, StreamConfig.from_json(raw))
-        return self._configs[s][1]
+        return self._configs_of([s]).get(s)
 
     def _has_pending(self, s: str, m: str) -> bool:
-        last_in, last_done = self.store.last_ingested(s), self.store.last_applied(s, m)
-        return last_in is not None and last_done is not None and last_in > last_done
+        return self.store.pending([(s, m)])[0]
 
     def _pending_anywhere(self) -> bool:
-        for s in self.store.stream_names():
-            cfg = self._config(s)
-            if cfg and any(self._has_pending(s, m.name) for m in cfg.models):
-                return True
-        return False
+        configs = self._configs_of(self.store.stream_names())
+        return any(self.store.pending([(s, e.name) for s, c in configs.items() for e in c.models]))
 
     def _take(self, s: str, m: str) -> bool:
         token = self.store.acquire(s, m, self.id, self.lease_ms)
@@ -273,7 +393,8 @@ class Worker:
         if hot is None:
             self.store.release(s, m, self.id)
             return False
-        self.hot[(s, m)] = hot
+        with self._hot_lock:
+            self.hot[(s, m)] = hot
         for counter in (M.CHANGEPOINTS, M.DEAD_LETTERS, M.REDELIVERIES, M.FENCED_WRITES):
             counter.labels(s, m)  # series exist from 0, so increase() sees the first event
         self._answer(s)  # chunks every model applied but no answer took (a worker died in between)
@@ -312,8 +433,16 @@ class Worker:
         return {q: rows_from_bytes(by_seq[q][b"rows"], int(by_seq[q][b"n"]), width) for q in seqs}
 
     def _keep(self, hot: Hot) -> bool:
-        """Renew the lease when a third of it has passed; False (and dropped) if it was lost."""
-        if time.monotonic() - hot.renewed < self.lease_ms / 3000:
+        """Whether the pair's lease still holds; False (and dropped) if it was lost. The lease keeper
+        renews it (``run_forever``); without one (burst mode) it is renewed here when a third of
+        it has passed."""
+        key = (hot.stream, hot.model)
+        with self._hot_lock:
+            lost = self._lost.pop(key, None)
+        if lost is not None and lost == hot.token:
+            self._drop(key)
+            return False
+        if self._keeper is not None or time.monotonic() - hot.renewed < self.lease_ms / 3000:
             return True
         ok = self.store.renew(hot.stream, hot.model, self.id, self.lease_ms, hot.token)
         if ok:
@@ -323,7 +452,10 @@ class Worker:
         return False
 
     def _drop(self, key: tuple[str, str]) -> None:
-        self.hot.pop(key, None)
+        with self._hot_lock:
+            self.hot.pop(key, None)
+            self._lost.pop(key, None)
+        self._backlog.discard(key)
 
     # --- processing -------------------------------------------------------------------------
     def _process(self, hot: Hot) -> int:
@@ -332,6 +464,8 @@ class Worker:
         last_in = self.store.last_ingested(s)
         done = 0
         for seq, fields in entries:
+            if done and self._stopping():  # SIGTERM: the chunk in hand is finished, no more
+                break
             if seq != hot.last_seq + 1:
                 log.error("stream %s model %s: expected seq %d, found %d", s, m, hot.last_seq + 1, seq)
                 break

@@ -11,7 +11,7 @@ and docs/architecture.md (Redis).
 |---|---|---|
 | ``cusp:streams`` | set | names of existing streams, and of streams being created or deleted: every stream with a config is in it; a name without a config is skipped by readers and removed by workers after a grace period |
 | ``cusp:workers`` | zset | worker id -> last progress (unix seconds): written by the worker loop at least every third of a lease; used to share leases and by ``/readyz`` |
-| ``cusp:wake`` | pub/sub channel | a message per accepted chunk; idle workers block on it instead of polling |
+| ``cusp:wake`` | pub/sub channel | a message per accepted chunk (the stream's ``seq`` key name); idle workers block on it and then look at the named streams only |
 | ``cusp:{s}:config`` | string | the stream's JSON config: columns, models, sampler, seed, limits |
 | ``cusp:{s}:uid`` | string | this incarnation of the stream (a random id set at create): an ingest that names another (a WebSocket opened before a delete and a re-create) writes nothing |
 | ``cusp:{s}:in`` | stream | ingested chunks; entry id ``<seq+1>-0``; fields ``rows`` (float64 bytes), ``n``; trimmed below every model's ``keep_from`` |
@@ -59,6 +59,14 @@ def seen(s: str) -> str:
 
 def seq(s: str) -> str:
     return f"cusp:{{{s}}}:seq"
+
+
+def stream_of_seq_key(key: bytes | str) -> str | None:
+    """The stream name in a ``seq`` key (what the ingest script publishes on WAKE), else None."""
+    k = key.decode() if isinstance(key, bytes) else key
+    if k.startswith("cusp:{") and k.endswith("}:seq"):
+        return k[len("cusp:{"):-len("}:seq")]
+    return None
 
 
 def out(s: str) -> str:

@@ -7,7 +7,8 @@ stream's keys (all tagged ``{stream}``) or one global key; never both (see keys.
 # seen_window, uid. Nothing is written unless the stream exists and is the incarnation ``uid``
 # (returns {'gone'}): a chunk sent to a deleted stream cannot leave keys behind or become a chunk
 # of the next stream of that name.
-# Publishes on ``cusp:wake`` (keys.WAKE) so that idle workers start at once instead of polling.
+# Publishes the stream's seq key name (``cusp:{s}:seq``, so the stream's name) on ``cusp:wake``
+# (keys.WAKE): idle workers wake at once and look at that stream only, not at every stream.
 # The digest goes to the ``seen`` stream (capped at about seen_window entries), not into the
 # input entry, so that a resend is still recognised after the input entry was trimmed.
 # Returns {"ok", id} | {"dup", stored_digest} | {"old", expected} (a seq older than the kept
@@ -25,7 +26,7 @@ if s ~= last + 1 then return {'gap', tostring(last + 1)} end
 local id = redis.call('XADD', KEYS[2], (s + 1) .. '-0', 'rows', ARGV[2], 'n', ARGV[3])
 redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[5], (s + 1) .. '-0', 'd', ARGV[4])
 redis.call('SET', KEYS[1], s)
-redis.call('PUBLISH', 'cusp:wake', ARGV[1])
+redis.call('PUBLISH', 'cusp:wake', KEYS[1])
 return {'ok', id}
 """
 

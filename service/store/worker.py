@@ -8,6 +8,7 @@ the worker never sees a key.
 
 from __future__ import annotations
 
+import time
 from functools import cached_property
 
 from service.store import connect, keys, scripts
@@ -45,6 +46,10 @@ class WorkerStore:
         """A worker stopping cleanly leaves the registry: the others take its share at once."""
         self.r.zrem(keys.WORKERS, worker_id)
 
+    def prune_workers(self, before: float) -> int:
+        """Drop workers whose last heartbeat is older than ``before`` (dead ones never retire)."""
+        return int(self.r.zremrangebyscore(keys.WORKERS, "-inf", f"({before}"))
+
     def live_workers(self, worker_id: str, now: float, window: float) -> int:
         """How many workers made progress in the last ``window`` seconds, ``worker_id`` counted
         whether or not it did (it is alive: it asks)."""
@@ -68,6 +73,42 @@ class WorkerStore:
     def config_raw(self, s: str) -> bytes | None:
         """The stream's config as stored (JSON bytes), so a caller can tell whether it changed."""
         return self.r.get(keys.config(s))
+
+    def uids(self, streams: list[str]) -> list[bytes | None]:
+        """Each stream's incarnation id (None: no such stream), in one round trip. A config never
+        changes within an incarnation, so a worker re-reads a config only when its uid changed."""
+        pipe = self.r.pipeline(transaction=False)
+        for s in streams:
+            pipe.get(keys.uid(s))
+        return pipe.execute() if streams else []
+
+    def pending(self, pairs: list[tuple[str, str]]) -> list[bool]:
+        """For each (stream, model): has the stream accepted chunks the model has not applied? One round trip."""
+        if not pairs:
+            return []
+        streams = sorted({s for s, _ in pairs})
+        pipe = self.r.pipeline(transaction=False)
+        for s in streams:
+            pipe.get(keys.seq(s))
+        for s, m in pairs:
+            pipe.hget(keys.state(s, m), "last_seq")
+        got = pipe.execute()
+        last_in = dict(zip(streams, got[: len(streams)]))
+        return [last_in[s] is not None and done is not None and int(last_in[s]) > int(done)
+                for (s, _), done in zip(pairs, got[len(streams):])]
+
+    def renew_many(self, leases: list[tuple[str, str, bytes]], worker_id: str, ttl_ms: int) -> list[bool]:
+        """``renew`` for each (stream, model, token); one pipeline on a single Redis (a cluster
+        client runs them one by one: its pipelines do not carry scripts to every node)."""
+        if not leases:
+            return []
+        if not hasattr(self.r, "get_nodes"):  # a single Redis: one round trip
+            renew = self._script(scripts.RENEW)
+            pipe = self.r.pipeline(transaction=False)
+            for s, m, token in leases:
+                renew(keys=[keys.lease(s, m), keys.fence(s, m)], args=[worker_id, ttl_ms, token], client=pipe)
+            return [bool(x) for x in pipe.execute()]
+        return [self.renew(s, m, worker_id, ttl_ms, token) for s, m, token in leases]
 
     def stream_exists(self, s: str) -> bool:
         return bool(self.r.exists(keys.config(s)))
@@ -166,16 +207,29 @@ class WorkerStore:
         ))
 
     # --- waking up ----------------------------------------------------------------------------
-    def wait_for_wake(self, timeout: float) -> None:
-        """Wait up to ``timeout`` seconds for the ingest script's wake-up message. The first call
-        subscribes and returns at once (something may have arrived before the subscription)."""
+    def wait_for_wake(self, timeout: float) -> set[str] | None:
+        """Wait up to ``timeout`` seconds for the ingest script's wake-up messages; the streams they
+        name (every message that arrived meanwhile: one poll serves them all). None: the names are
+        not known (the first call, which subscribes and returns at once since something may have
+        arrived before the subscription; or a message in another form): look at every stream."""
         if self._wake is None:  # subscribed once and kept: messages published meanwhile queue up
             self._wake = self.r.pubsub(ignore_subscribe_messages=True)
             self._wake.subscribe(keys.WAKE)
-            return
-        got = self._wake.get_message(timeout=timeout)
-        while got is not None:  # one poll serves every chunk that arrived meanwhile
-            got = self._wake.get_message(timeout=0)
+            return None
+        names: set[str] | None = set()
+        deadline, woke = time.monotonic() + timeout, False
+        while True:  # block until the first message (or the timeout), then take what else is queued
+            got = self._wake.get_message(timeout=0.0 if woke else max(0.0, deadline - time.monotonic()))
+            if got is None:  # nothing, or a subscription confirmation (answered as None at once)
+                if woke or time.monotonic() >= deadline:
+                    return names
+                continue
+            woke = True
+            name = keys.stream_of_seq_key(got.get("data", b"")) if got.get("type") == "message" else ""
+            if name is None:
+                names = None
+            elif names is not None and name:
+                names.add(name)
 
     def close_wake(self) -> None:
         if self._wake is not None:

@@ -1,0 +1,212 @@
+"""Scheduling and leases (issue 18 item 2): leases renewed independently of the processing loop,
+SIGTERM within a chunk, a joining worker gets its share, dead workers leave the registry, and
+a worker that is woken by a stream's chunks looks at that stream, not at every stream.
+
+Real Redis (a fresh embedded server per test, so the share arithmetic sees only this test's
+streams), real HTTP for ingest, workers in threads (``run_forever``, lease keeper included)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from service import metrics as M
+from service.store import EmbeddedRedis, connect, keys
+from service.worker import Worker
+from tests.service_fixtures import LiveServer
+
+
+@pytest.fixture()
+def env(tmp_path):
+    redis = EmbeddedRedis(tmp_path / "redis")
+    live = LiveServer(redis.url)
+    yield redis.url, live
+    live.stop()
+    redis.close()
+
+
+def make(live, n: int, prefix: str = "s") -> list[str]:
+    names = [f"{prefix}{i:03d}" for i in range(n)]
+    for s in names:
+        r = live.client.post("/v1/streams", json={"name": s, "columns": ["v"], "models": ["gaussian"], "seed": 1})
+        assert r.status_code == 201, r.text
+    return names
+
+
+def post(live, s: str, seq: int, rows: int = 10) -> None:
+    x = np.random.default_rng(seq).normal(size=(rows, 1)).round(6).tolist()
+    r = live.client.post(f"/v1/streams/{s}/chunks", json={"seq": seq, "rows": x})
+    assert r.status_code == 202, r.text
+
+
+class SlowWorker(Worker):
+    """A worker whose chunks take ``delay`` seconds each (before the engine runs): a stand-in for
+    a model whose chunk computes for longer than a lease."""
+
+    def __init__(self, url: str, delay: float, **kw):
+        super().__init__(url, **kw)
+        self.delay = delay
+
+    def _one(self, hot, seq, fields):
+        time.sleep(self.delay)
+        return super()._one(hot, seq, fields)
+
+
+def run(worker: Worker) -> tuple[threading.Thread, threading.Event]:
+    stop = threading.Event()
+    t = threading.Thread(target=worker.run_forever, args=(stop, 0.05), daemon=True)
+    t.start()
+    return t, stop
+
+
+def wait_until(cond, timeout: float, what: str) -> float:
+    t0 = time.monotonic()
+    while not cond():
+        assert time.monotonic() - t0 < timeout, f"{what} within {timeout} s"
+        time.sleep(0.05)
+    return time.monotonic() - t0
+
+
+def holders(url: str, streams: list[str]) -> dict[str, str | None]:
+    r = connect(url)
+    return {s: (v.decode() if (v := r.get(keys.lease(s, "gaussian"))) else None) for s in streams}
+
+
+def applied(url: str, s: str) -> int:
+    return int(connect(url).hget(keys.state(s, "gaussian"), "last_seq"))
+
+
+def test_a_chunk_longer_than_several_leases_is_committed_once_with_two_workers(env):
+    """Lease 1 s, a chunk that takes 3.5 s, two workers: the lease keeper renews the lease while
+    the chunk computes, so the other worker never takes the pair and no write is fenced (before,
+    renewal happened only between chunks: both workers computed the chunk and fenced each other
+    off, forever, as issue 18 saw)."""
+    url, live = env
+    [s] = make(live, 1)
+    post(live, s, 0)
+    fenced = M.FENCED_WRITES.labels(s, "gaussian")._value.get()
+    workers = [SlowWorker(url, 3.5, lease_seconds=1.0, worker_id=f"w{i}") for i in range(2)]
+    threads = [run(w) for w in workers]
+    try:
+        wait_until(lambda: applied(url, s) == 0, 30, "seq 0 applied")
+        post(live, s, 1)
+        wait_until(lambda: applied(url, s) == 1, 30, "seq 1 applied")
+    finally:
+        for t, stop in threads:
+            stop.set()
+        for t, _ in threads:
+            t.join(15)
+    assert M.FENCED_WRITES.labels(s, "gaussian")._value.get() == fenced
+    entries = connect(url).xrange(keys.out(s))
+    assert sorted(int(f[b"data"].split(b'"seq": ')[1].split(b",")[0]) for _, f in entries if f[b"kind"] == b"result") == [0, 1]
+
+
+def test_sigterm_finishes_the_chunk_in_hand_releases_leases_and_exits(env):
+    """20 streams with 40 chunks each, 0.2 s a chunk (160 s of work): stop is set after 1 s; the
+    loop finishes its chunk and returns within a chunk or two, every lease given back and the
+    worker out of the registry (before, stop was checked between whole passes over every pair:
+    72 s at 400 streams)."""
+    url, live = env
+    streams = make(live, 20)
+    for s in streams:
+        for q in range(40):
+            post(live, s, q)
+    w = SlowWorker(url, 0.2, lease_seconds=10.0, worker_id="w-stop")
+    t, stop = run(w)
+    wait_until(lambda: any(applied(url, s) >= 0 for s in streams), 30, "a chunk applied")
+    time.sleep(1.0)
+    t0 = time.monotonic()
+    stop.set()
+    t.join(10)
+    took = time.monotonic() - t0
+    assert not t.is_alive() and took < 2.0, took  # measured: about one chunk (0.2 s)
+    assert all(v is None for v in holders(url, streams).values()), holders(url, streams)
+    assert connect(url).zscore(keys.WORKERS, "w-stop") is None
+    assert sum(applied(url, s) + 1 for s in streams) < 20 * 40  # it really was stopped mid-backlog
+
+
+def test_a_joining_worker_gets_its_share_under_light_load(env):
+    """10 streams, one chunk every so often (light load): a worker holds all 10; a second worker
+    joins and within 2 leases holds its share (5), because the first gives its excess back
+    (before, the first kept renewing all 10 and the newcomer processed nothing)."""
+    url, live = env
+    streams = make(live, 10)
+    seqs = dict.fromkeys(streams, 0)
+
+    def trickle() -> None:
+        for s in streams:
+            post(live, s, seqs[s])
+            seqs[s] += 1
+
+    a = Worker(url, lease_seconds=2.0, worker_id="a")
+    ta = run(a)
+    b = Worker(url, lease_seconds=2.0, worker_id="b")
+    tb = None
+    try:
+        trickle()
+        wait_until(lambda: list(holders(url, streams).values()).count("a") == 10, 20, "worker a holding all 10 pairs")
+        tb = run(b)
+        t0 = time.monotonic()
+        while list(holders(url, streams).values()).count("b") < 5:
+            assert time.monotonic() - t0 < 2 * 2.0 + 1.0, holders(url, streams)  # 2 leases (+1 s for the trickle's posts)
+            trickle()
+            time.sleep(0.2)
+        assert list(holders(url, streams).values()).count("a") == 5
+    finally:
+        for t, stop in filter(None, (ta, tb)):
+            stop.set()
+        for t, _ in filter(None, (ta, tb)):
+            t.join(15)
+
+
+def test_dead_workers_leave_the_registry(env):
+    """A worker killed without retiring leaves its heartbeat behind; a full scan prunes entries
+    older than PRUNE_LEASES leases (they stayed forever)."""
+    url, _ = env
+    r = connect(url)
+    r.zadd(keys.WORKERS, {"long-dead": time.time() - 3600, "just-gone": time.time() - 5})
+    w = Worker(url, lease_seconds=10.0, worker_id="pruner")
+    w.poll_once()
+    assert r.zscore(keys.WORKERS, "long-dead") is None
+    assert r.zscore(keys.WORKERS, "just-gone") is not None  # younger than 10 leases: kept (and not live)
+    w.release_all()
+
+
+def reads(r) -> int:
+    """Key reads the server has executed so far (GET, HGET, HMGET: scripts' inner calls included)."""
+    stats = r.info("commandstats")
+    return sum(stats.get(f"cmdstat_{c}", {}).get("calls", 0) for c in ("get", "hget", "hmget"))
+
+
+def test_a_woken_worker_looks_at_the_named_stream_only(env):
+    """Between full scans, a pass after a wake-up reads the named stream's keys, not every
+    stream's: with 50 idle streams and a chunk on one, the woken pass reads a few keys while a
+    full pass over the same situation reads 3 per stream (uid, seq, last_seq); the wake channel
+    carries the stream's name."""
+    url, live = env
+    streams = make(live, 50)
+    w = Worker(url, lease_seconds=10.0, worker_id="woken")
+    r = connect(url)
+    try:
+        assert w._wait_for_work(0.0) is None  # subscribes: names unknown, a full scan
+        w.poll_once(None)
+        post(live, streams[7], 0)
+        names = w._wait_for_work(5.0)
+        assert names == {streams[7]}
+        before = reads(r)
+        assert w.poll_once(names) == 1
+        woken = reads(r) - before
+        post(live, streams[9], 0)
+        assert w._wait_for_work(5.0) == {streams[9]}
+        before = reads(r)
+        assert w.poll_once(None) == 1  # the same work found by a full scan
+        full = reads(r) - before
+        print(f"reads: woken pass {woken}, full pass {full}")
+        assert full >= 3 * 50 and woken < 20, (woken, full)  # measured: 18 against 165
+        assert applied(url, streams[7]) == 0 and applied(url, streams[9]) == 0
+    finally:
+        w._close_wake()
+        w.release_all()
