@@ -51,6 +51,8 @@ SUBCOMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Cal
                "PageHinkley, PELT and BinSeg", *_lazy("detect")),
     "load": ("bounded load test on loopback: concurrent clients and subscribers on many streams; correctness, throughput, "
              "latency and memory of API, workers and Redis", *_lazy("load")),
+    "scheduling": ("worker scheduling with real processes: idle cost of 1,000 pairs (CPU, Redis commands/s), failover "
+                   "after a SIGKILL, a joining worker's share, SIGTERM", *_lazy("scheduling")),
     "speed": ("cusp's SGAIS against a plain 83-line torch SGAIS (papers/001 Algorithm 1) on linear regression, "
               "200,000 rows through cusp replay, same run", *_lazy("speed")),
     "evidence": ("SGAIS log-evidence for the mixture and logistic regression against Laplace references checked by "

@@ -111,9 +111,9 @@ def worker(args: argparse.Namespace) -> int:
         raise SystemExit("cusp worker: set CUSP_REDIS_URL (a worker process shares the Redis of a running cusp)")
     w = Worker(settings.redis_url, lease_seconds=settings.lease_seconds, max_attempts=settings.max_attempts,
                result_maxlen=settings.result_maxlen, stall_seconds=settings.worker_stall_seconds,
-               changepoint_maxlen=settings.changepoint_maxlen)
+               changepoint_maxlen=settings.changepoint_maxlen, worker_id=settings.worker_id)
     if args.metrics_port:
-        _serve_metrics(args.metrics_port, args.metrics_host, w.health.problem)
+        _serve_metrics(args.metrics_port, args.metrics_host, w.health.problem, settings.scope_of if settings.keys else None)
     if args.burst:
         print(f"applied {w.run_until_idle()} chunks", flush=True)
         w.release_all()
@@ -128,8 +128,11 @@ def worker(args: argparse.Namespace) -> int:
     return 0
 
 
-def _serve_metrics(port: int, host: str = "0.0.0.0", problem=lambda: None) -> None:
-    """/metrics and /healthz (503 with the reason while ``problem()`` names one) on a thread."""
+def _serve_metrics(port: int, host: str = "0.0.0.0", problem=lambda: None, scope_of=None) -> None:
+    """/metrics and /healthz (503 with the reason while ``problem()`` names one) on a thread.
+    ``scope_of``: with API keys configured, /metrics (it names every stream the worker holds)
+    needs one, as the API's /metrics does (``Authorization: Bearer KEY``; a read key will do);
+    /healthz stays open for probes (it says only whether the loop moves)."""
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
     from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -138,7 +141,11 @@ def _serve_metrics(port: int, host: str = "0.0.0.0", problem=lambda: None) -> No
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self):  # noqa: N802 - http.server API
-            if self.path.startswith("/metrics"):
+            auth = self.headers.get("Authorization", "")
+            key = auth[7:].strip() if auth[:7].lower() == "bearer " else None
+            if self.path.startswith("/metrics") and scope_of is not None and scope_of(key) is None:
+                body, ctype, code = b'{"detail": "missing or unknown API key: send Authorization: Bearer <key>"}', "application/json", 401
+            elif self.path.startswith("/metrics"):
                 body, ctype, code = generate_latest(REGISTRY), CONTENT_TYPE_LATEST, 200
             elif self.path.startswith("/healthz"):
                 why = problem()
@@ -147,6 +154,8 @@ def _serve_metrics(port: int, host: str = "0.0.0.0", problem=lambda: None) -> No
             else:
                 body, ctype, code = b"not found", "text/plain", 404
             self.send_response(code)
+            if code == 401:
+                self.send_header("WWW-Authenticate", "Bearer")
             self.send_header("Content-Type", ctype)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()

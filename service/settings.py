@@ -54,6 +54,8 @@ class Settings(BaseSettings):
         None, description="Whether the API's /readyz also needs a worker that made progress within a lease. "
                           "Unset: only under `cusp serve` with worker processes (an API-only process stays ready without workers: "
                           "ingest is durable, and the workers' own /healthz reports them).")
+    worker_id: str | None = Field(None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$",
+                                  description="This worker's name in the registry and on its leases (default: host:pid:random).")
     max_attempts: int = Field(3, ge=1, le=100, description="Attempts at a chunk that makes a model fail before it is dead-lettered.")
     result_maxlen: int = Field(200_000, ge=100, description="Approximate cap on each result stream's length (XADD MAXLEN ~).")
     changepoint_maxlen: int = Field(10_000, ge=100, description="Approximate cap on each stream's change-point store "

@@ -275,12 +275,14 @@ class SupervisedRedis:
             shutil.rmtree(self._tmp, ignore_errors=True)
 
 
-def scrape(urls: list[str], timeout: float = 2.0) -> list[str]:
-    """The expositions of the worker processes that answer (a restarting one is skipped)."""
+def scrape(urls: list[str], timeout: float = 2.0, key: str | None = None) -> list[str]:
+    """The expositions of the worker processes that answer (a restarting one is skipped). ``key``:
+    an API key, which the workers' /metrics needs when keys are configured."""
     out = []
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
     for u in urls:
         try:
-            with urllib.request.urlopen(u, timeout=timeout) as resp:
+            with urllib.request.urlopen(urllib.request.Request(u, headers=headers), timeout=timeout) as resp:
                 out.append(resp.read().decode())
         except OSError:
             continue

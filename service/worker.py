@@ -4,15 +4,17 @@ entry) under a fencing token, so a crash at any point neither loses nor double-a
 chunk. One process runs any number of pairs; any number of processes share one Redis.
 
 Leases: ``SET NX PX`` plus a fencing token (INCR) per acquisition. A lease keeper thread renews
-every held lease each third of a lease, whatever the loop is doing (a chunk may compute for
-longer than a lease), and writes the worker's heartbeat. Every write checks the token and
-``last_seq`` inside one Lua script, so a worker that was paused past its lease has its late
-writes refused (counted in cusp_fenced_writes_total).
+every held lease each quarter of a lease (``CUSP_LEASE_SECONDS``), whatever the loop is doing (a
+chunk may compute for longer than a lease), and writes the worker's heartbeat. A lease key lives
+three quarters of a lease, so a dead worker's leases lapse within one. Every write checks the
+token and ``last_seq`` inside one Lua script, so a worker that was paused past its lease has its
+late writes refused (counted in cusp_fenced_writes_total).
 
 Load sharing: each worker holds at most its share, ceil(pairs / live workers); one above it (a
-worker joined) gives the excess back, so the newcomer gets its share at once; a worker is live
-while its heartbeat is younger than one lease, so a dead worker's pairs are taken over about a
-lease after it died (its leases lapse then too). Dead workers' entries are pruned.
+worker joined) gives the excess back, so the newcomer gets its share at once. A worker is live
+while its heartbeat is younger than three quarters of a lease (three heartbeats missed: gone),
+so a dead worker's pairs are taken over within a lease of its death. Dead workers' entries are
+pruned.
 
 Scheduling: the ingest script publishes the stream's name on ``cusp:wake``; an idle worker
 blocks on it and then looks at the named streams (and its pairs with more backlog) only, not at
@@ -86,6 +88,10 @@ ORPHAN_GRACE_SECONDS = 60.0
 #: wake channel names and at its own pairs with backlog)
 FULL_SCAN_SECONDS = 30.0
 
+#: a lease key's time to live and the lease keeper's period, as fractions of CUSP_LEASE_SECONDS
+LEASE_TTL = 0.75
+RENEW_EVERY = 0.25
+
 #: heartbeats older than this many leases are dead workers' and are pruned from the registry
 PRUNE_LEASES = 10
 
@@ -137,6 +143,11 @@ class Worker:
         self._orphans: dict[str, float] = {}  # stream name without a config -> first seen (monotonic)
         self.id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.lease_ms = int(lease_seconds * 1000)
+        # A lease key lives 3/4 of CUSP_LEASE_SECONDS and is renewed every quarter of it, so a
+        # worker killed just after a renewal has its leases lapse, and its pairs taken over,
+        # within the lease (three renewals in a row must fail before a live worker loses one).
+        self.ttl_ms = int(self.lease_ms * LEASE_TTL)
+        self.renew_every = self.lease_ms / 1000 * RENEW_EVERY
         self.max_attempts = max_attempts
         self.result_maxlen = result_maxlen
         self.changepoint_maxlen = changepoint_maxlen
@@ -199,10 +210,10 @@ class Worker:
 
     # --- the lease keeper (its own thread) ------------------------------------------------------
     def _keep_leases(self, stop: threading.Event) -> None:
-        """Renew every held lease and write the heartbeat each third of a lease, independently of
+        """Renew every held lease and write the heartbeat each quarter of a lease, independently of
         the loop: a chunk that computes for several leases keeps its lease, and a busy worker
         stays live. A lease found lost is reported to the loop (``_keep``), which drops the pair."""
-        period = self.lease_ms / 3000
+        period = self.renew_every
         while not stop.wait(period):
             try:
                 self._renew_all()
@@ -213,7 +224,7 @@ class Worker:
         with self._hot_lock:
             held = [(key, hot.token) for key, hot in self.hot.items()]
         now = time.monotonic()
-        ok = self.store.renew_many([(s, m, token) for (s, m), token in held], self.id, self.lease_ms)
+        ok = self.store.renew_many([(s, m, token) for (s, m), token in held], self.id, self.ttl_ms)
         with self._hot_lock:
             for (key, token), kept in zip(held, ok):
                 hot = self.hot.get(key)
@@ -272,7 +283,7 @@ class Worker:
             log.warning("stream %s model %s: lease lost; dropped", *key)
             self._drop(key)
         now = time.time()
-        alive = self.store.live_workers(self.id, now, self.lease_ms / 1000)
+        alive = self.store.live_workers(self.id, now, self.ttl_ms / 1000)  # live: a heartbeat as young as a lease key
         full = woken is None or alive != self._alive or time.monotonic() - self._scanned >= FULL_SCAN_SECONDS
         self._alive = alive
         if full:
@@ -355,10 +366,10 @@ class Worker:
 
     def _progress(self, force: bool = False) -> None:
         """A step completed: tell /healthz, and Redis (for /readyz and load sharing) at least every
-        third of a lease (``force``: at the end of every poll)."""
+        quarter of a lease (``force``: at the end of every poll)."""
         self.health.step()
         now = time.monotonic()
-        if force or now - self._beat >= self.lease_ms / 3000:
+        if force or now - self._beat >= self.renew_every:
             self.store.heartbeat(self.id, time.time())
             self._beat = now
 
@@ -382,7 +393,7 @@ class Worker:
         return any(self.store.pending([(s, e.name) for s, c in configs.items() for e in c.models]))
 
     def _take(self, s: str, m: str) -> bool:
-        token = self.store.acquire(s, m, self.id, self.lease_ms)
+        token = self.store.acquire(s, m, self.id, self.ttl_ms)
         if not token:
             return False
         try:
@@ -442,9 +453,9 @@ class Worker:
         if lost is not None and lost == hot.token:
             self._drop(key)
             return False
-        if self._keeper is not None or time.monotonic() - hot.renewed < self.lease_ms / 3000:
+        if self._keeper is not None or time.monotonic() - hot.renewed < self.renew_every:
             return True
-        ok = self.store.renew(hot.stream, hot.model, self.id, self.lease_ms, hot.token)
+        ok = self.store.renew(hot.stream, hot.model, self.id, self.ttl_ms, hot.token)
         if ok:
             hot.renewed = time.monotonic()
             return True

@@ -122,7 +122,7 @@ def test_sigterm_finishes_the_chunk_in_hand_releases_leases_and_exits(env):
     stop.set()
     t.join(10)
     took = time.monotonic() - t0
-    assert not t.is_alive() and took < 2.0, took  # measured: about one chunk (0.2 s)
+    assert not t.is_alive() and took < 5.0, took  # the documented bound; measured: about one chunk (0.2-0.4 s)
     assert all(v is None for v in holders(url, streams).values()), holders(url, streams)
     assert connect(url).zscore(keys.WORKERS, "w-stop") is None
     assert sum(applied(url, s) + 1 for s in streams) < 20 * 40  # it really was stopped mid-backlog
@@ -151,7 +151,7 @@ def test_a_joining_worker_gets_its_share_under_light_load(env):
         tb = run(b)
         t0 = time.monotonic()
         while list(holders(url, streams).values()).count("b") < 5:
-            assert time.monotonic() - t0 < 2 * 2.0 + 1.0, holders(url, streams)  # 2 leases (+1 s for the trickle's posts)
+            assert time.monotonic() - t0 < 3 * 2.0, holders(url, streams)  # target 2 leases (measured ~1 s here)
             trickle()
             time.sleep(0.2)
         assert list(holders(url, streams).values()).count("a") == 5

@@ -66,6 +66,7 @@ async def metrics(request: Request, store: StoreDep):
         M.REDIS_UP.set(0)
     worker_metrics = request.app.state.worker_metrics
     if worker_metrics:
-        texts = await asyncio.to_thread(scrape, list(worker_metrics))
+        keys = request.app.state.settings.keys
+        texts = await asyncio.to_thread(scrape, list(worker_metrics), 2.0, next(iter(keys), None))
         return PlainTextResponse(M.merged_exposition(texts), media_type=CONTENT_TYPE_LATEST)
     return PlainTextResponse(generate_latest(M.REGISTRY), media_type=CONTENT_TYPE_LATEST)
