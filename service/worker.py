@@ -73,6 +73,7 @@ class Hot:
     renewed: float
     detector: Detector | None = None
     dstate: DetectorState | None = None
+    redelivered_through: int = -1  # chunks up to this seq were taken by a previous owner that did not apply them
     reliable: bool = True  # the last result had no reliability warning (a warning is logged on the change)
 
 
@@ -259,8 +260,9 @@ class Worker:
 
     def release_all(self) -> None:
         """Give the leases back and leave the worker registry (a clean stop)."""
-        for (s, m) in list(self.hot):
+        for (s, m), hot in list(self.hot.items()):
             try:
+                self.store.mark_taken(s, m, hot.token, hot.last_seq)  # a clean stop: nothing taken is left undone
                 self.store.release(s, m, self.id)
             except Exception:  # noqa: BLE001
                 pass
@@ -360,6 +362,7 @@ class Worker:
             return
         order = sorted(self.hot, key=lambda k: (pending.get(k, False), k))
         for key in order[:excess]:
+            self.store.mark_taken(key[0], key[1], self.hot[key].token, self.hot[key].last_seq)
             self.store.release(key[0], key[1], self.id)
             self._drop(key)
             log.info("released stream %s model %s: above this worker's share of %d (a worker joined)", key[0], key[1], share)
@@ -425,6 +428,8 @@ class Worker:
         size = min(state.n, sampler.config.reservoir_capacity)
         reservoir = Reservoir.from_bytes(sampler.config.reservoir_capacity, width, (res_raw or b"")[: size * width * 8])
         hot = Hot(s, m, token, sampler, state, reservoir, int(h[b"last_seq"]), len(cfg.columns), time.monotonic())
+        if int(h.get(b"taken_through") or -1) > hot.last_seq:  # the previous owner had taken the next chunk and died
+            hot.redelivered_through = hot.last_seq + 1
         dcfg = DetectorConfig.from_dict(cfg.detector)
         if dcfg.enabled:
             hot.detector = Detector(sampler, dcfg)
@@ -473,6 +478,8 @@ class Worker:
         s, m = hot.stream, hot.model
         entries = self.store.inputs(s, hot.last_seq + 1, count=self.batch)
         last_in = self.store.last_ingested(s)
+        if entries:  # a next owner tells what it processes again from this (cusp_redeliveries_total)
+            self.store.mark_taken(s, m, hot.token, entries[-1][0])
         done = 0
         for seq, fields in entries:
             if done and self._stopping():  # SIGTERM: the chunk in hand is finished, no more
@@ -532,6 +539,8 @@ class Worker:
             self._drop((s, m))
             return status
         hot.state, hot.last_seq, hot.dstate = state, seq, dstate
+        if seq <= hot.redelivered_through:
+            M.REDELIVERIES.labels(s, m).inc()
         if reservoir is not None:
             hot.reservoir = reservoir.copy()
         else:

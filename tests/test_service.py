@@ -381,11 +381,18 @@ def test_worker_killed_between_processing_and_applying(live, redis_url):
     w1.store.apply = dying_apply
     with pytest.raises(CrashBeforeApply):
         w1.run_until_idle()
-    # w1 is gone without releasing its lease; the next owner takes over after expiry
+    # w1 is gone without releasing its lease; the next owner takes over after expiry and counts
+    # the one chunk w1 had computed and not applied as a redelivery (it stayed 0 after 36 kills)
+    redelivered = M.REDELIVERIES.labels(s, "gaussian")._value.get()
     time.sleep(1.2)
     burst(redis_url, lease_seconds=1, worker_id="heir")
+    assert M.REDELIVERIES.labels(s, "gaussian")._value.get() == redelivered + 1
     res = [r for r in results(live, s) if r["kind"] == "result"]
     assert [r["seq"] for r in res] == [0, 1, 2, 3]
+    # a clean stop leaves nothing to redeliver: the next owner counts none
+    post(live, s, 4, gauss_rows(100, 4))
+    burst(redis_url, worker_id="heir2")
+    assert M.REDELIVERIES.labels(s, "gaussian")._value.get() == redelivered + 1
     # identical to an uninterrupted run of the same stream
     s2, _ = make_stream(live, models=("gaussian",))
     for seq in range(4):

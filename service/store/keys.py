@@ -18,7 +18,7 @@ and docs/architecture.md (Redis).
 | ``cusp:{s}:seen`` | stream | digest of each accepted chunk (entry id ``<seq+1>-0``, field ``d``), capped at about ``CUSP_DEDUP_WINDOW`` entries, so a resend is recognised after its input entry was trimmed |
 | ``cusp:{s}:seq`` | string | last accepted sequence number |
 | ``cusp:{s}:out`` | stream | results of every model and change-point events, in apply order; fields ``model``, ``kind``, ``data`` (JSON) |
-| ``cusp:{s}:{m}:state`` | hash | ``state`` (SGAIS state bytes), ``last_seq``, ``n``, ``log_evidence``, ``chunks``, ``detector``, ``keep_from`` (first input seq it may still read), ``error`` |
+| ``cusp:{s}:{m}:state`` | hash | ``state`` (SGAIS state bytes), ``last_seq``, ``n``, ``log_evidence``, ``chunks``, ``detector``, ``keep_from`` (first input seq it may still read), ``error``, ``taken_through`` (the last seq its owner took into a batch: what a new owner processes again is a redelivery) |
 | ``cusp:{s}:{m}:res`` | string | reservoir rows, float64, slot i at byte offset i * row_bytes (SETRANGE) |
 | ``cusp:{s}:{m}:lease`` | string | worker id holding the lease; expires (PX) unless renewed |
 | ``cusp:{s}:{m}:fence`` | string | fencing token, incremented on every lease acquisition |

@@ -100,6 +100,15 @@ end
 return 'ok'
 """
 
+# Record how far a worker has taken a pair's chunks into its current batch, so that the next owner
+# can tell chunks it processes again (cusp_redeliveries_total). Nothing is written for a deleted
+# pair. KEYS: state, fence. ARGV: fence_token, seq. Returns 1 (recorded) or 0.
+MARK_TAKEN = """
+if redis.call('EXISTS', KEYS[1]) == 0 or redis.call('GET', KEYS[2]) ~= ARGV[1] then return 0 end
+redis.call('HSET', KEYS[1], 'taken_through', ARGV[2])
+return 1
+"""
+
 # Acquire a lease (or retake one this worker still holds, e.g. after Redis restarted and the
 # worker dropped its in-memory pairs). KEYS: lease, fence, state. ARGV: worker_id, ttl_ms.
 # Returns the new fence token or false (also when the pair's state is gone: a deleted stream).

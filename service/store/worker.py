@@ -134,6 +134,10 @@ class WorkerStore:
     def release(self, s: str, m: str, worker_id: str) -> None:
         self._script(scripts.RELEASE)(keys=[keys.lease(s, m)], args=[worker_id])
 
+    def mark_taken(self, s: str, m: str, token: bytes, seq: int) -> None:
+        """This owner has taken chunks up to ``seq`` into its batch (``taken_through`` in the state hash)."""
+        self._script(scripts.MARK_TAKEN)(keys=[keys.state(s, m), keys.fence(s, m)], args=[token, seq])
+
     # --- state and input ----------------------------------------------------------------------
     def load(self, s: str, m: str) -> tuple[dict, bytes]:
         """(the model's state hash, its reservoir bytes), read together."""
