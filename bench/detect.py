@@ -1075,13 +1075,16 @@ def render(results: Sequence[Result], methods: Sequence[str], *, quick: bool, el
 
 
 def _source_digest() -> str:
-    """``service/detect.py`` as it was imported: the first 12 hex digits of its SHA-256."""
+    """The detector's source (the ``service/detect/`` package) as it was imported: the first 12
+    hex digits of the SHA-256 over its files, in name order."""
     import hashlib
 
-    mod = sys.modules.get("service.detect")
-    path = Path(getattr(mod, "__file__", "") or Path(__file__).resolve().parent.parent / "service" / "detect.py")
+    root = Path(__file__).resolve().parent.parent / "service" / "detect"
     try:
-        return f"`service/detect.py` sha256 {hashlib.sha256(path.read_bytes()).hexdigest()[:12]}"
+        h = hashlib.sha256()
+        for path in sorted(root.glob("*.py")):
+            h.update(path.name.encode() + b"\0" + path.read_bytes())
+        return f"`service/detect/` sha256 {h.hexdigest()[:12]}"
     except OSError:
         return "unknown"
 
@@ -1173,7 +1176,7 @@ def run(args: argparse.Namespace) -> int:
     _log(f"{len(items)} series x {len(methods)} methods")
     results = evaluate(items, methods)
     if source and _source_digest() != source:
-        why = (why + " " if why else "") + ("service/detect.py changed during the run: the results are from the version "
+        why = (why + " " if why else "") + ("service/detect/ changed during the run: the results are from the version "
                                             "imported at its start.")
     section = render(results, methods, quick=args.quick, elapsed=time.perf_counter() - t0, tcpd_dirs=args.tcpd,
                      cusp_note=why, source=source)

@@ -1,4 +1,4 @@
-"""The change-point detector (service/detect.py): it finds and places changes, keeps quiet on
+"""The change-point detector (service/detect/): it finds and places changes, keeps quiet on
 stationary data, works for every model and chunk size, and restores bit for bit.
 
 Data are seeded; the tolerances are one chunk for the location (the detector works in chunks)

@@ -1,0 +1,69 @@
+"""Change-point detection from SGAIS evidence: a Bayes-factor test between "the model
+continues" and "the model restarted at candidate time t".
+
+Per chunk the incumbent SGAIS instance gives log p(chunk | history) (its log predictive).
+Cheap signals nominate candidate change points: a chunk whose log predictive per
+observation is far from its running level (|z| >= ``surprise``, both directions: a
+variance drop makes data *more* likely) or whose annealing-step count spikes. A candidate
+starts a **challenger**: a fresh SGAIS instance of the same model, from the prior, fed the
+same chunks from t on. After a short training sample (``train`` observations, so that the
+comparison does not hinge on how vague the prior is: a partial / intrinsic Bayes factor),
+
+    log BF(t) = [log Z_challenger(t..now) - log Z_challenger(t..t+train)]
+                - sum of the incumbent's log predictives over the same chunks
+
+and with a prior probability p of a change at the candidate (hazard h = 1/expected run
+length per observation, p = 1 - (1-h)^B for a first chunk of B rows) the posterior
+probability of a change at t is sigmoid(log BF + log(p / (1-p))). When it reaches
+``threshold`` an Event is reported with that probability as its confidence. With ``adapt``
+the challenger replaces the incumbent (its posterior and its history since t), so later
+changes are measured against the new regime; the running log-evidence then continues as
+log p(y_<t | incumbent) + log p(y_t.. | challenger), the evidence of the model with a
+change at t.
+
+A candidate whose first chunk is a training sample on its own (at least ``train`` rows) also
+gets a **short-memory** restart: from the posterior given the rows just before it (as many as
+its first chunk), compared from its first chunk on (log BF = log p(y_t.. | memory) - the
+incumbent's log predictives). Changes that add to the old regime (new mixture components, a
+new class balance) keep what still holds, so a restart from the prior, which must learn the
+old parameters again, legitimately loses to the incumbent, while a model of the whole history
+is slow to give the new part weight; the short memory wins within the chunk. The two
+restarts of a candidate share its prior probability of a change (each log(2) less). When a
+short memory wins for a unimodal model, the new incumbent is still the restart from the
+prior at the change: the memory is old-regime rows, and an incumbent that kept them would
+lose to the next restart a few chunks on when the change replaced the old regime.
+
+Candidates come late or early: a CUSUM excursion may begin in noise chunks before the
+change. A challenger that ages out while ahead nominates the chunk where its own advantage
+began (``_where``), and every challenger is judged against the running level from before its
+first chunk (kept with the recent chunks), not the level since, which follows the change. A
+short memory that wins at once sits at its nomination, one chunk late when the change's
+first chunk did not stand out; ``_earlier`` moves it back when a change one chunk earlier
+has the higher evidence.
+
+For models whose posterior has poor local modes (``model.multimodal``: mixtures) a winning
+restart must also show that the data moved, not the incumbent: ``_data_moved``.
+
+A challenger retires when it is clearly losing (log BF < ``retire_log_bf``) or older than
+``max_age`` observations. Everything random comes from the detector's own generator, saved
+with its state; challengers' rows are not saved (they are the stream's own chunks since t,
+re-read from the input stream on restore), so the state stays small.
+
+    det = Detector(sampler, DetectorConfig())
+    dstate = det.init(seed)
+    step = det.update(dstate, seq, chunk, inc_before, inc_after, result)
+"""
+
+from __future__ import annotations
+
+from service.detect.answer import StreamAnswer, StreamChange, model_averaged_changes
+from service.detect.config import DetectorConfig
+from service.detect.detector import SUPPORT_NATS, Detector, detector_seed, stream_window, training_rows
+from service.detect.offline import OfflineRun, detect_series, detect_stream
+from service.detect.state import MAGIC, Challenger, DetectorState, Event, Recent, Refined, Step
+
+__all__ = [
+    "MAGIC", "SUPPORT_NATS", "Challenger", "Detector", "DetectorConfig", "DetectorState", "Event", "OfflineRun", "Recent",
+    "Refined", "Step", "StreamAnswer", "StreamChange", "detect_series", "detect_stream", "detector_seed",
+    "model_averaged_changes", "stream_window", "training_rows",
+]

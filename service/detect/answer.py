@@ -1,0 +1,154 @@
+"""The stream's answer: its models' events weighted by their posterior probabilities, one chunk
+at a time (``StreamAnswer``), and over whole traces (``model_averaged_changes``)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+from service.detect.state import Event
+
+
+@dataclass(frozen=True)
+class StreamChange:
+    """A change point of a stream with several models, averaged over them: location (from the
+    model that weighs most in its support), detected_at (observations seen when the bound below
+    first reached the threshold), confidence (that bound), and each supporting model's
+    posterior probability and event confidence at that time."""
+
+    location: int
+    detected_at: int
+    confidence: float
+    support: dict[str, tuple[float, float]]
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class StreamAnswer:
+    """A stream's change points from its models' events, weighted by the models' posterior
+    probabilities, one chunk at a time (the service's workers, ``cusp replay``, ``detect_stream``
+    and ``cusp.Detector`` all use this class, so they give the same answer):
+
+        P(change near l | data) = sum_m p(m | data) P(change near l | data, m)
+                                >= sum over models m with an event within ``window`` of l of p(m | data) x its confidence
+
+    (a model with no such event counts 0: a lower bound). After each chunk every event reported
+    so far (each model's events are candidates, in the order they were first reported) that is not
+    within ``window`` of a change already found is checked; the first whose bound reaches
+    ``threshold`` becomes a stream change, located where the model that weighs most in its support
+    put it. A misspecified model that misses a change (a 3-component mixture when 3 clusters
+    become 5) does not hide it, and one that fires alone while the data overwhelmingly favour the
+    others (posterior probability near 0) does not raise one. With one model p = 1 and its events
+    are the stream's (less those within ``window`` of an earlier one).
+
+    ``window``: the stream's resolution (``stream_window``: the largest training sample), widened
+    to the largest chunk seen (changes inside one chunk are one change).
+
+    The state (``to_dict``/``load``, versioned) keeps the last ``MAX_EVENTS`` events and the last
+    ``MAX_CHANGES`` changes: enough for candidates that can still be decided, bounded however long
+    the stream runs."""
+
+    VERSION = 1
+    MAX_EVENTS = 256
+    MAX_CHANGES = 64
+
+    def __init__(self, models: Sequence[str], window: int, threshold: float = 0.99,
+                 log_prior: dict[str, float] | None = None):
+        self.models = sorted(models)
+        if not self.models:
+            raise ValueError("a stream answer needs at least one model")
+        self.window, self.threshold = int(window), float(threshold)
+        self.log_prior = None if log_prior is None else {m: float(log_prior[m]) for m in self.models}
+        self.events: list[tuple[int, int, str, float]] = []  # (detected_at, location, model, confidence), report order
+        self.changes: list[int] = []  # locations of the changes found (the last MAX_CHANGES)
+        self.n = 0
+
+    def step(self, n: int, rows: int, log_evidence: dict[str, float] | None,
+             events: dict[str, list[Event]] | None = None) -> list["StreamChange"]:
+        """One chunk of ``rows`` observations: ``n`` observations seen after it, each model's
+        running log-evidence (None when the models did not read the same data here: one
+        dead-lettered the chunk), the events each model reported on it. Returns the stream
+        changes found at this chunk."""
+        self.window = max(self.window, int(rows))
+        for m, evs in sorted((events or {}).items()):
+            if m not in self.models:
+                raise ValueError(f"events of model {m!r}, not one of the stream's {self.models}")
+            self.events += sorted((int(e.detected_at), int(e.location), m, float(e.confidence)) for e in evs)
+        self.events = self.events[-self.MAX_EVENTS:]
+        self.n = int(n)
+        if log_evidence is None:
+            return []
+        if set(log_evidence) != set(self.models):
+            raise ValueError(f"log_evidence covers {sorted(log_evidence)}, the stream's models are {self.models}")
+        from service.data import log_model_probabilities
+
+        probs = log_model_probabilities({m: float(log_evidence[m]) for m in self.models}, self.log_prior)
+        found: list[StreamChange] = []
+        for _, loc, _, _ in sorted(self.events):  # candidates in the order they were first reported
+            if any(abs(loc - c) <= self.window for c in self.changes):
+                continue
+            best: dict[str, tuple[float, float, int]] = {}
+            for at, where, m, conf in self.events:
+                if at <= n and abs(where - loc) <= self.window and conf > best.get(m, (0.0, 0.0, 0))[1]:
+                    best[m] = (probs[m], conf, where)
+            bound = sum(p * c for p, c, _ in best.values())
+            if best and bound >= self.threshold:
+                top = max(best, key=lambda m: best[m][0] * best[m][1])
+                found.append(StreamChange(location=best[top][2], detected_at=int(n), confidence=min(bound, 1.0),
+                                          support={m: (p, c) for m, (p, c, _) in best.items()}))
+                self.changes = (self.changes + [best[top][2]])[-self.MAX_CHANGES:]
+        return found
+
+    def chunk(self, rows: int, evidence: dict[str, tuple[int, float] | None],
+              events: dict[str, list[Event]] | None = None) -> list["StreamChange"]:
+        """``step`` from each model's (observations seen, running log-evidence) after the chunk,
+        None for a model that did not apply it (dead-lettered). Models are compared on the data
+        they read: a model that has seen fewer observations than the others (it dead-lettered a
+        chunk they took) is left out, with probability 0, from then on; its events no longer
+        count. If no model applied the chunk, nothing is compared at it."""
+        got = {m: (int(v[0]), float(v[1])) for m, v in evidence.items() if v is not None}
+        if not got:
+            return self.step(self.n + int(rows), rows, None, events)
+        n = max(v[0] for v in got.values())
+        return self.step(n, rows, {m: got[m][1] if m in got and got[m][0] == n else -math.inf for m in evidence}, events)
+
+    def to_dict(self) -> dict:
+        return {"v": self.VERSION, "n": self.n, "window": self.window, "events": [list(e) for e in self.events], "changes": list(self.changes)}
+
+    def load(self, d: dict | None) -> "StreamAnswer":
+        """This answer's state from ``to_dict`` (None: a new stream)."""
+        if d is None:
+            return self
+        if d.get("v") != self.VERSION:
+            raise ValueError(f"stream answer state version {d.get('v')!r}, this code reads {self.VERSION}")
+        self.n, self.window = int(d["n"]), int(d["window"])
+        self.events = [(int(a), int(l), str(m), float(c)) for a, l, m, c in d["events"]]
+        self.changes = [int(c) for c in d["changes"]]
+        return self
+
+
+def model_averaged_changes(events: dict[str, list[Event]], log_evidence: dict[str, list[tuple[int, float]]],
+                           window: int, threshold: float = 0.99,
+                           log_prior: dict[str, float] | None = None) -> list[StreamChange]:
+    """``StreamAnswer`` over whole traces: ``log_evidence[m]``: (observations seen, running
+    log-evidence) after each chunk, the same n for every model (they read the same chunks); an
+    event enters at the first chunk whose n reaches its ``detected_at``. Sorted by location."""
+    names = sorted(events)
+    if set(log_evidence) != set(names):
+        raise ValueError(f"log_evidence covers {sorted(log_evidence)}, events {names}")
+    if not names:
+        return []
+    ns = [n for n, _ in log_evidence[names[0]]]
+    for m in names:
+        if [n for n, _ in log_evidence[m]] != ns:
+            raise ValueError(f"model {m!r}: its chunks end at other observation counts than {names[0]!r}'s")
+    answer = StreamAnswer(names, window, threshold, log_prior)
+    out: list[StreamChange] = []
+    prev = -1
+    for i, n in enumerate(ns):
+        new = {m: [e for e in events[m] if prev < e.detected_at <= n] for m in names}
+        out += answer.step(n, 0, {m: log_evidence[m][i][1] for m in names}, new)
+        prev = n
+    return sorted(out, key=lambda c: c.location)

@@ -1,0 +1,469 @@
+"""``Detector``: one model's change-point detector (the algorithm: service/detect/__init__.py)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from typing import Callable
+
+import torch
+
+from service.detect.config import DetectorConfig
+from service.detect.decision import decide
+from service.detect.signals import weight
+from service.detect.state import Challenger, DetectorState, Event, Recent, Refined, Step
+from service.sgais import ChunkResult, ExactState, Reservoir, ReservoirWrites, Sampler, SGAISState, load_state
+
+#: a change's location moves off the chunk boundary the detector found only when another row of
+#: that chunk or the one before is more probable by more than this (``Detector._refine``)
+SUPPORT_NATS = 3.0
+
+
+def training_rows(model, config: DetectorConfig) -> int:
+    """Observations a restart sees before it is compared (``DetectorConfig.train``; 0 = auto). A
+    restart must not be charged for the vagueness of its prior. A model with a frame from data
+    (models/timeseries.py) restarts in the incumbent's frame, so its prior is already in the
+    data's units, and the minimal training sample of an intrinsic Bayes factor suffices (Berger
+    and Pericchi 1996): as many rows as parameters (coefficients and noise variance). Others:
+    max(10, 2 x parameters). It is also the stream's resolution: changes of several models closer
+    than this (or than a chunk) are one change (``model_averaged_changes``'s window)."""
+    framed = bool(getattr(model, "warmup", 0))
+    return config.train or (model.dim if framed else max(10, 2 * model.dim))
+
+
+def stream_window(models, config: DetectorConfig, chunk_rows: int = 0) -> int:
+    """The stream's resolution: events of its ``models`` closer than this are one change (the
+    largest ``training_rows``, at least ``chunk_rows``); ``model_averaged_changes``'s window offline,
+    in replay, in the API and in ``cusp.Detector`` alike."""
+    return max(chunk_rows, max(training_rows(m, config) for m in models))
+
+
+class Detector:
+    """Stateless like Sampler: everything that changes lives in DetectorState."""
+
+    def __init__(self, sampler: Sampler, config: DetectorConfig | None = None):
+        self.sampler = sampler
+        self.config = config or DetectorConfig()
+        model = sampler.model
+        self.train = training_rows(model, self.config)
+        # a challenger must keep all its rows in its reservoir (no sampling), so it retires
+        # before outgrowing the capacity; then promoting it hands over its exact history
+        self.max_age = self.config.max_age or 20 * self.train
+        self.capacity = sampler.config.reservoir_capacity
+        self.log_hazard = -math.log(self.config.expected_run_length)
+        self.multimodal = bool(getattr(model, "multimodal", False))
+        self.exact = getattr(sampler, "method", "sgais") == "exact"
+
+    def init(self, seed: int) -> DetectorState:
+        g = torch.Generator().manual_seed(int(seed))
+        return DetectorState(rng=g.get_state())
+
+    # ------------------------------------------------------------------------------------
+    def restore(self, state: DetectorState, rows_of: Callable[[list[int]], dict[int, torch.Tensor]]) -> DetectorState:
+        """Refill challengers' reservoirs and the recent chunks from the raw rows of their input
+        chunks: ``rows_of(seqs)`` -> {seq: rows [B, C]}, asked once for every seq needed."""
+        need = sorted({q for c in state.challengers for q in c.seqs} | {r.seq for r in state.recent})
+        raw = rows_of(need) if need else {}
+        for c in state.challengers:
+            rows = self.sampler.model.featurize(torch.cat([raw[q] for q in c.seqs])) if c.seqs else None
+            c.reservoir = self._reservoir(rows)
+            if c.reservoir.size != c.state.n:
+                raise ValueError(f"challenger at {c.start}: {c.reservoir.size} rows for n={c.state.n}")
+        for r in state.recent:
+            r.rows = raw[r.seq]
+        return state
+
+    def _reservoir(self, rows: torch.Tensor | None) -> Reservoir:
+        return Reservoir(self.sampler.config.reservoir_capacity, self.sampler.model.feature_width,
+                         None if rows is None else rows.to(torch.float64))
+
+    def with_memory(self, rows: int) -> bool:
+        """Does a candidate whose first chunk has ``rows`` rows get a short-memory restart too?
+        Only when that chunk is a training sample on its own: with smaller chunks (point by
+        point) a restart that is compared at once is placed by its nomination, often a few
+        rows late, and the restart from the prior, placed by its own comparison, does better."""
+        return rows >= self.train
+
+    def _kinds(self, first: Recent) -> tuple[bool, ...]:
+        """The restarts a candidate at ``first`` gets: from the prior, and with a short memory."""
+        return (False, True) if self.with_memory(int(first.rows.shape[0])) else (False,)
+
+    def restart_log_prior_odds(self, rows: int) -> float:
+        """The prior odds of one restart: a change at the candidate is split evenly between the
+        ways its new regime may start (from the prior, or from a short memory, when it has one)."""
+        return self.log_prior_odds(rows) - (math.log(2.0) if self.with_memory(rows) else 0.0)
+
+    def log_prior_odds(self, rows: int) -> float:
+        """log p/(1-p) with p = 1 - (1 - h)^rows: a change within the candidate's first chunk."""
+        log_none = rows * math.log1p(-math.exp(self.log_hazard))
+        return math.log(-math.expm1(log_none)) - log_none
+
+    # ------------------------------------------------------------------------------------
+    def update(self, state: DetectorState, seq: int, chunk: torch.Tensor, before: SGAISState,
+               after: SGAISState, result: ChunkResult) -> Step:
+        """One chunk: ``before``/``after`` are the incumbent's states around it and ``result``
+        its ChunkResult. Pure: ``state`` is not modified (challengers are copied)."""
+        cfg = self.config
+        g = torch.Generator()
+        g.set_state(state.rng)
+        new = state.copy()
+        new.chunks += 1
+        b = result.rows
+        scored = b - result.conditioned  # rows in the log predictive (not a model's warm-up)
+        start = new.offset_n + before.n  # stream index of this chunk's first observation
+        base = new.offset_log_evidence + before.log_evidence
+        lp = result.log_predictive
+
+        # 1. feed the chunk to every challenger; retire losers and the old. One that ages out
+        # while ahead started too early (a CUSUM excursion that began in noise before the
+        # change): its own comparison says where its advantage began, a candidate for step 2.
+        kept: list[Challenger] = []
+        again: list[int] = []
+        for c in new.challengers:
+            if not self._feed(c, chunk, seq, lp):
+                continue  # a challenger that cannot take the data is no evidence of a change
+            if c.compared and c.log_bf < cfg.retire_log_bf:
+                continue
+            if c.state.n > self.capacity or c.state.n - c.memory_rows > max(self.max_age, 8 * c.first_rows):
+                at = self._where(c)
+                if c.compared and c.log_bf > 0.0 and at > 0:
+                    again.append(c.seqs[c.memory + at])
+                continue
+            kept.append(c)
+        new.challengers = kept
+
+        # 2. nominate candidates: this chunk when it stands out from the running level, or
+        # where a CUSUM excursion of those z-scores began
+        counted = new.level.count >= cfg.warmup
+        if scored:
+            new.recent.append(Recent(seq=seq, chunk=new.chunks - 1, start=start, base=base, lp=lp, rows=chunk,
+                                     level=new.level.mean, spread=new.level.spread if counted else 0.0,
+                                     state=before.to_bytes() if self.exact and b > 1 else None))
+        x, steps = lp / max(scored, 1), float(result.annealing_steps)
+        if not scored:
+            pass  # a warm-up chunk, conditioned on: nothing to compare
+        elif counted:
+            sd = new.level.sd(scored)
+            z = new.level.z(x, scored)
+            spike = new.steps.fires(steps, cfg.step_spike)
+            starts = [len(new.recent) - 1] if abs(z) >= cfg.surprise or spike else []
+            z = max(-cfg.surprise, min(cfg.surprise, z))  # winsorised: one outlier moves neither level nor CUSUM much
+            new.cusum.update(z, len(new.recent) - 1)
+            # an excursion that began before the rows kept starts where a memory and earlier
+            # rows still fit before it (for ``_data_moved``)
+            first, before_rows = 0, 0
+            while self.multimodal and first < len(new.recent) - 1 and before_rows < 2 * max(self.train, b):
+                before_rows += int(new.recent[first].rows.shape[0])
+                first += 1
+            starts += [max(at, first) for at in new.cusum.alarms(cfg.cusum)]
+            starts += [j for j, r in enumerate(new.recent) if r.seq in again and j >= first]
+            taken = {c.start for c in new.challengers}
+            for i in sorted(set(starts)):
+                if new.recent[i].start in taken:
+                    continue
+                for memory in self._kinds(new.recent[i]):
+                    if len(new.challengers) >= cfg.max_challengers:
+                        weakest = self._weakest(new.challengers)
+                        if not weakest.compared:
+                            break  # all still training: keep the earlier candidates
+                        new.challengers.remove(weakest)
+                    c = self._challenger(g, new.recent, i, memory, before, frame=before)
+                    if c is not None:
+                        # the baseline is the level before the candidate: a CUSUM start lies
+                        # chunks back, and the level since has followed the change part way
+                        r = new.recent[i]
+                        c.level, c.spread = (r.level, r.spread) if r.spread > 0.0 else (new.level.mean, new.level.spread)
+                        new.challengers.append(c)
+            x = new.level.mean + z * sd
+        elif new.level.count >= 1 and x < new.level.mean:
+            # still learning: a stationary stream's log predictive per observation rises as the
+            # posterior sharpens, so a chunk below the level so far is a candidate already
+            for memory in self._kinds(new.recent[-1]):
+                if len(new.challengers) < cfg.max_challengers:
+                    c = self._challenger(g, new.recent, len(new.recent) - 1, memory, before, frame=before)
+                    if c is not None:
+                        c.level = new.level.mean
+                        new.challengers.append(c)
+
+        # 3. did one win? (An earlier restart also beats an incumbent that a later change hurts,
+        # so the winner's own comparison places the change: ``_where``.)
+        events: list[Event] = []
+        best, confidence = decide(new.challengers, lambda c: self.restart_log_prior_odds(c.first_rows), cfg.threshold,
+                                  eligible=self._moved,
+                                  data_moved=lambda c, others: self._data_moved(c, after, new.recent, others))
+        step = Step(state=new, result=result, events=events)
+        if best is not None:
+            # place the change where the winner's advantage starts; with adapt, restart there
+            at = self._where(best)
+            fed = best.seqs[best.memory:]
+            i = next((j for j, r in enumerate(new.recent) if r.seq == fed[at]), None)
+            winner = best
+            # For unimodal models the new incumbent restarts from the prior even when a short
+            # memory won: the memory is rows of the old regime, and an incumbent that keeps them
+            # loses at once to the next restart when the change replaced the old regime (seen
+            # as false alarms a few chunks after changes of regression coefficients). Mixtures
+            # keep it: a restart from the prior may land in a poor mode.
+            memory = best.memory > 0 and self.multimodal
+            earlier = best.memory > 0 and not self.multimodal and at == 0 and i is not None and i > 0 \
+                and self._earlier(g, new.recent, i, best, before)
+            if earlier:
+                i -= 1
+            if i is not None and cfg.adapt and (at or earlier or (best.memory > 0 and not memory)):
+                winner = self._challenger(g, new.recent, i, memory, frame=before)
+                if winner is None or winner.seqs[winner.memory:] != [r.seq for r in new.recent[i:]]:
+                    winner = best  # the restart failed on some chunk: keep the one that did not
+            where = new.recent[i] if i is not None else None
+            location = where.start if where is not None else best.start
+            refined = self._refine(new.recent, i, before) if where is not None else None
+            if refined is not None:
+                where, location = new.recent[refined.chunk], refined.location
+            n_total = new.offset_n + after.n
+            events.append(Event(location=location, chunk=where.chunk if where else best.chunk,
+                                seq=where.seq if where else fed[at],
+                                detected_at=n_total, delay=n_total - location, confidence=confidence,
+                                log_bayes_factor=best.log_bf, log_prior_odds=self.restart_log_prior_odds(best.first_rows),
+                                adapted=cfg.adapt))
+            new.events += 1
+            new.challengers = []
+            if cfg.adapt and self.multimodal:  # the new incumbent's rows stay, as rows before later candidates
+                new.recent = [replace(r, spread=0.0) for r in new.recent if r.seq >= winner.seqs[0]]
+            else:
+                new.recent = []
+            new.level.reset()  # a new regime: the running level starts again
+            new.cusum.reset()
+            if cfg.adapt and refined is not None and refined.rows.shape[0] <= self.capacity:
+                # the exact method restarts at the row itself: the evidence is the incumbent's up
+                # to it, then the restart's from it
+                new.offset_n = refined.location
+                new.offset_log_evidence = refined.base
+                fresh = ExactState(post=refined.post, log_evidence=refined.log_evidence, n=int(refined.rows.shape[0]),
+                                   chunks=len(winner.seqs), rng=winner.state.rng)
+                reservoir = self._reservoir(refined.rows)
+                step.promoted, step.reservoir = fresh, reservoir
+                step.writes = ReservoirWrites(torch.arange(reservoir.size, dtype=torch.int64), reservoir.data.clone())
+                after = fresh
+            elif cfg.adapt:
+                # the new regime's evidence is the winner's log Z less that of its memory (the
+                # rows before the change it started from): log p(y_t.. | memory)
+                new.offset_n = winner.start - winner.memory_rows
+                new.offset_log_evidence = winner.base_log_evidence - (winner.train_log_z if winner.memory else 0.0)
+                rows = winner.reservoir.data
+                step.promoted, step.reservoir = winner.state, winner.reservoir
+                step.writes = ReservoirWrites(torch.arange(rows.shape[0], dtype=torch.int64), rows.clone())
+                after = winner.state
+        elif scored:
+            self._track(new, x, scored, steps)
+        # keep the recent chunks a challenger may still start from
+        end = start + b
+        needed = min((q for c in new.challengers for q in c.old_seqs[:1] + c.seqs[:1]), default=None)
+        keep = self.max_age + (2 * max(self.train, b) if self.multimodal else 0)  # a CUSUM start, a memory, rows before
+        while len(new.recent) > 1 and new.recent[0].start < end - keep and (
+                needed is None or new.recent[0].seq < needed):
+            new.recent.pop(0)
+            new.cusum.dropped_oldest()
+        new.rng = g.get_state()
+        step.result = replace(result, n=new.offset_n + after.n, log_evidence=new.offset_log_evidence + after.log_evidence)
+        return step
+
+    def _refine(self, recent: list[Recent], i: int, frame) -> "Refined | None":
+        """Where within a chunk the change began, for the exact method (chunks place a change at
+        their first row otherwise): the row j of chunk i, or of the chunk before it, that maximises
+        log p(rows before j | incumbent) + log p(rows from j to now | a restart at j), the change's
+        most probable place (the prior of a change is the same for every row), or the chunk's own
+        first row when that is within ``SUPPORT_NATS`` of it (a likelihood ratio of e^3, about the
+        95% level of a chi-square with one degree of freedom, 2 x 3 = 6 > 3.84); with what a
+        restart there needs. None: nothing to refine (another method, rows of one, no saved state)."""
+        lo = i - 1 if i > 0 and recent[i - 1].state is not None else i
+        if not self.exact or recent[lo].state is None or any(r.rows is None for r in recent[lo:]):
+            return None
+        span = sum(int(r.rows.shape[0]) for r in recent[lo : i + 1])
+        if span < 2:
+            return None
+        model = self.sampler.model
+        rows = model.featurize(torch.cat([r.rows for r in recent[lo:]]).to(torch.float64))
+        with torch.inference_mode():
+            post = load_state(recent[lo].state).post
+            fresh = model.exact_restart(frame.post)
+            scores, befores = [], []
+            before = 0.0
+            for j in range(span):
+                if j:
+                    post, lp = model.exact_update(post, rows[j - 1 : j])
+                    before += lp
+                scores.append(before + model.exact_update(fresh, rows[j:])[1])
+                befores.append(before)
+            # the rows within SUPPORT_NATS of the best are the change's support set: of those, the
+            # one nearest the chunk boundary the detector found (a boundary the data do not reject
+            # stays where it was)
+            top = max(scores)
+            at = sum(int(r.rows.shape[0]) for r in recent[lo:i])
+            j = min((k for k, v in enumerate(scores) if v >= top - SUPPORT_NATS), key=lambda k: (abs(k - at), k))
+            before = befores[j]
+            new_post, lp_new = model.exact_update(fresh, rows[j:])
+        ends = [r.start + int(r.rows.shape[0]) for r in recent[lo:]]
+        chunk = lo + next(k for k, e in enumerate(ends) if recent[lo].start + j < e)
+        return Refined(location=recent[lo].start + j, chunk=chunk, base=recent[lo].base + before,
+                       post=new_post, log_evidence=lp_new, rows=rows[j:])
+
+    def _fit(self, state: SGAISState, rows: torch.Tensor) -> float:
+        """Mean over raw ``rows`` of the log posterior predictive of each row under ``state``."""
+        return self.sampler.log_fit(state, self.sampler.model.featurize(rows.to(torch.float64)))
+
+    def _rows_before(self, recent: list[Recent], i: int) -> tuple[list[int], torch.Tensor | None]:
+        """The chunks just before ``recent[i]``: at least ``train`` rows and as many as its own."""
+        want, j, got = max(self.train, int(recent[i].rows.shape[0])), i, 0
+        while j > 0 and got < want:
+            j -= 1
+            got += int(recent[j].rows.shape[0])
+        if got < self.train:
+            return [], None
+        return [r.seq for r in recent[j:i]], torch.cat([r.rows for r in recent[j:i]])
+
+    def _data_moved(self, c: Challenger, incumbent: SGAISState, recent: list[Recent],
+                    others: list[Challenger] = ()) -> bool:
+        """Is the winner's advantage about the data since the candidate? Two ways a restart wins
+        although nothing changed, both seen with mixtures, whose posteriors have poor modes:
+        the incumbent moved (its fit of the rows just before the challenger's own moved as
+        much, in the same direction, as its fit of the rows since: particles leaving a poor
+        mode improve every row), or the challenger is simply the better fit (it explains those
+        earlier rows at least as well as the incumbent does, though it never saw them). After a
+        change, a model of the new regime explains the old one worse. A short-memory restart
+        did see rows of the old regime, so its sibling from the prior (same start, among
+        ``others``) answers that question for it while it lives. (No earlier rows kept: True.)"""
+        if not self.multimodal:
+            return True  # one mode (log-concave or conjugate posteriors): nothing to escape
+        rows = {r.seq: r.rows for r in recent}
+        if not c.old_seqs or any(q not in rows for q in c.old_seqs):
+            return True
+        old = torch.cat([rows[q] for q in c.old_seqs])
+        now = self._fit(incumbent, old)
+        old_shift = now - c.old_fit
+        new_shift = c.incumbent_all / (c.state.n - c.memory_rows) - c.level
+        if c.spread > 0.0 and old_shift * new_shift > 0 and abs(old_shift) >= 0.5 * abs(new_shift):
+            return False  # (not during warm-up, when a model still learning improves on every row)
+        judge = c
+        if c.memory:
+            judge = next((o for o in others if o.start == c.start and not o.memory and o.train_log_z is not None), c)
+        return self._fit(judge.state, old) < now
+
+    def _moved(self, c: Challenger) -> bool:
+        """Did the incumbent's own predictive move since the challenger started? A restart can
+        beat an incumbent whose particles are stuck in a poor mode (mixtures) although nothing
+        changed; a change of the data moves the incumbent's log predictive per observation off
+        its running level (down, or up when the data become more concentrated)."""
+        spread = c.spread
+        if spread <= 0.0:
+            return True
+        n = c.state.n - c.memory_rows
+        return abs(c.incumbent_all / n - c.level) * math.sqrt(n) / spread >= self.config.level_shift
+
+    @staticmethod
+    def _weakest(chs: list[Challenger]) -> Challenger:
+        """The challenger to drop for a new candidate: the lowest log BF among those compared,
+        else one still training (which the caller then keeps)."""
+        return min(chs, key=lambda c: (not c.compared, c.log_bf))
+
+    def _challenger(self, g: torch.Generator, recent: list[Recent], i: int, memory: bool = False,
+                    incumbent: SGAISState | None = None, frame: SGAISState | None = None) -> Challenger | None:
+        """A restart at ``recent[i]``, fed ``recent[i:]`` (up to this chunk). From the prior, or
+        with ``memory`` from the posterior given the last rows before the change (at least
+        ``train`` of them, and as many as the restart's first chunk has): a change that adds to
+        the old regime (a new cluster, a new class balance) keeps what still holds, so it is
+        not charged for learning the old parameters again, while a model with the whole
+        history is slow to give the new part weight. None: not enough rows before ``i``.
+        With ``incumbent`` (its state at the candidate) the challenger keeps its fit of those
+        rows, for ``_data_moved``."""
+        if memory and not self.with_memory(int(recent[i].rows.shape[0])):
+            return None
+        seed = int(torch.randint(0, 2**62, (1,), generator=g))
+        first = recent[i]
+        state = self.sampler.init(seed) if frame is None else self.sampler.restart(seed, frame)
+        c = Challenger(start=first.start, chunk=first.chunk, seqs=[], state=state,
+                       base_log_evidence=first.base, first_rows=int(first.rows.shape[0]), reservoir=self._reservoir(None))
+        mem_seqs: list[int] = []
+        if memory:
+            mem_seqs, mem_rows = self._rows_before(recent, i)
+            if mem_rows is None or mem_rows.shape[0] + c.first_rows > self.capacity:
+                return None
+        old_seqs, old_rows = self._rows_before(recent, i - len(mem_seqs)) if self.multimodal else ([], None)
+        if incumbent is not None and old_rows is not None:
+            c.old_seqs, c.old_fit = old_seqs, self._fit(incumbent, old_rows)
+        if memory:
+            for r in recent[i - len(mem_seqs):i]:
+                if self._advance(c, r.rows, r.seq) is None:
+                    return None
+            c.memory, c.memory_rows, c.train_log_z = len(c.seqs), int(mem_rows.shape[0]), c.state.log_evidence
+        for r in recent[i:]:
+            if not self._feed(c, r.rows, r.seq, r.lp):
+                break
+        return c if c.seqs[c.memory:] else None
+
+    def _advance(self, c: Challenger, rows: torch.Tensor, seq: int) -> ChunkResult | None:
+        """One chunk into a challenger's sampler, reservoir and seqs (modified in place, the
+        shared reservoir and list copied first); None if it cannot take it."""
+        try:
+            st, res, writes = self.sampler.update(c.state, rows, c.reservoir)
+        except (ValueError, RuntimeError, FloatingPointError):
+            return None
+        c.reservoir = c.reservoir.copy()
+        c.reservoir.apply(writes)
+        c.state, c.seqs = st, [*c.seqs, seq]
+        return res
+
+    def _feed(self, c: Challenger, rows: torch.Tensor, seq: int, incumbent_lp: float) -> bool:
+        """One chunk into a challenger, compared with the incumbent's log predictive of it;
+        False if it cannot take it."""
+        res = self._advance(c, rows, seq)
+        if res is None:
+            return False
+        st = c.state
+        # a restart's warm-up rows are not in its log predictive: compare it with the incumbent's
+        # share of the rows it scored (its warm-up lies inside its training sample, so log BF is exact)
+        c.diffs = [*c.diffs, res.log_predictive - incumbent_lp * (res.rows - res.conditioned) / res.rows]
+        c.incumbent_all += incumbent_lp
+        if c.train_log_z is None:
+            if st.n >= self.train:
+                c.train_log_z = st.log_evidence
+        else:
+            c.incumbent_lp += incumbent_lp
+            c.compared += 1
+            c.log_bf = (st.log_evidence - c.train_log_z) - c.incumbent_lp
+        return True
+
+    @staticmethod
+    def _where(c: Challenger, support: float = 1.0) -> int:
+        """Index into ``c.seqs`` of the first chunk of the new regime. The running sum of the
+        challenger's log predictive minus the incumbent's falls or stays flat before a change
+        (a restart does no better than a model with more data of the same regime) and climbs
+        after it; the change is placed after the last chunk whose running sum is within
+        ``support`` nats of its minimum (the late end of a 1-nat likelihood support set, since
+        a flat stretch before the climb is still the old regime)."""
+        sums, run = [0.0], 0.0
+        for d in c.diffs[:-1]:
+            run += d
+            sums.append(run)
+        low = min(sums)
+        return max(k for k, v in enumerate(sums) if v <= low + support)
+
+    def _earlier(self, g: torch.Generator, recent: list[Recent], i: int, best: Challenger, frame: SGAISState) -> bool:
+        """A short memory that wins at once is placed at its own first chunk, which is where it
+        was nominated: one chunk late when the change's first chunk was not surprising enough
+        to nominate. Is a change one chunk earlier more probable? Same prior for either
+        place, so compare log p(y_{i-1}.. | memory before i-1) with the incumbent's log
+        predictive of chunk i-1 plus log p(y_i.. | memory before i)."""
+        alt = self._challenger(g, recent, i - 1, True, frame=frame)
+        if alt is None or not alt.memory:
+            return False
+        later = recent[i - 1].lp + best.state.log_evidence - best.train_log_z
+        return alt.state.log_evidence - alt.train_log_z > later
+
+    def _track(self, s: DetectorState, x: float, b: int, steps: float) -> None:
+        """The running levels take the chunk (exponentially weighted; plain means over the first chunks)."""
+        w = weight(self.config.smoothing, s.level.count)
+        s.steps.update(steps, w, first=s.level.count == 0)
+        s.level.update(x, b, w)
+
+
+def detector_seed(model_seed: int) -> int:
+    """The detector's generator seed, derived from (and distinct from) its model's seed."""
+    return (int(model_seed) * 6364136223846793005 + 1442695040888963407) % (2**63)

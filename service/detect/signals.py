@@ -1,0 +1,132 @@
+"""The nomination signals: small objects, river-style (``update`` them chunk by chunk, read them).
+They decide nothing; they nominate candidate change points, which challengers then test
+(``Detector.update``, step 2). Each is pure arithmetic on floats, so a test can pin it to exact
+indices (tests/test_signals.py).
+
+- ``RunningLevel``: the incumbent's log predictive per observation, exponentially weighted
+  (a plain mean over the first chunks), with its per-observation variance; ``z`` of a chunk
+  against it (the surprise signal: |z| >= ``DetectorConfig.surprise`` nominates the chunk).
+- ``StepSpike``: the same running mean and variance of the annealing steps a chunk needed; a
+  chunk far above it nominates itself.
+- ``Cusum``: a two-sided CUSUM of the (winsorised) z-scores with drift 0.5; when a side's
+  excursion crosses ``DetectorConfig.cusum`` it nominates the chunk where the excursion began
+  (small sustained shifts, point-by-point data).
+
+The detector's state holds one of each and saves their fields (``DetectorState.to_bytes``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+#: the per-observation variance below which a level is treated as this (no division by zero)
+MIN_VAR = 1e-12
+#: CUSUM drift: a side grows only while |z| exceeds this on average
+DRIFT = 0.5
+
+
+def weight(smoothing: float, count: int) -> float:
+    """The newest chunk's weight in a running mean after ``count`` chunks: a plain mean at first
+    (1 / (count + 1)), then ``smoothing``."""
+    return max(smoothing, 1.0 / (count + 1))
+
+
+@dataclass
+class RunningLevel:
+    """Running level of the incumbent's log predictive per observation since the last (re)start:
+    ``mean``, ``var`` (per observation: a chunk of B rows has variance var / B about the mean)
+    and ``count`` (chunks taken since the start; ``reset`` sets it to 0, and the next chunk then
+    restarts the mean at its own value)."""
+
+    count: int = 0
+    mean: float = 0.0
+    var: float = 0.0
+
+    def update(self, x: float, rows: int, w: float) -> "RunningLevel":
+        if self.count == 0:
+            self.mean, self.var = x, 0.0
+        else:
+            d = x - self.mean
+            self.mean += w * d
+            self.var = (1 - w) * (self.var + w * rows * d * d)
+        self.count += 1
+        return self
+
+    @property
+    def spread(self) -> float:
+        """Per-observation standard deviation."""
+        return math.sqrt(max(self.var, MIN_VAR))
+
+    def sd(self, rows: int) -> float:
+        """Standard deviation of a chunk of ``rows`` observations' mean about the level."""
+        return math.sqrt(max(self.var, MIN_VAR) / rows)
+
+    def z(self, x: float, rows: int) -> float:
+        """How many standard deviations a chunk's log predictive per observation ``x`` lies from
+        the level (negative: the data became less likely)."""
+        return (x - self.mean) / self.sd(rows)
+
+    def reset(self) -> None:
+        self.count = 0
+
+
+@dataclass
+class StepSpike:
+    """Running mean and variance of the annealing steps per chunk."""
+
+    mean: float = 0.0
+    var: float = 0.0
+
+    def update(self, steps: float, w: float, first: bool) -> "StepSpike":
+        if first:
+            self.mean, self.var = steps, 0.0
+        else:
+            d = steps - self.mean
+            self.mean += w * d
+            self.var = (1 - w) * (self.var + w * d * d)
+        return self
+
+    def fires(self, steps: float, k: float) -> bool:
+        """More steps than the mean plus ``k`` standard deviations (at least 0.5) plus one."""
+        return steps > self.mean + k * math.sqrt(max(self.var, 0.25)) + 1.0
+
+
+@dataclass
+class Cusum:
+    """Two-sided CUSUM of z-scores: ``lo`` (<= 0) and ``hi`` (>= 0), and the indices (into the
+    detector's recent chunks) where the current excursion of each side began."""
+
+    lo: float = 0.0
+    hi: float = 0.0
+    lo_from: int = 0
+    hi_from: int = 0
+
+    def update(self, z: float, index: int) -> "Cusum":
+        """Take the z-score of the chunk at ``index``; an excursion starting now starts there."""
+        if self.lo == 0.0:
+            self.lo_from = index
+        if self.hi == 0.0:
+            self.hi_from = index
+        self.lo = min(0.0, self.lo + z + DRIFT)
+        self.hi = max(0.0, self.hi + z - DRIFT)
+        return self
+
+    def alarms(self, threshold: float) -> list[int]:
+        """Where the excursions that reached ``threshold`` began (low side first); each side that
+        alarmed starts again from 0."""
+        out = []
+        if self.lo <= -threshold:
+            out.append(self.lo_from)
+            self.lo = 0.0
+        if self.hi >= threshold:
+            out.append(self.hi_from)
+            self.hi = 0.0
+        return out
+
+    def dropped_oldest(self) -> None:
+        """The oldest recent chunk was dropped: indices move down by one."""
+        self.lo_from, self.hi_from = max(0, self.lo_from - 1), max(0, self.hi_from - 1)
+
+    def reset(self) -> None:
+        self.lo, self.hi = 0.0, 0.0

@@ -1,0 +1,203 @@
+"""What the detector keeps and reports: ``Event``, ``Challenger``, ``Recent``, ``DetectorState``
+(with its versioned codec), ``Refined`` and ``Step``."""
+
+from __future__ import annotations
+
+import base64
+import json
+from dataclasses import asdict, dataclass, field, replace
+
+import torch
+
+from service.detect.signals import Cusum, RunningLevel, StepSpike
+from service.sgais import ChunkResult, Reservoir, ReservoirWrites, SGAISState, load_state
+
+MAGIC = "cusp-detector-1"
+
+
+@dataclass(frozen=True)
+class Event:
+    """A detected change point. location: index (0-based, over the whole stream) of the first
+    observation of the new regime; chunk: the chunk that starts with it; seq: that chunk's
+    sequence number; detected_at: observations seen when it was reported; delay:
+    detected_at - location; confidence: posterior probability of the change; log_bayes_factor:
+    the challenger's log Bayes factor against the incumbent; adapted: whether the model
+    restarted there."""
+
+    location: int
+    chunk: int
+    seq: int
+    detected_at: int
+    delay: int
+    confidence: float
+    log_bayes_factor: float
+    log_prior_odds: float
+    adapted: bool
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class Challenger:
+    """A restart of the model at ``start`` (observation index), fed the chunks ``seqs``."""
+
+    start: int
+    chunk: int
+    seqs: list[int]
+    state: SGAISState
+    base_log_evidence: float  # the stream's running log-evidence before its first chunk
+    first_rows: int
+    level: float = 0.0  # the incumbent's running level (log predictive per observation) when it started
+    spread: float = 0.0  # and its per-observation sd (0: started during warm-up, no level yet)
+    incumbent_all: float = 0.0  # the incumbent's log predictives over all the challenger's chunks
+    train_log_z: float | None = None  # its log Z when training ended (None: still training)
+    incumbent_lp: float = 0.0  # incumbent's log predictives since training ended
+    compared: int = 0  # chunks compared since training ended
+    diffs: list[float] = field(default_factory=list)  # per chunk fed from start: its log predictive - the incumbent's
+    log_bf: float = 0.0
+    memory: int = 0  # leading entries of ``seqs`` fed before ``start`` (a short-memory restart); 0: from the prior
+    memory_rows: int = 0
+    old_seqs: list[int] = field(default_factory=list)  # chunks just before ``start``, and the incumbent's
+    old_fit: float = 0.0  # fit of them (mean log predictive per row) when the challenger started
+    reservoir: Reservoir | None = None  # not saved: re-read from the stream's chunks
+
+
+@dataclass
+class Recent:
+    """A recent chunk, kept so that a challenger can start where a CUSUM excursion began."""
+
+    seq: int
+    chunk: int
+    start: int
+    base: float
+    lp: float  # the incumbent's log predictive of it
+    rows: torch.Tensor | None = None  # not saved: re-read from the stream's chunks
+    # the running level and per-observation sd before this chunk (spread 0: none yet, or from
+    # an earlier regime), the baseline of a challenger that starts here
+    level: float = 0.0
+    spread: float = 0.0
+    # the incumbent's saved state before this chunk, for the exact method only (a few hundred
+    # bytes): where within a chunk a change began (``Detector._refine``)
+    state: bytes | None = None
+
+
+@dataclass
+class DetectorState:
+    """rng: the detector's generator state; offset_n / offset_log_evidence: what the current
+    incumbent does not cover since it restarted (0 before any change); chunks: chunks seen;
+    level, steps, cusum: the nomination signals since the last (re)start (``signals.py``);
+    events: changes reported; challengers; recent: the chunks a challenger may start from.
+
+    Codec: ``to_bytes`` writes JSON (floats as hex, bit-exact) headed by ``magic``, which names
+    the layout's version (``MAGIC``); ``from_bytes`` reads every version it knows and refuses
+    others by name, so a worker never misreads a state written by another version."""
+
+    rng: torch.Tensor
+    offset_n: int = 0
+    offset_log_evidence: float = 0.0
+    chunks: int = 0
+    level: RunningLevel = field(default_factory=RunningLevel)
+    steps: StepSpike = field(default_factory=StepSpike)
+    cusum: Cusum = field(default_factory=Cusum)
+    events: int = 0
+    challengers: list[Challenger] = field(default_factory=list)
+    recent: list[Recent] = field(default_factory=list)
+
+    def copy(self) -> "DetectorState":
+        """A copy whose signals, challengers and recent list can change without touching this one."""
+        return replace(self, level=replace(self.level), steps=replace(self.steps), cusum=replace(self.cusum),
+                       challengers=[replace(c) for c in self.challengers], recent=list(self.recent))
+
+    def to_bytes(self) -> bytes:
+        lv, st, cu = self.level, self.steps, self.cusum
+        head = {
+            "magic": MAGIC, "offset_n": self.offset_n, "offset_log_evidence": self.offset_log_evidence.hex(),
+            "chunks": self.chunks, "count": lv.count, "level": lv.mean.hex(), "var": lv.var.hex(),
+            "steps_mean": st.mean.hex(), "steps_var": st.var.hex(), "events": self.events,
+            "cusum": [cu.lo.hex(), cu.hi.hex(), cu.lo_from, cu.hi_from],
+            "recent": [[r.seq, r.chunk, r.start, r.base.hex(), r.lp.hex(), r.level.hex(), r.spread.hex()]
+                       + ([base64.b64encode(r.state).decode()] if r.state is not None else []) for r in self.recent],
+            "rng": base64.b64encode(self.rng.numpy().tobytes()).decode(),
+            "challengers": [
+                {"start": c.start, "chunk": c.chunk, "seqs": c.seqs, "base": c.base_log_evidence.hex(),
+                 "first_rows": c.first_rows, "level": [c.level.hex(), c.spread.hex(), c.incumbent_all.hex()], "train": None if c.train_log_z is None else c.train_log_z.hex(),
+                 "inc": c.incumbent_lp.hex(), "compared": c.compared, "bf": c.log_bf.hex(),
+                 "diffs": [d.hex() for d in c.diffs], "memory": [c.memory, c.memory_rows],
+                 "old": [c.old_seqs, c.old_fit.hex()],
+                 "state": base64.b64encode(c.state.to_bytes()).decode()}
+                for c in self.challengers
+            ],
+        }
+        return json.dumps(head, separators=(",", ":")).encode()
+
+    @classmethod
+    def from_bytes(cls, raw: bytes) -> "DetectorState":
+        """Challengers come back without their rows; ``Detector.restore`` refills them."""
+        h = json.loads(raw)
+        if h.get("magic") not in DECODERS:
+            raise ValueError(f"not a cusp detector state this version reads (magic {str(h.get('magic'))[:40]!r}; "
+                             f"known: {', '.join(DECODERS)})")
+        return DECODERS[h["magic"]](h)
+
+    def oldest_seq(self) -> int | None:
+        """The first input seq a restore needs (None: no challengers)."""
+        return min([c.seqs[0] for c in self.challengers if c.seqs] + [r.seq for r in self.recent], default=None)
+
+
+def _decode_v1(h: dict) -> DetectorState:
+    """Layout ``cusp-detector-1`` (the signals' fields flat at the top level)."""
+    f = float.fromhex
+    rng = torch.frombuffer(bytearray(base64.b64decode(h["rng"])), dtype=torch.uint8).clone()
+    chs = [
+        Challenger(start=c["start"], chunk=c["chunk"], seqs=list(c["seqs"]), base_log_evidence=f(c["base"]),
+                   first_rows=c["first_rows"], level=f(c["level"][0]), spread=f(c["level"][1]),
+                   incumbent_all=f(c["level"][2]), train_log_z=None if c["train"] is None else f(c["train"]),
+                   incumbent_lp=f(c["inc"]), compared=c["compared"], log_bf=f(c["bf"]),
+                   diffs=[f(d) for d in c["diffs"]], memory=c.get("memory", [0, 0])[0],
+                   memory_rows=c.get("memory", [0, 0])[1], old_seqs=list(c.get("old", [[], ""])[0]),
+                   old_fit=f(c["old"][1]) if "old" in c else 0.0,
+                   state=load_state(base64.b64decode(c["state"])))
+        for c in h["challengers"]
+    ]
+    return DetectorState(
+        rng=rng, offset_n=h["offset_n"], offset_log_evidence=f(h["offset_log_evidence"]), chunks=h["chunks"],
+        level=RunningLevel(count=h["count"], mean=f(h["level"]), var=f(h["var"])),
+        steps=StepSpike(mean=f(h["steps_mean"]), var=f(h["steps_var"])), events=h["events"], challengers=chs,
+        cusum=Cusum(lo=f(h["cusum"][0]), hi=f(h["cusum"][1]), lo_from=h["cusum"][2], hi_from=h["cusum"][3]),
+        recent=[Recent(seq=r[0], chunk=r[1], start=r[2], base=f(r[3]), lp=f(r[4]),
+                       level=f(r[5]) if len(r) > 5 else 0.0, spread=f(r[6]) if len(r) > 6 else 0.0,
+                       state=base64.b64decode(r[7]) if len(r) > 7 else None)
+                for r in h["recent"]])
+
+
+#: layout magic -> decoder: every layout this version reads
+DECODERS = {MAGIC: _decode_v1}
+
+
+@dataclass(frozen=True)
+class Refined:
+    """A change placed at a row (``Detector._refine``): its stream index, the index into the recent
+    chunks of the chunk holding it, the stream-wide log-evidence up to it, and a restart there:
+    its posterior and log-evidence after ``rows`` (featurized, from the change to now)."""
+
+    location: int
+    chunk: int
+    base: float
+    post: torch.Tensor
+    log_evidence: float
+    rows: torch.Tensor
+
+
+@dataclass
+class Step:
+    """What one chunk did to the detector. result: the incumbent's ChunkResult with ``n`` and
+    ``log_evidence`` made stream-wide (changes included); promoted: the challenger state the
+    incumbent must become, with ``writes`` rewriting its reservoir (None: keep the incumbent)."""
+
+    state: DetectorState
+    result: ChunkResult
+    events: list[Event]
+    promoted: SGAISState | None = None
+    reservoir: Reservoir | None = None
+    writes: ReservoirWrites | None = None

@@ -1,0 +1,111 @@
+"""The detector's parts one at a time (issue 16 item 7): each nomination signal pinned to exact
+values and indices on hand-made inputs, the decision rule, and the versioned state codec."""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from service.detect import MAGIC, DetectorState
+from service.detect.decision import decide, posterior
+from service.detect.signals import Cusum, RunningLevel, StepSpike, weight
+
+
+def test_running_level_is_a_plain_mean_first_then_exponential():
+    lv = RunningLevel()
+    w = [weight(0.1, k) for k in range(4)]
+    assert w == [1.0, 0.5, 1 / 3, 0.25]  # 1 / (count + 1) while above the smoothing
+    assert weight(0.1, 20) == 0.1
+    for x, wk in zip((1.0, 2.0, 3.0), w):
+        lv.update(x, 1, wk)
+    # by hand: mean 1 -> 1.5 -> 2.0; var 0 -> 0.5 * (0 + 0.5 * 1) = 0.25 -> (2/3) * (0.25 + (1/3) * 1.5^2) = 2/3
+    assert (lv.count, lv.mean) == (3, 2.0)
+    assert lv.var == pytest.approx(2 / 3, rel=1e-15)
+    # a chunk of 4 rows: its mean's sd is spread / 2
+    assert lv.sd(4) == pytest.approx(math.sqrt(2 / 3) / 2, rel=1e-15)
+    assert lv.z(2.0 - 2 * lv.sd(4), 4) == pytest.approx(-2.0, rel=1e-12)
+    lv.reset()
+    lv.update(-7.0, 1, weight(0.1, lv.count))  # after a reset the next chunk is the level
+    assert (lv.count, lv.mean, lv.var) == (1, -7.0, 0.0)
+    assert RunningLevel().spread == 1e-6  # no variance yet: the floor, never a division by zero
+
+
+def test_step_spike_fires_above_mean_plus_k_sd_plus_one():
+    st = StepSpike().update(3.0, 1.0, first=True)
+    assert (st.mean, st.var) == (3.0, 0.0)
+    # sd floored at 0.5: 3 + 3 x 0.5 + 1 = 5.5
+    assert not st.fires(5.5, 3.0) and st.fires(5.6, 3.0)
+    st.update(5.0, 0.5, first=False)  # mean 4, var 0.5 * (0 + 0.5 * 4) = 1
+    assert (st.mean, st.var) == (4.0, 1.0)
+    assert not st.fires(8.0, 3.0) and st.fires(8.01, 3.0)
+
+
+def test_cusum_nominates_where_the_excursion_began():
+    """z = 0, 0, then -1 from index 2 on: the low side drops 0.5 per chunk (drift 0.5) and
+    reaches -5 at index 11; it names index 2, where the excursion began, and starts again."""
+    cu = Cusum()
+    zs = [0.0, 0.0] + [-1.0] * 10 + [-1.0]
+    alarms = []
+    for i, z in enumerate(zs):
+        cu.update(z, i)
+        alarms.append(cu.alarms(5.0))
+    assert alarms[:11] == [[]] * 11 and alarms[11] == [2]
+    assert cu.lo == -0.5 and cu.lo_from == 12  # started again: the chunk after the alarm begins one
+    # the high side is symmetric; dropping the oldest recent chunk moves the indices down
+    up = Cusum()
+    for i, z in enumerate([3.0, 3.0]):
+        up.update(z, i + 4)
+    assert up.hi == 5.0 and up.alarms(5.0) == [4]
+    up.update(1.0, 6)
+    up.dropped_oldest()
+    assert (up.hi_from, up.lo_from) == (5, 5)
+    up.reset()
+    assert (up.lo, up.hi) == (0.0, 0.0)
+
+
+@dataclass
+class Ch:
+    name: str
+    log_bf: float
+    compared: int = 1
+
+
+def test_decide_takes_the_most_probable_eligible_challenger():
+    odds = -math.log(999.0)  # prior: a change 1 in 1,000
+    assert posterior(math.log(999.0), odds) == pytest.approx(0.5, rel=1e-12)
+    a, b, c, training = Ch("a", 14.0), Ch("b", 12.5), Ch("c", 20.0), Ch("t", 50.0, compared=0)
+    pool = [a, b, c, training]
+    # c is the most probable but not eligible; the one still training is never judged
+    best, p = decide(pool, lambda ch: odds, 0.99, eligible=lambda ch: ch is not c, data_moved=lambda ch, others: True)
+    assert best is a and p == pytest.approx(posterior(14.0, odds), rel=1e-15)
+    # a is rejected (the incumbent moved, not the data): dropped, and b is judged next
+    best, p = decide(pool, lambda ch: odds, 0.99, eligible=lambda ch: ch is not c, data_moved=lambda ch, others: ch is not a)
+    assert best is b and a not in pool and p == pytest.approx(posterior(12.5, odds), rel=1e-15)
+    # below the threshold: no change, the best probability is reported
+    best, p = decide([Ch("d", 5.0)], lambda ch: odds, 0.99, eligible=lambda ch: True, data_moved=lambda ch, others: True)
+    assert best is None and p == pytest.approx(posterior(5.0, odds), rel=1e-15)
+    assert decide([], lambda ch: odds, 0.99, eligible=lambda ch: True, data_moved=lambda ch, others: True) == (None, 0.0)
+
+
+def test_state_codec_reads_its_layout_and_refuses_others_by_name():
+    g = torch.Generator().manual_seed(3)
+    st = DetectorState(rng=g.get_state(), offset_n=7, chunks=4)
+    st.level.update(-1.25, 10, 1.0)
+    st.steps.update(6.0, 1.0, first=True)
+    st.cusum.update(-2.0, 0)
+    back = DetectorState.from_bytes(st.to_bytes())
+    assert back.to_bytes() == st.to_bytes()
+    assert (back.level, back.steps, back.cusum) == (st.level, st.steps, st.cusum)
+    # the layout's fields are where version 1 put them (states saved before the signals were objects)
+    head = json.loads(st.to_bytes())
+    assert head["magic"] == MAGIC == "cusp-detector-1"
+    assert (head["count"], float.fromhex(head["level"]), float.fromhex(head["steps_mean"])) == (1, -1.25, 6.0)
+    assert head["cusum"][0] == (-1.5).hex() and head["cusum"][2] == 0
+    with pytest.raises(ValueError, match="cusp-detector-9.*known: cusp-detector-1"):
+        DetectorState.from_bytes(json.dumps({**head, "magic": "cusp-detector-9"}).encode())
+    assert base64.b64decode(head["rng"]) == g.get_state().numpy().tobytes()
