@@ -285,11 +285,15 @@ def _retry_after(r: httpx.Response) -> float | None:
 
 
 def _error(r: httpx.Response):
+    """The APIError of an error answer: its RFC 9457 problem's code and detail (or the text)."""
     try:
-        detail = r.json().get("detail", r.text)
+        doc = r.json()
     except ValueError:
-        detail = r.text or r.reason_phrase
-    return api_error(r.status_code, str(detail), r.request.method, r.request.url.path)
+        doc = None
+    problem = doc if isinstance(doc, dict) else {}
+    detail = problem.get("detail", r.text or r.reason_phrase)
+    code = problem.get("code") if isinstance(problem.get("code"), str) else None
+    return api_error(r.status_code, str(detail), r.request.method, r.request.url.path, code, problem)
 
 
 def _sse(lines: Iterator[str]) -> Iterator[dict]:

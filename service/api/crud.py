@@ -14,12 +14,12 @@ import uuid
 
 import numpy as np
 import torch
-from fastapi import HTTPException
 
 from models import ModelError, build_model
 from models.registry import SUPERVISED, default_portfolio
 from service import metrics as M
 from service.api.chunks import ChunkError
+from service.api.errors import ApiError
 from service.api.schemas import ModelFrame, ModelIn, ModelOut, StreamIn, StreamOut
 from service.data import log_model_probabilities
 from service.detect import DetectorConfig
@@ -41,7 +41,7 @@ async def stream_config(store: ApiStore, name: str) -> StreamConfig:
     """The stream's config, or 404."""
     cfg = await find_stream(store, name)
     if cfg is None:
-        raise HTTPException(404, f"no stream named {name!r}")
+        raise ApiError(404, "stream_not_found", f"no stream named {name!r}")
     return cfg
 
 
@@ -51,11 +51,11 @@ def check_names(body: StreamIn) -> None:
     try:  # NaN or infinity anywhere (sampler overrides are free-form) could not be stored or echoed as JSON
         json.dumps(body.model_dump(), allow_nan=False)
     except ValueError:
-        raise HTTPException(422, "NaN and infinity are not accepted") from None
+        raise ApiError(422, "invalid_stream", "NaN and infinity are not accepted") from None
     if not keys.STREAM_NAME.fullmatch(body.name):
-        raise HTTPException(422, "stream name must be 1-64 letters, digits, '_', '.' or '-', starting with a letter or digit")
+        raise ApiError(422, "invalid_stream", "stream name must be 1-64 letters, digits, '_', '.' or '-', starting with a letter or digit")
     if len(set(body.columns)) != len(body.columns) or any(not c.strip() for c in body.columns):
-        raise HTTPException(422, f"column names must be non-empty and distinct, got {body.columns}")
+        raise ApiError(422, "invalid_stream", f"column names must be non-empty and distinct, got {body.columns}")
 
 
 def config_from_request(body: StreamIn) -> StreamConfig:
@@ -63,22 +63,22 @@ def config_from_request(body: StreamIn) -> StreamConfig:
     entries: list[ModelEntry] = []
     for i, m in enumerate(body.models or default_portfolio(len(body.columns))):
         m = ModelIn(spec=m) if isinstance(m, str) else m
-        name = m.name or re.sub(r"[^A-Za-z0-9_.-]", "_", m.spec.replace(":", "_").replace("=", ""))[:64]
+        name = m.name if m.name is not None else re.sub(r"[^A-Za-z0-9_.-]", "_", m.spec.replace(":", "_").replace("=", ""))[:64]
         if not keys.MODEL_NAME.fullmatch(name):
-            raise HTTPException(422, f"model {i}: name {name!r} must be 1-64 letters, digits, '_', '.' or '-'")
+            raise ApiError(422, "invalid_model", f"model {i}: name {name!r} must be 1-64 letters, digits, '_', '.' or '-'")
         if any(e.name == name for e in entries):
-            raise HTTPException(422, f"model name {name!r} is used twice; give each model a distinct 'name'")
+            raise ApiError(422, "invalid_model", f"model name {name!r} is used twice; give each model a distinct 'name'")
         target = None
         if m.target is not None:
             if m.target not in body.columns:
-                raise HTTPException(422, f"model {name!r}: target column {m.target!r} is not one of {body.columns}")
+                raise ApiError(422, "invalid_model", f"model {name!r}: target column {m.target!r} is not one of {body.columns}")
             target = body.columns.index(m.target)
         try:
             model = build_model(m.spec, len(body.columns), target)
         except ModelError as exc:
-            raise HTTPException(422, f"model {name!r}: {exc}") from None
+            raise ApiError(422, "invalid_model", f"model {name!r}: {exc}") from None
         if m.target is not None and model.name not in SUPERVISED:
-            raise HTTPException(422, f"model {name!r}: 'target' applies only to {sorted(SUPERVISED)}")
+            raise ApiError(422, "invalid_model", f"model {name!r}: 'target' applies only to {sorted(SUPERVISED)}")
         entries.append(ModelEntry(name=name, spec=m.spec, target=target, prior=m.prior))
     cfg = StreamConfig(name=body.name, columns=body.columns, models=entries,
                        sampler={"preset": body.sampler.preset, "overrides": body.sampler.overrides},
@@ -86,7 +86,7 @@ def config_from_request(body: StreamIn) -> StreamConfig:
     try:
         DetectorConfig.from_dict(body.detector)
     except ConfigError as exc:
-        raise HTTPException(422, str(exc)) from None
+        raise ApiError(422, "invalid_stream", str(exc)) from None
     return cfg
 
 
@@ -100,17 +100,17 @@ def initial_states(cfg: StreamConfig, max_bytes: int | None = None) -> list[byte
         for e, sampler in samplers:
             values = sampler.config.particles * sampler.model.dim
             if getattr(sampler, "method", "sgais") == "sgais" and values > MAX_PARTICLE_VALUES:
-                raise HTTPException(422, f"model {e.name!r}: {sampler.config.particles} particles x {sampler.model.dim} parameters "
+                raise ApiError(422, "invalid_model", f"model {e.name!r}: {sampler.config.particles} particles x {sampler.model.dim} parameters "
                                          f"exceeds {MAX_PARTICLE_VALUES:,} values")
             need += 8 * (values + sampler.config.reservoir_capacity * sampler.model.feature_width)
         if max_bytes is not None and need > max_bytes:
-            raise HTTPException(413, f"the stream's models would need about {need / 2**20:,.0f} MiB of Redis (particles and "
+            raise ApiError(413, "stream_too_large", f"the stream's models would need about {need / 2**20:,.0f} MiB of Redis (particles and "
                                      f"reservoirs of {samplers[0][1].config.reservoir_capacity:,} rows), more than "
                                      f"CUSP_MAX_STREAM_BYTES={max_bytes / 2**20:,.0f} MiB; use fewer or smaller models, "
                                      "fewer particles or a smaller reservoir_capacity")
         return [sampler.init(model_seed(cfg, e)).to_bytes() for e, sampler in samplers]
     except (ConfigError, TypeError) as exc:
-        raise HTTPException(422, f"sampler: {exc}") from None
+        raise ApiError(422, "invalid_model", f"sampler: {exc}") from None
 
 
 async def create_stream(store: ApiStore, settings: Settings, body: StreamIn) -> StreamOut:
@@ -120,9 +120,9 @@ async def create_stream(store: ApiStore, settings: Settings, body: StreamIn) -> 
     states = await asyncio.to_thread(initial_states, cfg, settings.max_stream_bytes)
     outcome = await store.create(cfg, states, settings.max_streams)
     if outcome == "full":
-        raise HTTPException(409, f"the stream limit CUSP_MAX_STREAMS={settings.max_streams} is reached")
+        raise ApiError(409, "stream_limit", f"the stream limit CUSP_MAX_STREAMS={settings.max_streams} is reached")
     if outcome == "exists":
-        raise HTTPException(409, f"a stream named {cfg.name!r} already exists")
+        raise ApiError(409, "stream_exists", f"a stream named {cfg.name!r} already exists")
     M.STREAMS.inc()
     return await stream_out(store, cfg)
 
@@ -221,13 +221,13 @@ async def ingest(store: ApiStore, settings: Settings, cfg: StreamConfig, seq: in
     if kind == "dup":
         if val != payload_digest:
             M.REJECTED.labels("conflict").inc()
-            raise ChunkError(f"seq {seq} was already accepted with different data", 409)
+            raise ChunkError(f"seq {seq} was already accepted with different data", 409, "seq_conflict")
         return 200, {"seq": seq, "status": "duplicate", "id": keys.entry_id(seq)}
     if kind == "old":
         M.REJECTED.labels("conflict").inc()
         raise ChunkError(f"seq {seq} was accepted long ago: it is older than the last CUSP_DEDUP_WINDOW="
                          f"{settings.dedup_window} chunks, whose digests are kept, so it cannot be checked against "
-                         f"the stored data; expected seq {val}", 409)
+                         f"the stored data; expected seq {val}", 409, "seq_too_old")
     if kind == "gone":
         M.REJECTED.labels("gone").inc()
         raise ChunkError(f"stream {cfg.name!r} was deleted (or deleted and created again): nothing stored", 404)
@@ -243,7 +243,7 @@ def check_id(since: str | None) -> str:
     # ASCII digits only (\d would take other scripts' digits), each part a 64-bit unsigned integer as Redis needs
     m = re.fullmatch(r"([0-9]{1,20})(?:-([0-9]{1,20}))?", since)
     if not m or any(int(p) >= 2**64 for p in m.groups() if p is not None):
-        raise HTTPException(422, f"since must be a result id like '1712345678901-0', got {since[:60]!r}")
+        raise ApiError(422, "invalid_since", f"since must be a result id like '1712345678901-0', got {since[:60]!r}")
     return since
 
 

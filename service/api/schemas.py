@@ -7,10 +7,18 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
 
 
+#: names of streams and models as the API takes them (service.store.keys.STREAM_NAME, MODEL_NAME), for the
+#: OpenAPI schema only: the routes check them themselves, with messages that say what is wrong
+NAME_SCHEMA = {"minLength": 1, "maxLength": 64, "pattern": "^[A-Za-z0-9][A-Za-z0-9_.-]*$"}
+#: a result id as ``since`` takes it ('' or '0': from the start)
+RESULT_ID_PATTERN = "^([0-9]{1,20}(-[0-9]{1,20})?)?$"
+
+
 class ModelIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
     spec: str = Field(..., description="model spec, e.g. 'gmm:components=5'", examples=["gmm:components=5"])
-    name: str | None = Field(None, description="name of the model within the stream (default: derived from the spec)")
+    name: str | None = Field(None, description="name of the model within the stream (default: derived from the spec)",
+                             json_schema_extra=NAME_SCHEMA)
     target: str | None = Field(None, description="target column for regression models (default: the last column)")
     prior: float = Field(1.0, gt=0, allow_inf_nan=False, description="prior weight of this model among the stream's models")
 
@@ -23,8 +31,9 @@ class SamplerIn(BaseModel):
 
 class StreamIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    name: str = Field(..., description="stream name: letters, digits, '_', '.', '-' (max 64)")
-    columns: list[str] = Field(..., min_length=1, max_length=256)
+    name: str = Field(..., description="stream name: letters, digits, '_', '.', '-' (max 64)", json_schema_extra=NAME_SCHEMA)
+    columns: list[str] = Field(..., min_length=1, max_length=256, json_schema_extra={"items": {"type": "string", "minLength": 1},
+                                                                                     "uniqueItems": True})
     models: list[ModelIn | str] | None = Field(
         None, min_length=1, max_length=16,
         description="the stream's models (specs or objects); left out: the default portfolio (README), for one "
@@ -82,7 +91,8 @@ class ChunkRows(BaseModel):
 
     model_config = ConfigDict(extra="forbid", title="ChunkRows")
     seq: int = Field(..., ge=0, le=2**53, description="per-stream sequence number: 0, then up by 1")
-    rows: list[list[float]] = Field(..., min_length=1, description="rows of finite numbers, one value per column")
+    rows: list[Annotated[list[float], Field(min_length=1, max_length=256)]] = Field(
+        ..., min_length=1, description="rows of finite numbers, one value per column")
 
 
 class ChunkColumns(BaseModel):
@@ -101,10 +111,27 @@ class ChunkAck(BaseModel):
 
 
 class Problem(BaseModel):
-    """Every error answer: what went wrong, in words; request validation failures also list each field."""
+    """Every error answer (RFC 9457 problem details, ``application/problem+json``): ``code`` is
+    stable and machine-readable (GET /v1/errors lists them), ``detail`` says what was wrong in
+    words; request validation failures also list each field in ``errors``."""
 
-    detail: str
+    type: str = Field(description="URI reference of the problem type: /v1/errors#<code>", examples=["/v1/errors#seq_gap"])
+    title: str = Field(description="short summary of the problem type (the same for every error of a code)")
+    status: int = Field(description="the HTTP status", examples=[409])
+    detail: str = Field(description="what went wrong in this request", examples=["seq 7 is out of order: expected seq 5"])
+    instance: str | None = Field(None, description="the request's path")
+    code: str = Field(description="stable error code (GET /v1/errors)", examples=["seq_gap"])
     errors: list[dict[str, Any]] | None = Field(None, description="request validation failures: loc, msg and type of each")
+
+
+class ErrorCode(BaseModel):
+    code: str
+    status: int
+    title: str
+
+
+class ErrorCodes(BaseModel):
+    errors: list[ErrorCode]
 
 
 class Health(BaseModel):

@@ -1,0 +1,216 @@
+"""The API's contract, over real HTTP against a live server on a real (embedded) Redis:
+RFC 9457 problem details with stable codes for every error, 405s with a full ``Allow``, an
+OpenAPI schema that admits nothing the API refuses, clients that hang up mid-body counted as
+"client_closed" and not as server errors, filtered paging that says whether more exists,
+ids that cannot be confused, the stream's effective settings, and per-stream backpressure."""
+
+import logging
+import re
+import socket
+import time
+
+import httpx
+import numpy as np
+import pytest
+
+import cusp
+from service.api.errors import CODES
+from service.worker import Worker
+from tests.service_fixtures import LiveServer
+
+PROBLEM_FIELDS = {"type", "title", "status", "detail", "code"}
+
+
+@pytest.fixture(scope="module")
+def live(redis_url):
+    server = LiveServer(redis_url, max_chunk_rows=50, max_body_bytes=20_000)
+    yield server
+    server.stop()
+
+
+_n = iter(range(10**6))
+
+
+def new_stream(live, columns=("a", "b"), models=("gaussian",), **extra) -> str:
+    s = f"contract{next(_n)}"
+    r = live.client.post("/v1/streams", json={"name": s, "columns": list(columns), "models": list(models), **extra})
+    assert r.status_code == 201, r.text
+    return s
+
+
+def assert_problem(r: httpx.Response, status: int, code: str) -> dict:
+    assert r.status_code == status, r.text
+    assert r.headers["content-type"] == "application/problem+json", r.headers
+    doc = r.json()
+    assert PROBLEM_FIELDS <= set(doc), doc
+    assert doc["status"] == status and doc["code"] == code and doc["type"] == f"/v1/errors#{code}", doc
+    assert doc["title"] == CODES[code][1] and CODES[code][0] == status
+    assert doc["instance"] == r.request.url.path
+    assert isinstance(doc["detail"], str) and doc["detail"]
+    return doc
+
+
+# --- 1. problem details -------------------------------------------------------------------------
+def test_every_kind_of_error_is_a_problem_with_its_code(live):
+    c = live.client
+    s = new_stream(live)
+    rows = [[1.0, 2.0]]
+    assert_problem(c.get("/v1/streams/nope"), 404, "stream_not_found")
+    assert_problem(c.get("/no/such/path"), 404, "not_found")
+    assert_problem(c.get(f"/v1/streams/{s}/evidence", params={"model": "zzz"}), 404, "model_not_found")
+    doc = assert_problem(c.post(f"/v1/streams/{s}/chunks", json={"seq": 0, "rows": [[1.0, 2.0], [3.0, "x"]]}), 422, "invalid_rows")
+    assert doc["detail"] == "row 1 column 'b': \"x\" is not a number"  # names the row and the column, as before
+    assert_problem(c.post(f"/v1/streams/{s}/chunks", json={"seq": "0", "rows": rows}), 422, "invalid_seq")
+    assert_problem(c.post(f"/v1/streams/{s}/chunks", content=b"{", headers={"content-type": "application/json"}), 400, "malformed_body")
+    assert_problem(c.post(f"/v1/streams/{s}/chunks", content=b"", headers={"content-type": "application/json"}), 400, "empty_body")
+    assert_problem(c.post(f"/v1/streams/{s}/chunks", content=b"1,2", headers={"content-type": "text/plain"}), 415, "unsupported_media_type")
+    assert_problem(c.post(f"/v1/streams/{s}/chunks", json={"seq": 0, "rows": rows * 51}), 413, "chunk_too_large")
+    assert_problem(c.post(f"/v1/streams/{s}/chunks", content=b"[" * 30_000, headers={"content-type": "application/json"}), 413,
+                   "body_too_large")
+    assert_problem(c.post(f"/v1/streams/{s}/chunks", json={"seq": 3, "rows": rows}), 409, "seq_gap")
+    assert c.post(f"/v1/streams/{s}/chunks", json={"seq": 0, "rows": rows}).status_code == 202
+    assert_problem(c.post(f"/v1/streams/{s}/chunks", json={"seq": 0, "rows": [[5.0, 6.0]]}), 409, "seq_conflict")
+    assert_problem(c.post("/v1/streams", json={"name": s, "columns": ["a"], "models": ["gaussian"]}), 409, "stream_exists")
+    assert_problem(c.post("/v1/streams", json={"name": "x y", "columns": ["a"]}), 422, "invalid_stream")
+    assert_problem(c.post("/v1/streams", json={"name": "m1", "columns": ["a"], "models": ["nope"]}), 422, "invalid_model")
+    assert_problem(c.get(f"/v1/streams/{s}/evidence", params={"since": "abc"}), 422, "invalid_since")
+    assert_problem(c.post("/v1/detect", json={"values": []}), 422, "invalid_series")
+    # FastAPI's own validation: the precise messages stay, each field listed in errors
+    doc = assert_problem(c.post("/v1/streams", json={"name": "ok1", "columns": "a"}), 422, "invalid_request")
+    assert doc["errors"][0]["loc"] == ["body", "columns"] and "columns" in doc["detail"]
+    assert_problem(c.get(f"/v1/streams/{s}/evidence", params={"limit": 0}), 422, "invalid_request")
+
+
+def test_405_is_a_problem_with_every_allowed_method(live):
+    c = live.client
+    for method, path, allow in [("PUT", "/v1/streams/x", "DELETE, GET"), ("PATCH", "/v1/streams", "GET, POST"),
+                                ("GET", "/v1/streams/x/chunks", "POST"), ("POST", "/healthz", "GET")]:
+        r = c.request(method, path)
+        doc = assert_problem(r, 405, "method_not_allowed")
+        assert r.headers["allow"] == allow, (method, path, r.headers)
+        assert allow in doc["detail"]
+
+
+def test_auth_errors_are_problems(redis_url):
+    server = LiveServer(redis_url, api_keys="writer-key-1,reader-key-1:read")
+    try:
+        r = server.client.get("/v1/streams")
+        assert_problem(r, 401, "unauthorized")
+        assert r.headers["www-authenticate"] == "Bearer"
+        r = server.client.post("/v1/streams", json={"name": "a", "columns": ["a"]}, headers={"Authorization": "Bearer reader-key-1"})
+        assert_problem(r, 403, "read_only_key")
+        codes = server.client.get("/v1/errors", headers={"Authorization": "Bearer reader-key-1"}).json()["errors"]
+        assert {e["code"]: (e["status"], e["title"]) for e in codes} == CODES
+    finally:
+        server.stop()
+
+
+def test_openapi_documents_every_error_as_a_problem_with_its_codes(live):
+    schema = live.client.get("/openapi.json").json()
+    problem = schema["components"]["schemas"]["Problem"]
+    assert set(problem["required"]) == PROBLEM_FIELDS
+    assert problem["properties"]["code"]["enum"] == list(CODES)
+    errors = 0
+    for path, ops in schema["paths"].items():
+        for method, op in ops.items():
+            for status, resp in op["responses"].items():
+                if status[0] in "45":
+                    errors += 1
+                    assert resp["content"] == {"application/problem+json": {"schema": {"$ref": "#/components/schemas/Problem"}}}, \
+                        (method, path, status)
+    assert errors > 20
+    assert "HTTPValidationError" not in schema["components"]["schemas"]
+    chunk_codes = schema["paths"]["/v1/streams/{stream}/chunks"]["post"]["responses"]["409"]["description"]
+    assert all(f"`{c}`" in chunk_codes for c in ("seq_gap", "seq_conflict", "seq_too_old"))
+
+
+def test_client_exceptions_carry_the_code(live):
+    s = new_stream(live)
+    with cusp.Client(live.url, retries=0) as c:
+        with pytest.raises(cusp.ConflictError) as err:
+            c.post(s, [[1.0, 2.0]], seq=5)
+        assert err.value.code == "seq_gap" and err.value.status == 409 and "expected seq 0" in err.value.detail
+        assert err.value.problem["instance"] == f"/v1/streams/{s}/chunks"
+        with pytest.raises(cusp.NotFoundError) as err:
+            c.stream("nope")
+        assert err.value.code == "stream_not_found"
+        with pytest.raises(cusp.InvalidRequestError) as err:
+            c.post(s, [[1.0, 2.0, 3.0]])
+        assert err.value.code == "invalid_rows" and "[invalid_rows]" in str(err.value)
+
+
+# --- 7. the schema admits nothing the API refuses; clients that hang up ---------------------------
+def test_openapi_admits_no_input_the_api_refuses(live):
+    schema = live.client.get("/openapi.json").json()
+    comps = schema["components"]["schemas"]
+    name = comps["StreamIn"]["properties"]["name"]
+    assert name["minLength"] == 1 and name["maxLength"] == 64
+    pattern = re.compile(name["pattern"])
+    for bad in ("", "-a", "a b", "ä"):
+        assert not pattern.search(bad)
+        r = live.client.post("/v1/streams", json={"name": bad, "columns": ["a"]})
+        assert r.status_code == 422, (bad, r.text)
+    assert comps["ModelIn"]["properties"]["name"]["minLength"] == 1
+    r = live.client.post("/v1/streams", json={"name": "emptymodelname", "columns": ["a"], "models": [{"spec": "level", "name": ""}]})
+    assert r.status_code == 422 and "name ''" in r.json()["detail"]
+    assert comps["StreamIn"]["properties"]["columns"]["items"]["minLength"] == 1
+    body = schema["paths"]["/v1/streams/{stream}/chunks"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    rows = next(alt for alt in body["oneOf"] if "rows" in alt["properties"])["properties"]["rows"]
+    assert rows["minItems"] == 1 and rows["items"]["minItems"] == 1
+    s = new_stream(live)
+    assert live.client.post(f"/v1/streams/{s}/chunks", json={"seq": 0, "rows": [[]]}).status_code == 422
+    for path in ("/v1/streams/{stream}/evidence", "/v1/streams/{stream}/evidence/sse"):
+        since = next(p for p in schema["paths"][path]["get"]["parameters"] if p["name"] == "since")
+        pattern = re.compile(since["schema"]["pattern"])
+        for ok in ("", "0", "1712345678901-0", "1712345678901"):
+            assert pattern.search(ok)
+        for bad in ("abc", "1-2-3", "-1", "1-", "\u0661"):
+            assert not pattern.search(bad)
+            assert live.client.get(path.format(stream=s), params={"since": bad}).status_code == 422
+
+
+def http_counts(live) -> dict:
+    text = live.client.get("/metrics").text
+    out = {}
+    for m in re.finditer(r'^cusp_http_requests_total\{route="([^"]*)",status="([^"]*)"\} ([0-9.e+]+)$', text, re.M):
+        out[(m.group(1), m.group(2))] = float(m.group(3))
+    return out
+
+
+class Records(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.records = []
+
+    def emit(self, record):
+        self.records.append(record)
+
+
+@pytest.mark.parametrize("path,ctype", [("/v1/streams/{s}/chunks", "application/json"), ("/v1/streams/{s}/chunks", "text/csv"),
+                                        ("/v1/streams", "application/json"), ("/v1/detect", "application/json")])
+def test_a_client_hanging_up_mid_body_is_no_server_error(live, path, ctype):
+    s = new_stream(live)
+    path = path.format(s=s) + ("?seq=0" if ctype == "text/csv" else "")
+    route = {"/v1/streams": "/v1/streams", "/v1/detect": "/v1/detect"}.get(path, "/v1/streams/{stream}/chunks")
+    logs = Records()
+    for name in ("uvicorn.error", "uvicorn"):
+        logging.getLogger(name).addHandler(logs)
+    before = http_counts(live)
+    try:
+        for _ in range(3):
+            with socket.create_connection(("127.0.0.1", live.port)) as sock:
+                sock.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: {ctype}\r\nContent-Length: 5000\r\n\r\n".encode()
+                             + b'{"seq": 0, "rows": [[1.0, 2.0], [3.')
+                time.sleep(0.2)  # the app is reading the body when the client goes
+        deadline = time.monotonic() + 10
+        while http_counts(live).get((route, "client_closed"), 0) - before.get((route, "client_closed"), 0) < 3:
+            assert time.monotonic() < deadline, http_counts(live)
+            time.sleep(0.05)
+    finally:
+        for name in ("uvicorn.error", "uvicorn"):
+            logging.getLogger(name).removeHandler(logs)
+    after = http_counts(live)
+    assert after.get((route, "5xx"), 0) == before.get((route, "5xx"), 0)
+    assert after.get((route, "4xx"), 0) == before.get((route, "4xx"), 0)
+    assert not [r for r in logs.records if r.levelno >= logging.ERROR or r.exc_info], [r.getMessage() for r in logs.records]
+    assert live.client.get(f"/v1/streams/{s}").json()["next_seq"] == 0  # nothing stored
