@@ -146,23 +146,32 @@ class Client:
 
     # --- results ------------------------------------------------------------------------------
     def results(self, name: str, since: str | None = None, *, follow: bool = False,
-                model: str | None = None) -> Iterator[dict]:
+                model: str | None = None, kind: str | Sequence[str] | None = None) -> Iterator[dict]:
         """The stream's result entries (kinds 'result', 'changepoint', 'dead_letter') after the
-        result id ``since`` (None: from the start), oldest first. follow False: those stored now
-        (``/evidence`` pages), then stop. follow True: live over server-sent events, resumed with
+        result id ``since`` (None: from the start), oldest first; ``model`` and ``kind`` (one
+        kind or several) filter them. follow False: those stored now (``/evidence`` pages, the
+        server filtering), then stop. follow True: live over server-sent events, resumed with
         Last-Event-ID after a dropped connection, until the stream is deleted. To resume in
         another process, pass the last entry's ``id`` as ``since``."""
         _name(name)
+        kinds = [kind] if isinstance(kind, str) else list(kind) if kind is not None else None
         if follow:
-            yield from self._follow(name, since, model)
+            for e in self._follow(name, since, model):
+                if kinds is None or e.get("kind") in kinds:
+                    yield e
             return
         while True:
-            params = {"since": since} if since else {}
+            params: dict[str, Any] = {"since": since} if since else {}
             if model is not None:
                 params["model"] = model
+            if kinds:
+                params["kind"] = kinds
             page = self._call_once("GET", f"/v1/streams/{name}/evidence", params=params)
             yield from page["results"]
-            if not page["results"] or page.get("next") in (None, since):
+            more = page.get("has_more")
+            if more is None:  # a server before has_more: an empty page ends it
+                more = bool(page["results"])
+            if not more or page.get("next") in (None, since):
                 return
             since = page["next"]
 

@@ -214,3 +214,92 @@ def test_a_client_hanging_up_mid_body_is_no_server_error(live, path, ctype):
     assert after.get((route, "4xx"), 0) == before.get((route, "4xx"), 0)
     assert not [r for r in logs.records if r.levelno >= logging.ERROR or r.exc_info], [r.getMessage() for r in logs.records]
     assert live.client.get(f"/v1/streams/{s}").json()["next_seq"] == 0  # nothing stored
+
+
+# --- 3. paging filters before it limits, and says whether more exists -----------------------------
+def shifted(n=400, at=200, seed=0):
+    x = np.random.default_rng(seed).normal(size=n)
+    x[at:] += 6.0
+    return x.round(5)
+
+
+@pytest.fixture(scope="module")
+def processed(live, redis_url):
+    """A stream of two models, 20 chunks applied by both, with a change point."""
+    s = new_stream(live, columns=["x"], models=["level", "ar"])
+    x = shifted()
+    for seq in range(20):
+        r = live.client.post(f"/v1/streams/{s}/chunks", json={"seq": seq, "rows": [[v] for v in x[seq * 20:(seq + 1) * 20]]})
+        assert r.status_code == 202, r.text
+    w = Worker(redis_url)
+    try:
+        assert w.run_until_idle() >= 40
+    finally:
+        w.release_all()
+    everything = live.client.get(f"/v1/streams/{s}/evidence", params={"limit": 10_000}).json()
+    assert everything["has_more"] is False
+    return s, everything["results"]
+
+
+def pages(live, s, **params):
+    out, since = [], None
+    while True:
+        page = live.client.get(f"/v1/streams/{s}/evidence", params={**params, **({"since": since} if since else {})})
+        assert page.status_code == 200, page.text
+        page = page.json()
+        out.append(page)
+        if not page["has_more"]:
+            return out
+        since = page["next"]
+
+
+def test_a_filtered_page_is_filtered_before_it_is_cut(live, processed):
+    s, entries = processed
+    ar = [e for e in entries if e["model"] == "ar"]
+    assert len(ar) >= 20 and len(entries) > len(ar)
+    page = live.client.get(f"/v1/streams/{s}/evidence", params={"model": "ar", "limit": 7}).json()
+    assert [e["id"] for e in page["results"]] == [e["id"] for e in ar[:7]]  # 7 of ar's, not ar's among the first 7
+    assert page["has_more"] is True and page["next"] == ar[6]["id"]
+    got = pages(live, s, model="ar", limit=7)
+    assert [e["id"] for p in got for e in p["results"]] == [e["id"] for e in ar]
+    assert all(len(p["results"]) == 7 for p in got[:-1]) and 0 < len(got[-1]["results"]) <= 7  # no empty last page
+    cps = [e for e in entries if e["kind"] == "changepoint"]
+    assert cps, "the shifted series has a change"
+    page = live.client.get(f"/v1/streams/{s}/evidence", params={"kind": "changepoint"}).json()
+    assert [e["id"] for e in page["results"]] == [e["id"] for e in cps] and page["has_more"] is False
+    page = live.client.get(f"/v1/streams/{s}/evidence", params={"kind": ["changepoint", "dead_letter"], "model": "level"}).json()
+    assert [e["id"] for e in page["results"]] == [e["id"] for e in cps if e["model"] == "level"]
+    assert_problem(live.client.get(f"/v1/streams/{s}/evidence", params={"kind": "nope"}), 422, "invalid_request")
+
+
+def test_unfiltered_pages_say_whether_more_exists(live, processed):
+    s, entries = processed
+    exact = live.client.get(f"/v1/streams/{s}/evidence", params={"limit": len(entries)}).json()
+    assert len(exact["results"]) == len(entries) and exact["has_more"] is False and exact["next"] == entries[-1]["id"]
+    short = live.client.get(f"/v1/streams/{s}/evidence", params={"limit": len(entries) - 1}).json()
+    assert short["has_more"] is True and short["next"] == entries[-2]["id"]
+    got = pages(live, s, limit=9)
+    assert [e["id"] for p in got for e in p["results"]] == [e["id"] for e in entries]
+    last = live.client.get(f"/v1/streams/{s}/evidence", params={"since": entries[-1]["id"]}).json()
+    assert last == {"results": [], "next": entries[-1]["id"], "has_more": False}
+    with cusp.Client(live.url) as c:
+        assert [e["id"] for e in c.results(s, model="ar", kind="result")] == \
+            [e["id"] for e in entries if e["model"] == "ar" and e["kind"] == "result"]
+
+
+# --- 4. ids that cannot be confused -----------------------------------------------------------------
+def test_chunk_ack_ids_are_not_result_ids(live, processed):
+    s, entries = processed
+    s2 = new_stream(live)
+    ack = live.client.post(f"/v1/streams/{s2}/chunks", json={"seq": 0, "rows": [[1.0, 2.0]]}).json()
+    assert ack["id"] == "chunk-0"
+    assert live.client.post(f"/v1/streams/{s2}/chunks", json={"seq": 0, "rows": [[1.0, 2.0]]}).json()["id"] == "chunk-0"
+    for since in ("chunk-3", "4-0", "4", "1-0", "999999999999-0"):  # new and old ack ids: refused, not read from 0
+        for path in ("evidence", "evidence/sse"):
+            doc = assert_problem(live.client.get(f"/v1/streams/{s}/{path}", params={"since": since}), 422, "invalid_since")
+            assert "not a result id" in doc["detail"] and "ack id" in doc["detail"]
+        r = live.client.get(f"/v1/streams/{s}/evidence/sse", headers={"Last-Event-ID": since})
+        assert_problem(r, 422, "invalid_since")
+    for since in ("0", "0-0", "", entries[3]["id"]):
+        assert live.client.get(f"/v1/streams/{s}/evidence", params={"since": since}).status_code == 200
+    assert all(int(e["id"].split("-")[0]) >= 10**12 for e in entries)

@@ -217,12 +217,12 @@ async def ingest(store: ApiStore, settings: Settings, cfg: StreamConfig, seq: in
     if kind == "ok":
         M.INGESTED_CHUNKS.labels(cfg.name).inc()
         M.INGESTED_ROWS.labels(cfg.name).inc(data.shape[0])
-        return 202, {"seq": seq, "status": "accepted", "id": val, "rows": int(data.shape[0])}
+        return 202, {"seq": seq, "status": "accepted", "id": ack_id(seq), "rows": int(data.shape[0])}
     if kind == "dup":
         if val != payload_digest:
             M.REJECTED.labels("conflict").inc()
             raise ChunkError(f"seq {seq} was already accepted with different data", 409, "seq_conflict")
-        return 200, {"seq": seq, "status": "duplicate", "id": keys.entry_id(seq)}
+        return 200, {"seq": seq, "status": "duplicate", "id": ack_id(seq)}
     if kind == "old":
         M.REJECTED.labels("conflict").inc()
         raise ChunkError(f"seq {seq} was accepted long ago: it is older than the last CUSP_DEDUP_WINDOW="
@@ -236,14 +236,32 @@ async def ingest(store: ApiStore, settings: Settings, cfg: StreamConfig, seq: in
 
 
 # --- results --------------------------------------------------------------------------------
+#: result ids are Redis stream ids made by the server's clock: milliseconds since 1970 first,
+#: so no result id is below 10**12 (September 2001). Chunk acks' ids (``chunk-<seq>``; before,
+#: ``<seq + 1>-0``) are, and so are refused as since instead of reading from the start.
+MIN_RESULT_MS = 10**12
+
+
+def ack_id(seq: int) -> str:
+    """A chunk's id in its ack: ``chunk-<seq>``, which no result id resembles."""
+    return f"chunk-{seq}"
+
+
 def check_id(since: str | None) -> str:
     """A result id to read after ("0-0": from the start), or 422."""
-    if since in (None, "", "0"):
+    if since in (None, "", "0", "0-0"):
         return "0-0"
+    if since.startswith("chunk-"):
+        raise ApiError(422, "invalid_since", f"since={since[:60]!r} is a chunk's ack id, not a result id: pass the id of a "
+                                             "result entry (from /evidence, its feeds or /changepoints), or 0 for the start")
     # ASCII digits only (\d would take other scripts' digits), each part a 64-bit unsigned integer as Redis needs
     m = re.fullmatch(r"([0-9]{1,20})(?:-([0-9]{1,20}))?", since)
     if not m or any(int(p) >= 2**64 for p in m.groups() if p is not None):
         raise ApiError(422, "invalid_since", f"since must be a result id like '1712345678901-0', got {since[:60]!r}")
+    if int(m.group(1)) < MIN_RESULT_MS:
+        raise ApiError(422, "invalid_since", f"since={since!r} is not a result id (they start with a time in milliseconds, like "
+                                             "'1712345678901-0'); it looks like an old chunk ack id ('<seq + 1>-0'): pass the "
+                                             "id of a result entry, or 0 for the start")
     return since
 
 

@@ -10,8 +10,8 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
 #: names of streams and models as the API takes them (service.store.keys.STREAM_NAME, MODEL_NAME), for the
 #: OpenAPI schema only: the routes check them themselves, with messages that say what is wrong
 NAME_SCHEMA = {"minLength": 1, "maxLength": 64, "pattern": "^[A-Za-z0-9][A-Za-z0-9_.-]*$"}
-#: a result id as ``since`` takes it ('' or '0': from the start)
-RESULT_ID_PATTERN = "^([0-9]{1,20}(-[0-9]{1,20})?)?$"
+#: a result id as ``since`` takes it ('', '0' or '0-0': from the start; result ids start with a time in ms)
+RESULT_ID_PATTERN = "^(0|0-0|0*[1-9][0-9]{12,19}(-[0-9]{1,20})?)?$"
 
 
 class ModelIn(BaseModel):
@@ -106,7 +106,8 @@ class ChunkColumns(BaseModel):
 class ChunkAck(BaseModel):
     seq: int
     status: Literal["accepted", "duplicate"]
-    id: str
+    id: str = Field(description="the chunk's id, 'chunk-<seq>' (not a result id: since= refuses it)",
+                    examples=["chunk-17"], json_schema_extra={"pattern": "^chunk-[0-9]+$"})
     rows: int | None = None
 
 
@@ -272,9 +273,13 @@ class DeadLetters(BaseModel):
     dead_letters: list[DeadLetter]
 
 
+EntryKind = Literal["result", "changepoint", "dead_letter"]
+
+
 class EvidencePage(BaseModel):
     results: list[Entry]
-    next: str | None = Field(None, description="pass as since= to get the following page")
+    next: str | None = Field(None, description="pass as since= to get the following page (a result id)")
+    has_more: bool = Field(False, description="whether entries matching the filter follow next (false: none now)")
 
 
 # --- one-shot detection (POST /v1/detect) ---------------------------------------------------------

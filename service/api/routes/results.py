@@ -12,23 +12,29 @@ from fastapi.responses import StreamingResponse
 from service.api import crud
 from service.api.deps import Read, SettingsDep, StoreDep, reject, ws_allowed
 from service.api.errors import READ, ApiError, errors
-from service.api.schemas import RESULT_ID_PATTERN, ChangepointList, DeadLetters, EvidencePage
+from service.api.schemas import RESULT_ID_PATTERN, ChangepointList, DeadLetters, EntryKind, EvidencePage
 
 router = APIRouter(prefix="/v1/streams", tags=["results"])
 
 
-@router.get("/{stream}/evidence", response_model=EvidencePage, response_model_exclude_unset=True, dependencies=[Read], responses=errors(*READ, 404, 422))
-async def evidence(stream: str, store: StoreDep, since: str | None = Query(None, description="return results after this id",
-                                                                       json_schema_extra={"pattern": RESULT_ID_PATTERN}),
-                   limit: int = Query(1000, ge=1, le=10_000), model: str | None = None):
+@router.get("/{stream}/evidence", response_model=EvidencePage, response_model_exclude_unset=True, dependencies=[Read],
+            responses=errors(*READ, 404, 422))
+async def evidence(stream: str, store: StoreDep,
+                   since: str | None = Query(None, description="return entries after this result id (a page's next)",
+                                             json_schema_extra={"pattern": RESULT_ID_PATTERN}),
+                   limit: int = Query(1000, ge=1, le=10_000, description="most entries in the page (after filtering)"),
+                   model: str | None = Query(None, description="only this model's entries"),
+                   kind: list[EntryKind] | None = Query(None, description="only entries of these kinds (repeat for several)")):
+    """The stream's result entries after ``since``, oldest first, filtered by model and kind
+    before the page is cut to ``limit``. ``next`` is the cursor for the following page and
+    ``has_more`` whether entries matching the filter follow it (a filtered page looks at most at
+    50,000 entries: has_more may then be true for a short page)."""
     cfg = await crud.stream_config(store, stream)
     if model is not None and cfg.model(model) is None:
         raise ApiError(404, "model_not_found", f"stream {stream!r} has no model {model!r}")
-    results = await store.results(stream, crud.check_id(since), limit)
-    nxt = results[-1]["id"] if results else since
-    if model is not None:
-        results = [r for r in results if r["model"] == model]
-    return {"results": results, "next": nxt}
+    after = crud.check_id(since)
+    results, cursor, more = await store.results(stream, after, limit, model, kind)
+    return {"results": results, "next": cursor if cursor != after else since, "has_more": more}
 
 
 @router.get("/{stream}/changepoints", dependencies=[Read], response_model=ChangepointList, response_model_exclude_unset=True, responses=errors(*READ, 404, 422))
