@@ -303,3 +303,21 @@ def test_chunk_ack_ids_are_not_result_ids(live, processed):
     for since in ("0", "0-0", "", entries[3]["id"]):
         assert live.client.get(f"/v1/streams/{s}/evidence", params={"since": since}).status_code == 200
     assert all(int(e["id"].split("-")[0]) >= 10**12 for e in entries)
+
+
+# --- 6. the stream shows its effective settings and its models' names as given ----------------------
+def test_a_stream_shows_its_effective_settings_and_model_names(live):
+    from service.detect import DetectorConfig
+    from service.sgais import SGAISConfig
+
+    s = new_stream(live, columns=["x"], models=["gmm:components=2", {"spec": "level", "name": "lvl"}],
+                   sampler={"preset": "accurate", "overrides": {"particles": 12}}, detector={"threshold": 0.95})
+    got = live.client.get(f"/v1/streams/{s}").json()
+    assert got["sampler"] == {"preset": "accurate", "overrides": {"particles": 12}} and got["detector"] == {"threshold": 0.95}
+    assert got["sampler_settings"] == {**SGAISConfig.preset("accurate").__dict__, "particles": 12}
+    assert got["sampler_settings"]["integrator"] == "baoab"  # from the preset, not given
+    assert got["detector_settings"] == {**DetectorConfig().to_dict(), "threshold": 0.95}
+    assert [(m["name"], m["spec"], m["method"]) for m in got["models"]] == [("gmm_components2", "gmm:components=2", "sgais"),
+                                                                           ("lvl", "level", "exact")]
+    schema = live.client.get("/openapi.json").json()["components"]["schemas"]
+    assert {"sampler_settings", "detector_settings"} <= set(schema["StreamOut"]["properties"])

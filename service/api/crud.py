@@ -6,6 +6,7 @@ which the WebSocket ingest answers as messages)."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import math
 import re
@@ -23,7 +24,7 @@ from service.api.errors import ApiError
 from service.api.schemas import ModelFrame, ModelIn, ModelOut, StreamIn, StreamOut
 from service.data import log_model_probabilities
 from service.detect import DetectorConfig
-from service.runtime import build, cached_model, log_model_priors, model_seed
+from service.runtime import build, cached_model, log_model_priors, model_seed, sampler_config
 from service.settings import Settings
 from service.sgais import ConfigError, load_state
 from service.store import ModelEntry, StreamConfig, digest, keys
@@ -140,7 +141,8 @@ async def delete_stream(store: ApiStore, cfg: StreamConfig) -> None:
 async def model_rows(store: ApiStore, cfg: StreamConfig) -> tuple[int, int, list[ModelOut]]:
     """(last accepted seq, dead letters, each model's summary with its posterior probability)."""
     p = await store.progress(cfg)
-    out = [ModelOut(name=m.name, spec=m.spec, target=cfg.columns[m.target] if m.target is not None else None,
+    out = [ModelOut(name=m.name, spec=m.spec, method="exact" if cached_model(m.spec, len(cfg.columns), m.target).exact else "sgais",
+                    target=cfg.columns[m.target] if m.target is not None else None,
                     observations=r.observations, chunks=r.chunks, last_seq=r.last_seq, log_evidence=r.log_evidence,
                     log_evidence_per_observation=r.log_evidence / r.observations if r.observations else None,
                     posterior_probability=None, lag_chunks=max(0, p.last_seq - r.last_seq), error=r.error)
@@ -164,11 +166,22 @@ async def model_frame(store: ApiStore, cfg: StreamConfig, entry) -> ModelFrame |
     return ModelFrame(warmup_rows=model.warmup, centre=frame[0] if frame else None, scale=frame[1] if frame else None)
 
 
+def effective(settings) -> dict | None:
+    """Settings in effect (``settings()``), or None where a stored config no longer reads (a
+    setting this version does not know): the stream is still shown, as given."""
+    try:
+        return settings()
+    except (ConfigError, TypeError, ValueError):
+        return None
+
+
 async def stream_out(store: ApiStore, cfg: StreamConfig) -> StreamOut:
     last_seq, dead, models = await model_rows(store, cfg)
     for row, entry in zip(models, cfg.models):
         row.frame = await model_frame(store, cfg, entry)
     return StreamOut(name=cfg.name, columns=cfg.columns, sampler=cfg.sampler, detector=cfg.detector, seed=cfg.seed,
+                     sampler_settings=effective(lambda: dataclasses.asdict(sampler_config(cfg))),
+                     detector_settings=effective(lambda: DetectorConfig.from_dict(cfg.detector).to_dict()),
                      last_seq=last_seq, next_seq=last_seq + 1, dead_letters=dead, models=models)
 
 

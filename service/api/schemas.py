@@ -59,8 +59,10 @@ class ModelFrame(BaseModel):
 
 
 class ModelOut(BaseModel):
-    name: str
-    spec: str
+    name: str = Field(description="the model's name in this stream: results' 'model' and ?model=; as given in the create "
+                                  "request, else derived from the spec (':' and '=' dropped, e.g. 'gmm_components2')")
+    spec: str = Field(description="the model's spec as given, e.g. 'gmm:components=2' (what cusp replay calls the model)")
+    method: Literal["exact", "sgais"] | None = Field(None, description="exact (closed form, conjugate models) or sgais")
     target: str | None
     observations: int
     chunks: int
@@ -77,8 +79,12 @@ class ModelOut(BaseModel):
 class StreamOut(BaseModel):
     name: str
     columns: list[str]
-    sampler: dict[str, Any]
-    detector: dict[str, Any] = Field(default_factory=dict)
+    sampler: dict[str, Any] = Field(description="the sampler settings as given: preset and overrides")
+    detector: dict[str, Any] = Field(default_factory=dict, description="the detector settings as given")
+    sampler_settings: dict[str, Any] | None = Field(
+        None, description="the SGAIS settings in effect: the preset with the overrides applied, every setting (README)")
+    detector_settings: dict[str, Any] | None = Field(
+        None, description="the detector settings in effect: those given, the rest at their defaults (README)")
     seed: int
     last_seq: int
     next_seq: int
