@@ -321,3 +321,70 @@ def test_a_stream_shows_its_effective_settings_and_model_names(live):
                                                                            ("lvl", "level", "exact")]
     schema = live.client.get("/openapi.json").json()["components"]["schemas"]
     assert {"sampler_settings", "detector_settings"} <= set(schema["StreamOut"]["properties"])
+
+
+# --- 5. backpressure: a per-stream backlog, beyond it 429 with Retry-After and nothing stored -------------
+def test_ingest_beyond_the_backlog_is_refused_with_429_and_stores_nothing(live, redis_url):
+    from service.store import connect, keys
+
+    s = new_stream(live, columns=["x"], models=["level", "ar"], max_backlog=3)
+    assert live.client.get(f"/v1/streams/{s}").json()["max_backlog"] == 3
+    post = lambda seq, v=1.0: live.client.post(f"/v1/streams/{s}/chunks", json={"seq": seq, "rows": [[v], [v + 1]]})  # noqa: E731
+    for seq in range(3):
+        assert post(seq).status_code == 202
+    r = post(3)
+    doc = assert_problem(r, 429, "backlog_full")
+    assert r.headers["retry-after"] == "1" and "max_backlog=3" in doc["detail"] and "3 accepted chunks" in doc["detail"]
+    redis = connect(redis_url)
+    try:
+        assert redis.xlen(keys.inbox(s)) == 3 and redis.get(keys.seq(s)) == b"2"  # nothing stored
+        assert post(2).json()["status"] == "duplicate"  # resends, gaps and conflicts answer as before
+        assert_problem(post(7), 409, "seq_gap")
+        assert_problem(post(2, 5.0), 409, "seq_conflict")
+        w = Worker(redis_url)
+        try:
+            w.run_until_idle()
+            assert post(3).status_code == 202  # the workers caught up: room again
+            for seq in range(4, 6):
+                assert post(seq).status_code == 202
+            assert_problem(post(6), 429, "backlog_full")
+            with cusp.Client(live.url, retries=0) as c:  # the client resends a 429 after Retry-After; out of retries:
+                with pytest.raises(cusp.ServerUnavailable, match="429: .*max_backlog=3"):
+                    c.post(s, [1.0, 2.0], seq=6)
+            w.run_until_idle()
+        finally:
+            w.release_all()
+        assert post(6).status_code == 202
+        assert redis.get(keys.seq(s)) == b"6"
+    finally:
+        redis.close()
+    # 0: no limit
+    s0 = new_stream(live, columns=["x"], models=["level"], max_backlog=0)
+    assert all(live.client.post(f"/v1/streams/{s0}/chunks", json={"seq": q, "rows": [[1.0]]}).status_code == 202 for q in range(30))
+    assert_problem(live.client.post("/v1/streams", json={"name": "neg", "columns": ["x"], "max_backlog": -1}), 422, "invalid_request")
+
+
+def test_the_backlog_holds_under_concurrent_writers(live, redis_url):
+    """Eight writers racing to append the next chunk until refused: the check is one step with
+    the append, so exactly max_backlog chunks get in."""
+    import concurrent.futures
+
+    s = new_stream(live, columns=["x"], models=["level"], max_backlog=5)
+
+    def writer(_):
+        seq = 0
+        with httpx.Client(base_url=live.url, timeout=30) as c:
+            for _ in range(500):
+                r = c.post(f"/v1/streams/{s}/chunks", json={"seq": seq, "rows": [[float(seq)]]})
+                if r.status_code in (200, 202):  # ours or another writer's (same data): the next one
+                    seq += 1
+                elif r.status_code == 409:
+                    seq = int(re.search(r"expected seq (\d+)", r.json()["detail"]).group(1))
+                else:
+                    return r.status_code, r.json()["code"]
+        return None
+
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        ends = list(pool.map(writer, range(8)))
+    assert ends == [(429, "backlog_full")] * 8
+    assert live.client.get(f"/v1/streams/{s}").json()["next_seq"] == 5

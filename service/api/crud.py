@@ -30,6 +30,9 @@ from service.sgais import ConfigError, load_state
 from service.store import ModelEntry, StreamConfig, digest, keys
 from service.store.api import ApiStore
 
+#: seconds a client refused for a full backlog is asked to wait (Retry-After)
+BACKLOG_RETRY_AFTER = 1
+
 #: the largest particles x parameters a stream's model may ask for (its state is 8 bytes per entry, in Redis)
 MAX_PARTICLE_VALUES = 10_000_000
 
@@ -83,7 +86,8 @@ def config_from_request(body: StreamIn) -> StreamConfig:
         entries.append(ModelEntry(name=name, spec=m.spec, target=target, prior=m.prior))
     cfg = StreamConfig(name=body.name, columns=body.columns, models=entries,
                        sampler={"preset": body.sampler.preset, "overrides": body.sampler.overrides},
-                       seed=body.seed, detector=body.detector, created=time.time(), uid=uuid.uuid4().hex)
+                       seed=body.seed, detector=body.detector, created=time.time(), uid=uuid.uuid4().hex,
+                       max_backlog=body.max_backlog)
     try:
         DetectorConfig.from_dict(body.detector)
     except ConfigError as exc:
@@ -182,7 +186,7 @@ async def stream_out(store: ApiStore, cfg: StreamConfig) -> StreamOut:
     return StreamOut(name=cfg.name, columns=cfg.columns, sampler=cfg.sampler, detector=cfg.detector, seed=cfg.seed,
                      sampler_settings=effective(lambda: dataclasses.asdict(sampler_config(cfg))),
                      detector_settings=effective(lambda: DetectorConfig.from_dict(cfg.detector).to_dict()),
-                     last_seq=last_seq, next_seq=last_seq + 1, dead_letters=dead, models=models)
+                     max_backlog=cfg.max_backlog, last_seq=last_seq, next_seq=last_seq + 1, dead_letters=dead, models=models)
 
 
 async def refresh_stream_gauges(store: ApiStore) -> None:
@@ -226,7 +230,8 @@ async def ingest(store: ApiStore, settings: Settings, cfg: StreamConfig, seq: in
     check_chunk(settings, cfg, data)
     raw = data.astype("<f8").tobytes()  # stored as is; its digest recognises a resend in any body format
     payload_digest = digest(raw)
-    kind, val = await store.ingest(cfg.name, seq, raw, data.shape[0], payload_digest, settings.dedup_window, cfg.uid)
+    kind, val = await store.ingest(cfg.name, seq, raw, data.shape[0], payload_digest, settings.dedup_window, cfg.uid,
+                                   [m.name for m in cfg.models], cfg.max_backlog)
     if kind == "ok":
         M.INGESTED_CHUNKS.labels(cfg.name).inc()
         M.INGESTED_ROWS.labels(cfg.name).inc(data.shape[0])
@@ -241,6 +246,11 @@ async def ingest(store: ApiStore, settings: Settings, cfg: StreamConfig, seq: in
         raise ChunkError(f"seq {seq} was accepted long ago: it is older than the last CUSP_DEDUP_WINDOW="
                          f"{settings.dedup_window} chunks, whose digests are kept, so it cannot be checked against "
                          f"the stored data; expected seq {val}", 409, "seq_too_old")
+    if kind == "busy":
+        M.REJECTED.labels("backlog").inc()
+        raise ChunkError(f"stream {cfg.name!r} has {val} accepted chunks that its slowest model has not processed yet, its "
+                         f"max_backlog={cfg.max_backlog}: nothing stored; send seq {seq} again after Retry-After seconds",
+                         429, "backlog_full", retry_after=BACKLOG_RETRY_AFTER)
     if kind == "gone":
         M.REJECTED.labels("gone").inc()
         raise ChunkError(f"stream {cfg.name!r} was deleted (or deleted and created again): nothing stored", 404)

@@ -107,6 +107,8 @@ def errors(*codes: int) -> dict:
     for c in codes:
         names = ", ".join(f"`{k}`" for k, (s, _) in CODES.items() if s == c)
         out[c] = {"model": Problem, "description": f"{WHY[c]} (code: {names})" if names else WHY[c]}
+        if c in (429, 503):
+            out[c]["headers"] = {"Retry-After": {"description": "seconds to wait before sending again", "schema": {"type": "integer"}}}
     return out
 
 

@@ -46,6 +46,9 @@ class StreamIn(BaseModel):
         default_factory=dict,
         description="change-point detector settings (docs: README), e.g. {'expected_run_length': 5000, "
                     "'threshold': 0.999}; {'enabled': false} turns it off")
+    max_backlog: int = Field(10_000, ge=0, le=10**9,
+                             description="most chunks accepted but not yet processed by the stream's slowest model; a chunk "
+                                         "beyond it is refused with 429 and Retry-After, nothing stored (0: no limit)")
 
 
 class ModelFrame(BaseModel):
@@ -85,6 +88,7 @@ class StreamOut(BaseModel):
         None, description="the SGAIS settings in effect: the preset with the overrides applied, every setting (README)")
     detector_settings: dict[str, Any] | None = Field(
         None, description="the detector settings in effect: those given, the rest at their defaults (README)")
+    max_backlog: int = Field(0, description="chunks the slowest model may have to process before ingest answers 429 (0: no limit)")
     seed: int
     last_seq: int
     next_seq: int

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass
 
 from service.store import StreamConfig, connect_async, keys, scripts
@@ -155,13 +155,16 @@ class ApiStore:
 
     # --- ingest -------------------------------------------------------------------------------
     async def ingest(self, stream: str, seq: int, raw: bytes, rows: int, digest: str, window: int,
-                     uid: str = "") -> tuple[str, str]:
+                     uid: str = "", models: Sequence[str] = (), max_backlog: int = 0) -> tuple[str, str]:
         """Append one chunk (``raw``: its float64 rows) unless its seq is taken or out of order, or
-        the stream is not (any more) the incarnation ``uid``. Returns ("ok", entry id) | ("dup",
-        stored digest) | ("old", expected seq) | ("gap", expected seq) | ("gone", "")."""
+        the stream is not (any more) the incarnation ``uid``, or (``max_backlog`` > 0) the slowest of
+        ``models`` has ``max_backlog`` accepted chunks still to apply. Returns ("ok", entry id) |
+        ("dup", stored digest) | ("old", expected seq) | ("gap", expected seq) | ("busy", backlog) |
+        ("gone", "")."""
         await self.load_scripts()
         res = await self._ingest(keys=[keys.seq(stream), keys.inbox(stream), keys.seen(stream), keys.config(stream),
-                                       keys.uid(stream)], args=[seq, raw, rows, digest, window, uid])
+                                       keys.uid(stream), *[keys.state(stream, m) for m in models]],
+                                 args=[seq, raw, rows, digest, window, uid, max_backlog])
         return res[0].decode(), res[1].decode()
 
     # --- results ------------------------------------------------------------------------------

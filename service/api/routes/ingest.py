@@ -63,7 +63,7 @@ async def read_body(request: Request, limit: int) -> bytes:
 
 @router.post(CHUNKS.removeprefix(router.prefix), status_code=202, response_model=ChunkAck, dependencies=[Write],
              responses={200: {"model": ChunkAck, "description": "a repeated seq with the same data: status 'duplicate'"},
-                        **errors(400, *WRITE, 404, 409, 413, 415, 422)},
+                        **errors(400, *WRITE, 404, 409, 413, 415, 422, 429)},
              openapi_extra={"requestBody": {"required": True, "content": BODY}})
 async def post_chunk(stream: str, request: Request, store: StoreDep, settings: SettingsDep,
                      seq: Annotated[int | None, Query(ge=0, le=2**53, description="sequence number for NDJSON/CSV bodies")] = None):
@@ -110,8 +110,9 @@ async def ingest_ws(ws: WebSocket, stream: str, store: StoreDep, settings: Setti
                 await ws.send_json(ack)
             except C.ChunkError as exc:
                 M.REJECTED.labels("invalid").inc()
-                await ws.send_json({"seq": seq if isinstance(seq, int) else None, "status": "error",
-                                    "code": exc.status, "error": exc.code, "detail": str(exc)})
+                err = {"seq": seq if isinstance(seq, int) else None, "status": "error", "code": exc.status, "error": exc.code,
+                       "detail": str(exc)}
+                await ws.send_json(err if exc.retry_after is None else {**err, "retry_after": exc.retry_after})
             except (rexc.ConnectionError, rexc.TimeoutError) as exc:
                 await ws.send_json({"seq": seq if isinstance(seq, int) else None, "status": "error", "code": 503,
                                     "error": "redis_unavailable", "detail": f"Redis unavailable: {exc}; resend"})
