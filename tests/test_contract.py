@@ -388,3 +388,11 @@ def test_the_backlog_holds_under_concurrent_writers(live, redis_url):
         ends = list(pool.map(writer, range(8)))
     assert ends == [(429, "backlog_full")] * 8
     assert live.client.get(f"/v1/streams/{s}").json()["next_seq"] == 5
+
+
+def test_docs_list_every_error_code():
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "api.md").read_text()
+    documented = {m.group(1): int(m.group(2)) for m in re.finditer(r"^\| `([a-z_]+)` \| (\d{3}) \|", text, re.M)}
+    assert documented == {c: s for c, (s, _) in CODES.items()}

@@ -55,7 +55,7 @@ CODES: dict[str, tuple[int, str]] = {
     "invalid_seq": (422, "seq is missing or not an integer in [0, 2**53]"),
     "invalid_stream": (422, "The stream's name, columns or settings are invalid"),
     "invalid_model": (422, "A model spec, name, target or its sampler settings are invalid"),
-    "invalid_since": (422, "since is not a result id of this stream"),
+    "invalid_since": (422, "since is not a result id"),
     "invalid_series": (422, "The series given to POST /v1/detect is not usable"),
     "backlog_full": (429, "The stream's backlog of unprocessed chunks is full: retry after Retry-After seconds"),
     "internal_error": (500, "Internal error"),
