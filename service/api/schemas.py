@@ -283,7 +283,7 @@ class DeadLetters(BaseModel):
     dead_letters: list[DeadLetter]
 
 
-EntryKind = Literal["result", "changepoint", "dead_letter"]
+EntryKind = Literal[KNOWN_KINDS]  # the kinds ?kind= filters on
 
 
 class EvidencePage(BaseModel):
