@@ -396,3 +396,23 @@ def test_docs_list_every_error_code():
     text = (Path(__file__).resolve().parents[1] / "docs" / "api.md").read_text()
     documented = {m.group(1): int(m.group(2)) for m in re.finditer(r"^\| `([a-z_]+)` \| (\d{3}) \|", text, re.M)}
     assert documented == {c: s for c, (s, _) in CODES.items()}
+
+
+def test_the_ingest_websocket_answers_errors_with_their_code(live, redis_url):
+    import json
+
+    from websockets.sync.client import connect as ws_connect
+
+    s = new_stream(live, columns=["x"], models=["level"], max_backlog=1)
+    with ws_connect(f"{live.ws_url}/v1/streams/{s}/ingest") as ws:
+        ws.send(json.dumps({"seq": 0, "rows": [[1.0], ["x"]]}))
+        assert json.loads(ws.recv(timeout=10)) == {"seq": 0, "status": "error", "code": 422, "error": "invalid_rows",
+                                                   "detail": "row 1 column 'x': \"x\" is not a number"}
+        ws.send(json.dumps({"seq": 0, "rows": [[1.0]]}))
+        assert json.loads(ws.recv(timeout=10)) == {"seq": 0, "status": "accepted", "id": "chunk-0", "rows": 1}
+        ws.send(json.dumps({"seq": 1, "rows": [[1.0]]}))
+        got = json.loads(ws.recv(timeout=10))
+        assert (got["code"], got["error"], got["retry_after"]) == (429, "backlog_full", 1) and "max_backlog=1" in got["detail"]
+        ws.send(json.dumps({"seq": 5, "rows": [[1.0]]}))
+        assert json.loads(ws.recv(timeout=10))["error"] == "seq_gap"
+    assert live.client.get(f"/v1/streams/{s}").json()["next_seq"] == 1
