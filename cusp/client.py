@@ -146,23 +146,32 @@ class Client:
 
     # --- results ------------------------------------------------------------------------------
     def results(self, name: str, since: str | None = None, *, follow: bool = False,
-                model: str | None = None) -> Iterator[dict]:
+                model: str | None = None, kind: str | Sequence[str] | None = None) -> Iterator[dict]:
         """The stream's result entries (kinds 'result', 'changepoint', 'dead_letter') after the
-        result id ``since`` (None: from the start), oldest first. follow False: those stored now
-        (``/evidence`` pages), then stop. follow True: live over server-sent events, resumed with
+        result id ``since`` (None: from the start), oldest first; ``model`` and ``kind`` (one
+        kind or several) filter them. follow False: those stored now (``/evidence`` pages, the
+        server filtering), then stop. follow True: live over server-sent events, resumed with
         Last-Event-ID after a dropped connection, until the stream is deleted. To resume in
         another process, pass the last entry's ``id`` as ``since``."""
         _name(name)
+        kinds = [kind] if isinstance(kind, str) else list(kind) if kind is not None else None
         if follow:
-            yield from self._follow(name, since, model)
+            for e in self._follow(name, since, model):
+                if kinds is None or e.get("kind") in kinds:
+                    yield e
             return
         while True:
-            params = {"since": since} if since else {}
+            params: dict[str, Any] = {"since": since} if since else {}
             if model is not None:
                 params["model"] = model
+            if kinds:
+                params["kind"] = kinds
             page = self._call_once("GET", f"/v1/streams/{name}/evidence", params=params)
             yield from page["results"]
-            if not page["results"] or page.get("next") in (None, since):
+            more = page.get("has_more")
+            if more is None:  # a server before has_more: an empty page ends it
+                more = bool(page["results"])
+            if not more or page.get("next") in (None, since):
                 return
             since = page["next"]
 
@@ -285,11 +294,15 @@ def _retry_after(r: httpx.Response) -> float | None:
 
 
 def _error(r: httpx.Response):
+    """The APIError of an error answer: its RFC 9457 problem's code and detail (or the text)."""
     try:
-        detail = r.json().get("detail", r.text)
+        doc = r.json()
     except ValueError:
-        detail = r.text or r.reason_phrase
-    return api_error(r.status_code, str(detail), r.request.method, r.request.url.path)
+        doc = None
+    problem = doc if isinstance(doc, dict) else {}
+    detail = problem.get("detail", r.text or r.reason_phrase)
+    code = problem.get("code") if isinstance(problem.get("code"), str) else None
+    return api_error(r.status_code, str(detail), r.request.method, r.request.url.path, code, problem)
 
 
 def _sse(lines: Iterator[str]) -> Iterator[dict]:

@@ -2,8 +2,8 @@
 
 ``CuspError`` is the base. ``InputError`` (also a ValueError): an argument the client or the
 detector refuses before anything is sent or computed. ``APIError``: the server answered an error;
-``status`` is its HTTP status and ``detail`` its message (its 4xx subclasses name the common
-cases). ``ServerUnavailable``: connection failures or 5xx/429 answers outlasted the retries.
+``status`` is its HTTP status, ``code`` its stable error code (``seq_gap``, ``stream_not_found``, ...:
+GET /v1/errors lists them) and ``detail`` its message (its 4xx subclasses name the common cases). ``ServerUnavailable``: connection failures or 5xx/429 answers outlasted the retries.
 """
 
 from __future__ import annotations
@@ -18,11 +18,16 @@ class InputError(CuspError, ValueError):
 
 
 class APIError(CuspError):
-    """The server refused a request: ``status`` (HTTP) and ``detail`` (the server's message)."""
+    """The server refused a request: ``status`` (HTTP), ``code`` (the stable error code, e.g.
+    'seq_gap'; None from a server that sends none), ``detail`` (the server's message) and
+    ``problem`` (the whole RFC 9457 problem document, {} if the answer was not one)."""
 
-    def __init__(self, status: int, detail: str, method: str = "", path: str = ""):
-        self.status, self.detail, self.method, self.path = status, detail, method, path
-        super().__init__(f"{method} {path}: {status}: {detail}" if method else f"{status}: {detail}")
+    def __init__(self, status: int, detail: str, method: str = "", path: str = "", code: str | None = None,
+                 problem: dict | None = None):
+        self.status, self.detail, self.method, self.path, self.code = status, detail, method, path, code
+        self.problem = problem or {}
+        where = f"{method} {path}: " if method else ""
+        super().__init__(f"{where}{status}: {detail}" + (f" [{code}]" if code else ""))
 
 
 class AuthenticationError(APIError):
@@ -45,8 +50,9 @@ class ServerUnavailable(CuspError):
     """The server could not be reached, or kept answering 5xx / 429, through every retry."""
 
 
-def api_error(status: int, detail: str, method: str = "", path: str = "") -> APIError:
+def api_error(status: int, detail: str, method: str = "", path: str = "", code: str | None = None,
+              problem: dict | None = None) -> APIError:
     """The APIError subclass for an HTTP error status."""
     cls = {401: AuthenticationError, 403: AuthenticationError, 404: NotFoundError, 409: ConflictError}.get(
         status, InvalidRequestError if status in (400, 413, 415, 422) else APIError)
-    return cls(status, detail, method, path)
+    return cls(status, detail, method, path, code, problem)

@@ -206,7 +206,7 @@ def test_lost_answers_and_busy_server_are_retried_with_the_same_seq(live, proxy,
         proxy.drop["/chunks"] = 2  # stored twice over, answers lost: the resend is a duplicate
         proxy.busy["/chunks"] = 1
         ack = c.post(s, [1.0, 2.0, 3.0])
-        assert ack == {"seq": 0, "status": "duplicate", "id": "1-0"}
+        assert ack == {"seq": 0, "status": "duplicate", "id": "chunk-0"}
         assert c.post(s, [4.0, 5.0])["seq"] == 1
         posts = [p for m, p, _ in proxy.seen if m == "POST" and p.endswith("/chunks")]
         assert len(posts) == 5  # dropped, dropped, 503, duplicate, then seq 1

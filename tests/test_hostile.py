@@ -398,7 +398,7 @@ def test_malformed_websocket_messages_get_errors_and_keep_the_connection(live, r
                 assert reply["seq"] in (0, 5)
         # still open: the first chunk again is a duplicate, which changes nothing
         ws.send(json.dumps({"seq": 0, "rows": FIRST}))
-        assert json.loads(ws.recv(timeout=10)) == {"seq": 0, "status": "duplicate", "id": "1-0"}
+        assert json.loads(ws.recv(timeout=10)) == {"seq": 0, "status": "duplicate", "id": "chunk-0"}
     unchanged(live, redis_url, stream)
 
 

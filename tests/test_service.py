@@ -275,7 +275,7 @@ def test_websocket_ingest_acks_and_errors(live, redis_url):
     s, _ = make_stream(live, models=("gaussian",))
     with ws_connect(f"{live.ws_url}/v1/streams/{s}/ingest") as ws:
         ws.send(json.dumps({"seq": 0, "rows": gauss_rows(30)}))
-        assert json.loads(ws.recv()) == {"seq": 0, "status": "accepted", "id": "1-0", "rows": 30}
+        assert json.loads(ws.recv()) == {"seq": 0, "status": "accepted", "id": "chunk-0", "rows": 30}
         ws.send("{broken")
         err = json.loads(ws.recv())
         assert err["status"] == "error" and err["code"] == 400

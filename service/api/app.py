@@ -39,6 +39,7 @@ def create_app(settings: Settings, redis_url: str, worker_metrics: Sequence[str]
     for module in (ops, streams, ingest, results, detect, pages):
         app.include_router(module.router)
     ingest.document_limits(app, settings)
+    errors.document(app)
     return app
 
 

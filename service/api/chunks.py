@@ -16,10 +16,17 @@ import math
 import numpy as np
 
 
+#: a ChunkError's error code (service.api.errors.CODES) when it names none: by its status
+CHUNK_CODES = {400: "malformed_body", 404: "stream_not_found", 409: "seq_gap", 413: "chunk_too_large", 415: "unsupported_media_type",
+               422: "invalid_rows", 429: "backlog_full"}
+
+
 class ChunkError(ValueError):
-    def __init__(self, message: str, status: int = 422):
+    """A chunk refused: ``status`` (HTTP) and ``code`` (service.api.errors.CODES)."""
+
+    def __init__(self, message: str, status: int = 422, code: str | None = None, retry_after: float | None = None):
         super().__init__(message)
-        self.status = status
+        self.status, self.code, self.retry_after = status, code or CHUNK_CODES[status], retry_after
 
 
 def _reject_constant(name: str) -> float:
@@ -143,7 +150,7 @@ def parse_body(content_type: str, body: bytes, seq: int | None, columns: list[st
     from the query (JSON carries its own)."""
     if content_type in ("application/x-ndjson", "application/ndjson", "text/csv", "application/octet-stream"):
         if seq is None:
-            raise ChunkError("NDJSON, CSV and float64 bodies need ?seq=N", 422)
+            raise ChunkError("NDJSON, CSV and float64 bodies need ?seq=N", 422, "invalid_seq")
         parse = {"text/csv": parse_csv, "application/octet-stream": parse_float64}.get(content_type, parse_ndjson)
         return seq, parse(body, columns)
     if content_type in ("application/json", ""):
@@ -156,7 +163,7 @@ def parse_seq(value: object) -> int:
     """A JSON integer in [0, 2**53]; strings, floats (even 1.0), booleans and null are refused."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 0 or value > 2**53:
         shown = json.dumps(value)[:40] if not isinstance(value, int) else str(value)[:40]
-        raise ChunkError(f"seq must be a non-negative integer (at most 2**53), got {shown}")
+        raise ChunkError(f"seq must be a non-negative integer (at most 2**53), got {shown}", 422, "invalid_seq")
     return value
 
 

@@ -6,28 +6,31 @@ which the WebSocket ingest answers as messages)."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
-import math
 import re
 import time
 import uuid
 
 import numpy as np
 import torch
-from fastapi import HTTPException
 
 from models import ModelError, build_model
 from models.registry import SUPERVISED, default_portfolio
 from service import metrics as M
 from service.api.chunks import ChunkError
+from service.api.errors import ApiError
 from service.api.schemas import ModelFrame, ModelIn, ModelOut, StreamIn, StreamOut
 from service.data import log_model_probabilities
 from service.detect import DetectorConfig
-from service.runtime import build, cached_model, log_model_priors, model_seed
+from service.runtime import build, cached_model, log_model_priors, model_seed, sampler_config
 from service.settings import Settings
 from service.sgais import ConfigError, load_state
 from service.store import ModelEntry, StreamConfig, digest, keys
 from service.store.api import ApiStore
+
+#: seconds a client refused for a full backlog is asked to wait (Retry-After)
+BACKLOG_RETRY_AFTER = 1
 
 #: the largest particles x parameters a stream's model may ask for (its state is 8 bytes per entry, in Redis)
 MAX_PARTICLE_VALUES = 10_000_000
@@ -41,7 +44,7 @@ async def stream_config(store: ApiStore, name: str) -> StreamConfig:
     """The stream's config, or 404."""
     cfg = await find_stream(store, name)
     if cfg is None:
-        raise HTTPException(404, f"no stream named {name!r}")
+        raise ApiError(404, "stream_not_found", f"no stream named {name!r}")
     return cfg
 
 
@@ -51,11 +54,11 @@ def check_names(body: StreamIn) -> None:
     try:  # NaN or infinity anywhere (sampler overrides are free-form) could not be stored or echoed as JSON
         json.dumps(body.model_dump(), allow_nan=False)
     except ValueError:
-        raise HTTPException(422, "NaN and infinity are not accepted") from None
+        raise ApiError(422, "invalid_stream", "NaN and infinity are not accepted") from None
     if not keys.STREAM_NAME.fullmatch(body.name):
-        raise HTTPException(422, "stream name must be 1-64 letters, digits, '_', '.' or '-', starting with a letter or digit")
+        raise ApiError(422, "invalid_stream", "stream name must be 1-64 letters, digits, '_', '.' or '-', starting with a letter or digit")
     if len(set(body.columns)) != len(body.columns) or any(not c.strip() for c in body.columns):
-        raise HTTPException(422, f"column names must be non-empty and distinct, got {body.columns}")
+        raise ApiError(422, "invalid_stream", f"column names must be non-empty and distinct, got {body.columns}")
 
 
 def config_from_request(body: StreamIn) -> StreamConfig:
@@ -63,30 +66,31 @@ def config_from_request(body: StreamIn) -> StreamConfig:
     entries: list[ModelEntry] = []
     for i, m in enumerate(body.models or default_portfolio(len(body.columns))):
         m = ModelIn(spec=m) if isinstance(m, str) else m
-        name = m.name or re.sub(r"[^A-Za-z0-9_.-]", "_", m.spec.replace(":", "_").replace("=", ""))[:64]
+        name = m.name if m.name is not None else re.sub(r"[^A-Za-z0-9_.-]", "_", m.spec.replace(":", "_").replace("=", ""))[:64]
         if not keys.MODEL_NAME.fullmatch(name):
-            raise HTTPException(422, f"model {i}: name {name!r} must be 1-64 letters, digits, '_', '.' or '-'")
+            raise ApiError(422, "invalid_model", f"model {i}: name {name!r} must be 1-64 letters, digits, '_', '.' or '-'")
         if any(e.name == name for e in entries):
-            raise HTTPException(422, f"model name {name!r} is used twice; give each model a distinct 'name'")
+            raise ApiError(422, "invalid_model", f"model name {name!r} is used twice; give each model a distinct 'name'")
         target = None
         if m.target is not None:
             if m.target not in body.columns:
-                raise HTTPException(422, f"model {name!r}: target column {m.target!r} is not one of {body.columns}")
+                raise ApiError(422, "invalid_model", f"model {name!r}: target column {m.target!r} is not one of {body.columns}")
             target = body.columns.index(m.target)
         try:
             model = build_model(m.spec, len(body.columns), target)
         except ModelError as exc:
-            raise HTTPException(422, f"model {name!r}: {exc}") from None
+            raise ApiError(422, "invalid_model", f"model {name!r}: {exc}") from None
         if m.target is not None and model.name not in SUPERVISED:
-            raise HTTPException(422, f"model {name!r}: 'target' applies only to {sorted(SUPERVISED)}")
+            raise ApiError(422, "invalid_model", f"model {name!r}: 'target' applies only to {sorted(SUPERVISED)}")
         entries.append(ModelEntry(name=name, spec=m.spec, target=target, prior=m.prior))
     cfg = StreamConfig(name=body.name, columns=body.columns, models=entries,
                        sampler={"preset": body.sampler.preset, "overrides": body.sampler.overrides},
-                       seed=body.seed, detector=body.detector, created=time.time(), uid=uuid.uuid4().hex)
+                       seed=body.seed, detector=body.detector, created=time.time(), uid=uuid.uuid4().hex,
+                       max_backlog=body.max_backlog)
     try:
         DetectorConfig.from_dict(body.detector)
     except ConfigError as exc:
-        raise HTTPException(422, str(exc)) from None
+        raise ApiError(422, "invalid_stream", str(exc)) from None
     return cfg
 
 
@@ -100,17 +104,17 @@ def initial_states(cfg: StreamConfig, max_bytes: int | None = None) -> list[byte
         for e, sampler in samplers:
             values = sampler.config.particles * sampler.model.dim
             if getattr(sampler, "method", "sgais") == "sgais" and values > MAX_PARTICLE_VALUES:
-                raise HTTPException(422, f"model {e.name!r}: {sampler.config.particles} particles x {sampler.model.dim} parameters "
+                raise ApiError(422, "invalid_model", f"model {e.name!r}: {sampler.config.particles} particles x {sampler.model.dim} parameters "
                                          f"exceeds {MAX_PARTICLE_VALUES:,} values")
             need += 8 * (values + sampler.config.reservoir_capacity * sampler.model.feature_width)
         if max_bytes is not None and need > max_bytes:
-            raise HTTPException(413, f"the stream's models would need about {need / 2**20:,.0f} MiB of Redis (particles and "
+            raise ApiError(413, "stream_too_large", f"the stream's models would need about {need / 2**20:,.0f} MiB of Redis (particles and "
                                      f"reservoirs of {samplers[0][1].config.reservoir_capacity:,} rows), more than "
                                      f"CUSP_MAX_STREAM_BYTES={max_bytes / 2**20:,.0f} MiB; use fewer or smaller models, "
                                      "fewer particles or a smaller reservoir_capacity")
         return [sampler.init(model_seed(cfg, e)).to_bytes() for e, sampler in samplers]
     except (ConfigError, TypeError) as exc:
-        raise HTTPException(422, f"sampler: {exc}") from None
+        raise ApiError(422, "invalid_model", f"sampler: {exc}") from None
 
 
 async def create_stream(store: ApiStore, settings: Settings, body: StreamIn) -> StreamOut:
@@ -120,9 +124,9 @@ async def create_stream(store: ApiStore, settings: Settings, body: StreamIn) -> 
     states = await asyncio.to_thread(initial_states, cfg, settings.max_stream_bytes)
     outcome = await store.create(cfg, states, settings.max_streams)
     if outcome == "full":
-        raise HTTPException(409, f"the stream limit CUSP_MAX_STREAMS={settings.max_streams} is reached")
+        raise ApiError(409, "stream_limit", f"the stream limit CUSP_MAX_STREAMS={settings.max_streams} is reached")
     if outcome == "exists":
-        raise HTTPException(409, f"a stream named {cfg.name!r} already exists")
+        raise ApiError(409, "stream_exists", f"a stream named {cfg.name!r} already exists")
     M.STREAMS.inc()
     return await stream_out(store, cfg)
 
@@ -140,7 +144,8 @@ async def delete_stream(store: ApiStore, cfg: StreamConfig) -> None:
 async def model_rows(store: ApiStore, cfg: StreamConfig) -> tuple[int, int, list[ModelOut]]:
     """(last accepted seq, dead letters, each model's summary with its posterior probability)."""
     p = await store.progress(cfg)
-    out = [ModelOut(name=m.name, spec=m.spec, target=cfg.columns[m.target] if m.target is not None else None,
+    out = [ModelOut(name=m.name, spec=m.spec, method="exact" if cached_model(m.spec, len(cfg.columns), m.target).exact else "sgais",
+                    target=cfg.columns[m.target] if m.target is not None else None,
                     observations=r.observations, chunks=r.chunks, last_seq=r.last_seq, log_evidence=r.log_evidence,
                     log_evidence_per_observation=r.log_evidence / r.observations if r.observations else None,
                     posterior_probability=None, lag_chunks=max(0, p.last_seq - r.last_seq), error=r.error)
@@ -164,12 +169,23 @@ async def model_frame(store: ApiStore, cfg: StreamConfig, entry) -> ModelFrame |
     return ModelFrame(warmup_rows=model.warmup, centre=frame[0] if frame else None, scale=frame[1] if frame else None)
 
 
+def effective(settings) -> dict | None:
+    """Settings in effect (``settings()``), or None where a stored config no longer reads (a
+    setting this version does not know): the stream is still shown, as given."""
+    try:
+        return settings()
+    except (ConfigError, TypeError, ValueError):
+        return None
+
+
 async def stream_out(store: ApiStore, cfg: StreamConfig) -> StreamOut:
     last_seq, dead, models = await model_rows(store, cfg)
     for row, entry in zip(models, cfg.models):
         row.frame = await model_frame(store, cfg, entry)
     return StreamOut(name=cfg.name, columns=cfg.columns, sampler=cfg.sampler, detector=cfg.detector, seed=cfg.seed,
-                     last_seq=last_seq, next_seq=last_seq + 1, dead_letters=dead, models=models)
+                     sampler_settings=effective(lambda: dataclasses.asdict(sampler_config(cfg))),
+                     detector_settings=effective(lambda: DetectorConfig.from_dict(cfg.detector).to_dict()),
+                     max_backlog=cfg.max_backlog, last_seq=last_seq, next_seq=last_seq + 1, dead_letters=dead, models=models)
 
 
 async def refresh_stream_gauges(store: ApiStore) -> None:
@@ -213,21 +229,27 @@ async def ingest(store: ApiStore, settings: Settings, cfg: StreamConfig, seq: in
     check_chunk(settings, cfg, data)
     raw = data.astype("<f8").tobytes()  # stored as is; its digest recognises a resend in any body format
     payload_digest = digest(raw)
-    kind, val = await store.ingest(cfg.name, seq, raw, data.shape[0], payload_digest, settings.dedup_window, cfg.uid)
+    kind, val = await store.ingest(cfg.name, seq, raw, data.shape[0], payload_digest, settings.dedup_window, cfg.uid,
+                                   [m.name for m in cfg.models], cfg.max_backlog)
     if kind == "ok":
         M.INGESTED_CHUNKS.labels(cfg.name).inc()
         M.INGESTED_ROWS.labels(cfg.name).inc(data.shape[0])
-        return 202, {"seq": seq, "status": "accepted", "id": val, "rows": int(data.shape[0])}
+        return 202, {"seq": seq, "status": "accepted", "id": ack_id(seq), "rows": int(data.shape[0])}
     if kind == "dup":
         if val != payload_digest:
             M.REJECTED.labels("conflict").inc()
-            raise ChunkError(f"seq {seq} was already accepted with different data", 409)
-        return 200, {"seq": seq, "status": "duplicate", "id": keys.entry_id(seq)}
+            raise ChunkError(f"seq {seq} was already accepted with different data", 409, "seq_conflict")
+        return 200, {"seq": seq, "status": "duplicate", "id": ack_id(seq)}
     if kind == "old":
         M.REJECTED.labels("conflict").inc()
         raise ChunkError(f"seq {seq} was accepted long ago: it is older than the last CUSP_DEDUP_WINDOW="
                          f"{settings.dedup_window} chunks, whose digests are kept, so it cannot be checked against "
-                         f"the stored data; expected seq {val}", 409)
+                         f"the stored data; expected seq {val}", 409, "seq_too_old")
+    if kind == "busy":
+        M.REJECTED.labels("backlog").inc()
+        raise ChunkError(f"stream {cfg.name!r} has {val} accepted chunks that its slowest model has not processed yet, its "
+                         f"max_backlog={cfg.max_backlog}: nothing stored; send seq {seq} again after Retry-After seconds",
+                         429, "backlog_full", retry_after=BACKLOG_RETRY_AFTER)
     if kind == "gone":
         M.REJECTED.labels("gone").inc()
         raise ChunkError(f"stream {cfg.name!r} was deleted (or deleted and created again): nothing stored", 404)
@@ -236,14 +258,32 @@ async def ingest(store: ApiStore, settings: Settings, cfg: StreamConfig, seq: in
 
 
 # --- results --------------------------------------------------------------------------------
+#: result ids are Redis stream ids made by the server's clock: milliseconds since 1970 first,
+#: so no result id is below 10**12 (September 2001). Chunk acks' ids (``chunk-<seq>``; before,
+#: ``<seq + 1>-0``) are, and so are refused as since instead of reading from the start.
+MIN_RESULT_MS = 10**12
+
+
+def ack_id(seq: int) -> str:
+    """A chunk's id in its ack: ``chunk-<seq>``, which no result id resembles."""
+    return f"chunk-{seq}"
+
+
 def check_id(since: str | None) -> str:
     """A result id to read after ("0-0": from the start), or 422."""
-    if since in (None, "", "0"):
+    if since in (None, "", "0", "0-0"):
         return "0-0"
+    if since.startswith("chunk-"):
+        raise ApiError(422, "invalid_since", f"since={since[:60]!r} is a chunk's ack id, not a result id: pass the id of a "
+                                             "result entry (from /evidence, its feeds or /changepoints), or 0 for the start")
     # ASCII digits only (\d would take other scripts' digits), each part a 64-bit unsigned integer as Redis needs
     m = re.fullmatch(r"([0-9]{1,20})(?:-([0-9]{1,20}))?", since)
     if not m or any(int(p) >= 2**64 for p in m.groups() if p is not None):
-        raise HTTPException(422, f"since must be a result id like '1712345678901-0', got {since[:60]!r}")
+        raise ApiError(422, "invalid_since", f"since must be a result id like '1712345678901-0', got {since[:60]!r}")
+    if int(m.group(1)) < MIN_RESULT_MS:
+        raise ApiError(422, "invalid_since", f"since={since!r} is not a result id (they start with a time in milliseconds, like "
+                                             "'1712345678901-0'); it looks like an old chunk ack id ('<seq + 1>-0'): pass the "
+                                             "id of a result entry, or 0 for the start")
     return since
 
 

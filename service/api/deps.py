@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import Depends, HTTPException, Request, WebSocket
+from fastapi import Depends, Request, WebSocket
 from fastapi.requests import HTTPConnection
 
+from service.api.errors import ApiError
 from service.settings import Settings
 from service.store.api import ApiStore
 
@@ -44,9 +45,9 @@ def presented_key(request: Request) -> str | None:
 async def _access(request: Request, settings: Settings, scope: str) -> None:
     got = scope_for(settings, presented_key(request))
     if got is None:
-        raise HTTPException(401, "missing or unknown API key (send 'Authorization: Bearer KEY')", headers={"WWW-Authenticate": "Bearer"})
+        raise ApiError(401, "unauthorized", "missing or unknown API key (send 'Authorization: Bearer KEY')", {"WWW-Authenticate": "Bearer"})
     if scope == "write" and got != "write":
-        raise HTTPException(403, "this API key is read-only")
+        raise ApiError(403, "read_only_key", "this API key is read-only")
 
 
 async def can_read(request: Request, settings: SettingsDep) -> None:
@@ -61,7 +62,7 @@ async def page_access(request: Request, settings: SettingsDep) -> None:
     """Pages opened in a browser (live page, API docs) take the key as ``?token=KEY`` too."""
     key = presented_key(request) or request.query_params.get("token")
     if scope_for(settings, key) is None:
-        raise HTTPException(401, "missing or unknown API key (open the page with ?token=KEY)", headers={"WWW-Authenticate": "Bearer"})
+        raise ApiError(401, "unauthorized", "missing or unknown API key (open the page with ?token=KEY)", {"WWW-Authenticate": "Bearer"})
 
 
 #: route-level checks: ``dependencies=[Read]`` or ``[Write]``

@@ -7,10 +7,8 @@ from __future__ import annotations
 import logging
 import re
 
-from fastapi import HTTPException
-from fastapi.responses import JSONResponse
-
 from service import metrics as M
+from service.api.errors import ApiError, problem
 
 
 class BodyLimit:
@@ -32,7 +30,7 @@ class BodyLimit:
                 seen += len(message.get("body", b""))
                 if seen > self.limit:
                     M.REJECTED.labels("too_large").inc()
-                    raise HTTPException(413, f"body exceeds the limit of {self.limit} bytes", headers={"Connection": "close"})
+                    raise ApiError(413, "body_too_large", f"body exceeds the limit of {self.limit} bytes", {"Connection": "close"})
             return message
 
         await self.app(scope, limited, send)
@@ -41,7 +39,9 @@ class BodyLimit:
 class CheckLengthAndCount:
     """ASGI wrapper: refuses a declared Content-Length over ``limit`` before anything reads the
     body (413, connection closed), and counts every answer in cusp_http_requests_total by route
-    template and status class."""
+    template and status class. A client that went away before its answer began (mid-body, say)
+    is counted as status "client_closed" (nginx's 499), not as the 400 or 500 the app may make
+    of its half body, and what the app raised over it is not logged as a server error."""
 
     def __init__(self, app, limit: int):
         self.app, self.limit = app, limit
@@ -50,28 +50,42 @@ class CheckLengthAndCount:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         length = next((v for k, v in scope["headers"] if k == b"content-length"), None)
+        path = scope.get("path", "")
         if length is not None:
             try:
                 too_big = int(length) > self.limit
             except ValueError:
-                return await JSONResponse({"detail": "invalid Content-Length"}, status_code=400)(scope, receive, send)
+                return await problem(400, "invalid_content_length", "invalid Content-Length", path)(scope, receive, send)
             if too_big:
                 M.REJECTED.labels("too_large").inc()
-                return await JSONResponse({"detail": f"body of {length.decode()} bytes exceeds the limit of {self.limit} bytes"},
-                                          status_code=413, headers={"Connection": "close"})(scope, receive, send)  # not drained
-        status = 500
+                return await problem(413, "body_too_large", f"body of {length.decode()} bytes exceeds the limit of {self.limit} bytes",
+                                     path, {"Connection": "close"})(scope, receive, send)  # not drained
+        status: int | str = 500
+        closed = started = False
+
+        async def receive_and_note():
+            nonlocal closed
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                closed = True
+            return message
 
         async def send_and_note(message):
-            nonlocal status
+            nonlocal status, started
             if message["type"] == "http.response.start":
-                status = message["status"]
+                started = True
+                status = "client_closed" if closed else message["status"]
             await send(message)
 
         try:
-            await self.app(scope, receive, send_and_note)
+            await self.app(scope, receive_and_note, send_and_note)
+        except Exception:
+            if not closed:
+                raise
+            status = status if started else "client_closed"  # nobody to answer: not a server error
         finally:
             route = scope.get("route")
-            M.HTTP_REQUESTS.labels(getattr(route, "path", "unmatched"), f"{status // 100}xx").inc()
+            M.HTTP_REQUESTS.labels(getattr(route, "path", "unmatched"), status if isinstance(status, str) else f"{status // 100}xx").inc()
 
 
 class RedactKeys(logging.Filter):

@@ -7,10 +7,18 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
 
 
+#: names of streams and models as the API takes them (service.store.keys.STREAM_NAME, MODEL_NAME), for the
+#: OpenAPI schema only: the routes check them themselves, with messages that say what is wrong
+NAME_SCHEMA = {"minLength": 1, "maxLength": 64, "pattern": "^[A-Za-z0-9][A-Za-z0-9_.-]*$"}
+#: a result id as ``since`` takes it ('', '0' or '0-0': from the start; result ids start with a time in ms)
+RESULT_ID_PATTERN = "^(0|0-0|0*[1-9][0-9]{12,19}(-[0-9]{1,20})?)?$"
+
+
 class ModelIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
     spec: str = Field(..., description="model spec, e.g. 'gmm:components=5'", examples=["gmm:components=5"])
-    name: str | None = Field(None, description="name of the model within the stream (default: derived from the spec)")
+    name: str | None = Field(None, description="name of the model within the stream (default: derived from the spec)",
+                             json_schema_extra=NAME_SCHEMA)
     target: str | None = Field(None, description="target column for regression models (default: the last column)")
     prior: float = Field(1.0, gt=0, allow_inf_nan=False, description="prior weight of this model among the stream's models")
 
@@ -23,8 +31,9 @@ class SamplerIn(BaseModel):
 
 class StreamIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    name: str = Field(..., description="stream name: letters, digits, '_', '.', '-' (max 64)")
-    columns: list[str] = Field(..., min_length=1, max_length=256)
+    name: str = Field(..., description="stream name: letters, digits, '_', '.', '-' (max 64)", json_schema_extra=NAME_SCHEMA)
+    columns: list[str] = Field(..., min_length=1, max_length=256, json_schema_extra={"items": {"type": "string", "minLength": 1},
+                                                                                     "uniqueItems": True})
     models: list[ModelIn | str] | None = Field(
         None, min_length=1, max_length=16,
         description="the stream's models (specs or objects); left out: the default portfolio (README), for one "
@@ -37,6 +46,9 @@ class StreamIn(BaseModel):
         default_factory=dict,
         description="change-point detector settings (docs: README), e.g. {'expected_run_length': 5000, "
                     "'threshold': 0.999}; {'enabled': false} turns it off")
+    max_backlog: int = Field(10_000, ge=0, le=10**9,
+                             description="most chunks accepted but not yet processed by the stream's slowest model; a chunk "
+                                         "beyond it is refused with 429 and Retry-After, nothing stored (0: no limit)")
 
 
 class ModelFrame(BaseModel):
@@ -50,8 +62,10 @@ class ModelFrame(BaseModel):
 
 
 class ModelOut(BaseModel):
-    name: str
-    spec: str
+    name: str = Field(description="the model's name in this stream: results' 'model' and ?model=; as given in the create "
+                                  "request, else derived from the spec (':' and '=' dropped, e.g. 'gmm_components2')")
+    spec: str = Field(description="the model's spec as given, e.g. 'gmm:components=2' (what cusp replay calls the model)")
+    method: Literal["exact", "sgais"] | None = Field(None, description="exact (closed form, conjugate models) or sgais")
     target: str | None
     observations: int
     chunks: int
@@ -68,8 +82,13 @@ class ModelOut(BaseModel):
 class StreamOut(BaseModel):
     name: str
     columns: list[str]
-    sampler: dict[str, Any]
-    detector: dict[str, Any] = Field(default_factory=dict)
+    sampler: dict[str, Any] = Field(description="the sampler settings as given: preset and overrides")
+    detector: dict[str, Any] = Field(default_factory=dict, description="the detector settings as given")
+    sampler_settings: dict[str, Any] | None = Field(
+        None, description="the SGAIS settings in effect: the preset with the overrides applied, every setting (README)")
+    detector_settings: dict[str, Any] | None = Field(
+        None, description="the detector settings in effect: those given, the rest at their defaults (README)")
+    max_backlog: int = Field(0, description="chunks the slowest model may have to process before ingest answers 429 (0: no limit)")
     seed: int
     last_seq: int
     next_seq: int
@@ -82,7 +101,8 @@ class ChunkRows(BaseModel):
 
     model_config = ConfigDict(extra="forbid", title="ChunkRows")
     seq: int = Field(..., ge=0, le=2**53, description="per-stream sequence number: 0, then up by 1")
-    rows: list[list[float]] = Field(..., min_length=1, description="rows of finite numbers, one value per column")
+    rows: list[Annotated[list[float], Field(min_length=1, max_length=256)]] = Field(
+        ..., min_length=1, description="rows of finite numbers, one value per column")
 
 
 class ChunkColumns(BaseModel):
@@ -96,15 +116,33 @@ class ChunkColumns(BaseModel):
 class ChunkAck(BaseModel):
     seq: int
     status: Literal["accepted", "duplicate"]
-    id: str
+    id: str = Field(description="the chunk's id, 'chunk-<seq>' (not a result id: since= refuses it)",
+                    examples=["chunk-17"], json_schema_extra={"pattern": "^chunk-[0-9]+$"})
     rows: int | None = None
 
 
 class Problem(BaseModel):
-    """Every error answer: what went wrong, in words; request validation failures also list each field."""
+    """Every error answer (RFC 9457 problem details, ``application/problem+json``): ``code`` is
+    stable and machine-readable (GET /v1/errors lists them), ``detail`` says what was wrong in
+    words; request validation failures also list each field in ``errors``."""
 
-    detail: str
+    type: str = Field(description="URI reference of the problem type: /v1/errors#<code>", examples=["/v1/errors#seq_gap"])
+    title: str = Field(description="short summary of the problem type (the same for every error of a code)")
+    status: int = Field(description="the HTTP status", examples=[409])
+    detail: str = Field(description="what went wrong in this request", examples=["seq 7 is out of order: expected seq 5"])
+    instance: str | None = Field(None, description="the request's path")
+    code: str = Field(description="stable error code (GET /v1/errors)", examples=["seq_gap"])
     errors: list[dict[str, Any]] | None = Field(None, description="request validation failures: loc, msg and type of each")
+
+
+class ErrorCode(BaseModel):
+    code: str
+    status: int
+    title: str
+
+
+class ErrorCodes(BaseModel):
+    errors: list[ErrorCode]
 
 
 class Health(BaseModel):
@@ -245,9 +283,13 @@ class DeadLetters(BaseModel):
     dead_letters: list[DeadLetter]
 
 
+EntryKind = Literal[KNOWN_KINDS]  # the kinds ?kind= filters on
+
+
 class EvidencePage(BaseModel):
     results: list[Entry]
-    next: str | None = Field(None, description="pass as since= to get the following page")
+    next: str | None = Field(None, description="pass as since= to get the following page (a result id)")
+    has_more: bool = Field(False, description="whether entries matching the filter follow next (false: none now)")
 
 
 # --- one-shot detection (POST /v1/detect) ---------------------------------------------------------

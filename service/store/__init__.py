@@ -111,6 +111,7 @@ class StreamConfig:
     detector: dict = field(default_factory=dict)
     created: float = 0.0
     uid: str = ""  # this incarnation of the stream (keys.uid); "" for streams created before it existed
+    max_backlog: int = 10_000  # chunks accepted but not yet applied by the slowest model; beyond: 429 (0: no limit)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), separators=(",", ":"))

@@ -9,13 +9,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass
 
 from service.store import StreamConfig, connect_async, keys, scripts
 
 #: the largest result id; nothing can follow it (and Redis refuses it as an exclusive start)
 LAST_ID = f"{2**64 - 1}-{2**64 - 1}"
+#: most result entries one filtered page looks at (GET .../evidence?model=...&kind=...)
+SCAN_LIMIT = 50_000
 
 
 @dataclass(frozen=True)
@@ -153,22 +155,50 @@ class ApiStore:
 
     # --- ingest -------------------------------------------------------------------------------
     async def ingest(self, stream: str, seq: int, raw: bytes, rows: int, digest: str, window: int,
-                     uid: str = "") -> tuple[str, str]:
+                     uid: str = "", models: Sequence[str] = (), max_backlog: int = 0) -> tuple[str, str]:
         """Append one chunk (``raw``: its float64 rows) unless its seq is taken or out of order, or
-        the stream is not (any more) the incarnation ``uid``. Returns ("ok", entry id) | ("dup",
-        stored digest) | ("old", expected seq) | ("gap", expected seq) | ("gone", "")."""
+        the stream is not (any more) the incarnation ``uid``, or (``max_backlog`` > 0) the slowest of
+        ``models`` has ``max_backlog`` accepted chunks still to apply. Returns ("ok", entry id) |
+        ("dup", stored digest) | ("old", expected seq) | ("gap", expected seq) | ("busy", backlog) |
+        ("gone", "")."""
         await self.load_scripts()
         res = await self._ingest(keys=[keys.seq(stream), keys.inbox(stream), keys.seen(stream), keys.config(stream),
-                                       keys.uid(stream)], args=[seq, raw, rows, digest, window, uid])
+                                       keys.uid(stream), *[keys.state(stream, m) for m in models]],
+                                 args=[seq, raw, rows, digest, window, uid, max_backlog])
         return res[0].decode(), res[1].decode()
 
     # --- results ------------------------------------------------------------------------------
-    async def results(self, stream: str, after: str, count: int) -> list[dict]:
-        """Up to ``count`` result entries with ids above ``after`` ("0-0": from the start)."""
+    async def results(self, stream: str, after: str, count: int, model: str | None = None,
+                      kinds: Iterable[str] | None = None, scan: int = SCAN_LIMIT) -> tuple[list[dict], str, bool]:
+        """A page of result entries with ids above ``after`` ("0-0": from the start), filtered
+        before it is cut: up to ``count`` entries of ``model`` (None: any) and ``kinds`` (None:
+        any), oldest first. Returns (entries, cursor, more): ``cursor`` is the id to read after
+        for the rest (the last entry looked at, matching or not; ``after`` if none), ``more``
+        whether a matching entry follows it. At most ``scan`` entries are looked at (filters
+        that match rarely): if the scan stops there, ``more`` is True although the page may be
+        short, even empty."""
         if after == LAST_ID:
-            return []
-        got = await self.r.xrange(keys.out(stream), min="(" + after if after != "0-0" else "-", count=count)
-        return [entry(e, f) for e, f in got]
+            return [], after, False
+        want_model = model.encode() if model is not None else None
+        want_kinds = {k.encode() for k in kinds} if kinds else None
+        filtered = want_model is not None or want_kinds is not None
+        out: list[dict] = []
+        cursor, start, seen = after, "(" + after if after != "0-0" else "-", 0
+        batch = max(count + 1, 1000) if filtered else count + 1  # unfiltered: one more says whether more exists
+        while True:
+            got = await self.r.xrange(keys.out(stream), min=start, count=batch)
+            for eid, f in got:
+                if (want_model is None or f[b"model"] == want_model) and (want_kinds is None or f[b"kind"] in want_kinds):
+                    if len(out) == count:
+                        return out, cursor, True
+                    out.append(entry(eid, f))
+                cursor = eid.decode()
+            seen += len(got)
+            if len(got) < batch:
+                return out, cursor, False
+            if seen >= scan:
+                return out, cursor, True
+            start = "(" + cursor
 
     async def results_of_kinds(self, stream: str, kinds: Iterable[str], page: int = 5000) -> list[dict]:
         """Every result entry of the given kinds, read in pages."""

@@ -3,16 +3,19 @@
 Every script's KEYS lie in one hash slot, so each runs on one Redis Cluster shard: either one
 stream's keys (all tagged ``{stream}``) or one global key; never both (see keys.py)."""
 
-# Ingest one chunk. KEYS: seq, inbox, seen, config, uid. ARGV: seq, rows(bytes), n_rows, digest,
-# seen_window, uid. Nothing is written unless the stream exists and is the incarnation ``uid``
-# (returns {'gone'}): a chunk sent to a deleted stream cannot leave keys behind or become a chunk
-# of the next stream of that name.
+# Ingest one chunk. KEYS: seq, inbox, seen, config, uid, then every model's state hash. ARGV: seq,
+# rows(bytes), n_rows, digest, seen_window, uid, max_backlog. Nothing is written unless the stream
+# exists and is the incarnation ``uid`` (returns {'gone'}): a chunk sent to a deleted stream cannot
+# leave keys behind or become a chunk of the next stream of that name.
+# Backpressure: with max_backlog > 0, a new chunk is refused ({'busy', backlog}) while the slowest
+# model (lowest last_seq in the state hashes) has max_backlog or more accepted chunks to apply;
+# checked in the same step as the append, so concurrent writers cannot pass it together.
 # Publishes the stream's seq key name (``cusp:{s}:seq``, so the stream's name) on ``cusp:wake``
 # (keys.WAKE): idle workers wake at once and look at that stream only, not at every stream.
 # The digest goes to the ``seen`` stream (capped at about seen_window entries), not into the
 # input entry, so that a resend is still recognised after the input entry was trimmed.
 # Returns {"ok", id} | {"dup", stored_digest} | {"old", expected} (a seq older than the kept
-# digests) | {"gap", expected}
+# digests) | {"gap", expected} | {"busy", backlog} | {"gone", ""}
 INGEST = """
 if redis.call('EXISTS', KEYS[4]) == 0 or (redis.call('GET', KEYS[5]) or '') ~= ARGV[6] then return {'gone', ''} end
 local last = tonumber(redis.call('GET', KEYS[1]) or '-1')
@@ -23,6 +26,15 @@ if s <= last then
   return {'old', tostring(last + 1)}
 end
 if s ~= last + 1 then return {'gap', tostring(last + 1)} end
+local limit = tonumber(ARGV[7] or '0')
+if limit > 0 and #KEYS > 5 then
+  local low = last
+  for i = 6, #KEYS do
+    local applied = tonumber(redis.call('HGET', KEYS[i], 'last_seq') or '-1')
+    if applied < low then low = applied end
+  end
+  if last - low >= limit then return {'busy', tostring(last - low)} end
+end
 local id = redis.call('XADD', KEYS[2], (s + 1) .. '-0', 'rows', ARGV[2], 'n', ARGV[3])
 redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[5], (s + 1) .. '-0', 'd', ARGV[4])
 redis.call('SET', KEYS[1], s)

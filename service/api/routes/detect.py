@@ -11,7 +11,7 @@ import math
 from datetime import datetime
 
 import numpy as np
-from fastapi import APIRouter, HTTPException, Request
+from fastapi import APIRouter, Request
 
 from cusp.detector import Detector
 from cusp.errors import InputError
@@ -19,7 +19,7 @@ from models import ModelError
 from models.registry import default_portfolio
 from service.api import crud
 from service.api.deps import Read, SettingsDep
-from service.api.errors import errors
+from service.api.errors import ApiError, errors
 from service.api.schemas import (DETECT_DEFAULT_CHUNKS, MAX_DETECT_CHUNKS, MAX_DETECT_ROWS, DetectChange, DetectChunk,
                                  DetectEvent, DetectIn, DetectModel, DetectOut, StreamIn)
 from service.settings import Settings
@@ -52,29 +52,29 @@ def gate(request: Request) -> asyncio.Semaphore:
 def series_of(body: DetectIn) -> tuple[np.ndarray, list | None]:
     """The rows ``[T, C]`` and the times as given (or None), or 413/422 naming the fault."""
     if (body.values is None) == (body.series is None):
-        raise HTTPException(422, "give the series as 'values' (with optional 'times') or as 'series', not both or neither")
+        raise ApiError(422, "invalid_series", "give the series as 'values' (with optional 'times') or as 'series', not both or neither")
     if body.series is not None:
         if body.times is not None:
-            raise HTTPException(422, "'times' goes with 'values'; 'series' points carry their own timestamps")
+            raise ApiError(422, "invalid_series", "'times' goes with 'values'; 'series' points carry their own timestamps")
         raw, times = [p.value for p in body.series], [p.timestamp for p in body.series]
         what = "series"
     else:
         raw, times, what = body.values, body.times, "values"
     if not raw:
-        raise HTTPException(422, f"{what} is empty")
+        raise ApiError(422, "invalid_series", f"{what} is empty")
     if len(raw) > MAX_DETECT_ROWS:
-        raise HTTPException(413, f"{what} has {len(raw):,} rows; POST /v1/detect takes at most {MAX_DETECT_ROWS:,} "
+        raise ApiError(413, "series_too_long", f"{what} has {len(raw):,} rows; POST /v1/detect takes at most {MAX_DETECT_ROWS:,} "
                                  "(create a stream for longer series)")
     shapes = {len(r) if isinstance(r, list) else None for r in raw}
     if len(shapes) > 1:
         first = len(raw[0]) if isinstance(raw[0], list) else None
         bad = next(i for i, r in enumerate(raw) if (len(r) if isinstance(r, list) else None) != first)
-        raise HTTPException(422, f"{what}[{bad}] has {'a number' if first is None else f'{first} values'} at row 0 but "
+        raise ApiError(422, "invalid_series", f"{what}[{bad}] has {'a number' if first is None else f'{first} values'} at row 0 but "
                                  "another shape here: all rows need the same number of values")
     data = np.asarray(raw, dtype=np.float64)
     data = data[:, None] if data.ndim == 1 else data
     if data.shape[1] == 0 or data.shape[1] > 256:
-        raise HTTPException(422, f"{what}: rows must have 1 to 256 values, got {data.shape[1]}")
+        raise ApiError(422, "invalid_series", f"{what}: rows must have 1 to 256 values, got {data.shape[1]}")
     if times is not None:
         check_times(times, data.shape[0], "times" if what == "values" else "series[].timestamp")
     return data, times
@@ -83,7 +83,7 @@ def series_of(body: DetectIn) -> tuple[np.ndarray, list | None]:
 def check_times(times: list, rows: int, what: str) -> None:
     """One time per row, each RFC 3339 (with an offset) or epoch seconds, strictly increasing."""
     if len(times) != rows:
-        raise HTTPException(422, f"{what} has {len(times)} entries for {rows} rows")
+        raise ApiError(422, "invalid_series", f"{what} has {len(times)} entries for {rows} rows")
     prev = -math.inf
     for i, t in enumerate(times):
         if isinstance(t, str):
@@ -91,20 +91,20 @@ def check_times(times: list, rows: int, what: str) -> None:
                 d = datetime.fromisoformat(t)
                 x = d.timestamp()
             except (ValueError, OverflowError, OSError):
-                raise HTTPException(422, f"{what}[{i}]: {t[:40]!r} is not an RFC 3339 time like '2024-05-01T12:00:00Z'") from None
+                raise ApiError(422, "invalid_series", f"{what}[{i}]: {t[:40]!r} is not an RFC 3339 time like '2024-05-01T12:00:00Z'") from None
             if d.tzinfo is None:
-                raise HTTPException(422, f"{what}[{i}]: {t[:40]!r} has no UTC offset; RFC 3339 needs one, e.g. 'Z' or '+02:00'")
+                raise ApiError(422, "invalid_series", f"{what}[{i}]: {t[:40]!r} has no UTC offset; RFC 3339 needs one, e.g. 'Z' or '+02:00'")
         else:
             x = float(t)
         if not x > prev:
-            raise HTTPException(422, f"{what}[{i}] is not after {what}[{i - 1}]: times must be strictly increasing")
+            raise ApiError(422, "invalid_series", f"{what}[{i}] is not after {what}[{i - 1}]: times must be strictly increasing")
         prev = x
 
 
 def stream_request(body: DetectIn, width: int) -> StreamIn:
     columns = body.columns or [f"x{i}" for i in range(width)]
     if len(columns) != width:
-        raise HTTPException(422, f"columns names {len(columns)} columns but the rows have {width} values")
+        raise ApiError(422, "invalid_series", f"columns names {len(columns)} columns but the rows have {width} values")
     req = StreamIn(name="detect", columns=columns, models=body.models or list(default_portfolio(width)),
                    sampler=body.sampler, seed=body.seed, detector=body.detector)
     crud.check_names(req)
@@ -114,9 +114,9 @@ def stream_request(body: DetectIn, width: int) -> StreamIn:
 def chunk_size(asked: int | None, rows: int, settings: Settings) -> int:
     chunk = asked or math.ceil(rows / DETECT_DEFAULT_CHUNKS)
     if chunk > settings.max_chunk_rows:
-        raise HTTPException(422, f"chunk_size {chunk} exceeds CUSP_MAX_CHUNK_ROWS={settings.max_chunk_rows}")
+        raise ApiError(422, "invalid_request", f"chunk_size {chunk} exceeds CUSP_MAX_CHUNK_ROWS={settings.max_chunk_rows}")
     if math.ceil(rows / chunk) > MAX_DETECT_CHUNKS:
-        raise HTTPException(422, f"{rows:,} rows in chunks of {chunk} make {math.ceil(rows / chunk):,} chunks; the limit is "
+        raise ApiError(422, "invalid_request", f"{rows:,} rows in chunks of {chunk} make {math.ceil(rows / chunk):,} chunks; the limit is "
                                  f"{MAX_DETECT_CHUNKS:,}: use chunk_size >= {math.ceil(rows / MAX_DETECT_CHUNKS)}")
     return chunk
 
@@ -127,7 +127,7 @@ def run(cfg, data: np.ndarray, chunk: int) -> Detector:
     try:
         det.update(data).flush()
     except (InputError, ModelError, EngineError) as exc:
-        raise HTTPException(422, str(exc)) from None
+        raise ApiError(422, "invalid_model", str(exc)) from None
     return det
 
 

@@ -6,14 +6,14 @@ import json
 from typing import Annotated
 
 import redis.exceptions as rexc
-from fastapi import APIRouter, FastAPI, HTTPException, Query, Request, WebSocket, WebSocketDisconnect
+from fastapi import APIRouter, FastAPI, Query, Request, WebSocket, WebSocketDisconnect
 from fastapi.responses import JSONResponse
 
 from service import metrics as M
 from service.api import chunks as C
 from service.api import crud
 from service.api.deps import SettingsDep, StoreDep, Write, reject, ws_allowed
-from service.api.errors import WRITE, errors
+from service.api.errors import WRITE, ApiError, errors
 from service.api.schemas import ChunkAck, ChunkColumns, ChunkRows
 from service.settings import Settings
 
@@ -55,15 +55,15 @@ async def read_body(request: Request, limit: int) -> bytes:
         body += part
         if len(body) > limit:
             M.REJECTED.labels("too_large").inc()
-            raise HTTPException(413, f"body exceeds the limit of {limit} bytes")
+            raise ApiError(413, "body_too_large", f"body exceeds the limit of {limit} bytes")
     if not body:
-        raise HTTPException(400, "empty body")
+        raise ApiError(400, "empty_body", "empty body")
     return bytes(body)
 
 
 @router.post(CHUNKS.removeprefix(router.prefix), status_code=202, response_model=ChunkAck, dependencies=[Write],
              responses={200: {"model": ChunkAck, "description": "a repeated seq with the same data: status 'duplicate'"},
-                        **errors(400, *WRITE, 404, 409, 413, 415, 422)},
+                        **errors(400, *WRITE, 404, 409, 413, 415, 422, 429)},
              openapi_extra={"requestBody": {"required": True, "content": BODY}})
 async def post_chunk(stream: str, request: Request, store: StoreDep, settings: SettingsDep,
                      seq: Annotated[int | None, Query(ge=0, le=2**53, description="sequence number for NDJSON/CSV bodies")] = None):
@@ -76,7 +76,8 @@ async def post_chunk(stream: str, request: Request, store: StoreDep, settings: S
         status, ack = await crud.ingest(store, settings, cfg, s, data)
     except C.ChunkError as exc:
         M.REJECTED.labels("invalid").inc()
-        raise HTTPException(exc.status, str(exc)) from None
+        raise ApiError(exc.status, exc.code, str(exc),
+                       {"Retry-After": f"{exc.retry_after:g}"} if exc.retry_after is not None else None) from None
     return JSONResponse(ack, status_code=status)
 
 
@@ -98,7 +99,7 @@ async def ingest_ws(ws: WebSocket, stream: str, store: StoreDep, settings: Setti
             seq = None
             try:
                 if raw is None or len(raw) > settings.max_body_bytes:
-                    raise C.ChunkError(f"message exceeds the limit of {settings.max_body_bytes} bytes", 413)
+                    raise C.ChunkError(f"message exceeds the limit of {settings.max_body_bytes} bytes", 413, "body_too_large")
                 try:  # lenient parse, only to echo the seq back with an error
                     doc = json.loads(raw)
                     seq = doc.get("seq") if isinstance(doc, dict) else None
@@ -109,10 +110,11 @@ async def ingest_ws(ws: WebSocket, stream: str, store: StoreDep, settings: Setti
                 await ws.send_json(ack)
             except C.ChunkError as exc:
                 M.REJECTED.labels("invalid").inc()
-                await ws.send_json({"seq": seq if isinstance(seq, int) else None, "status": "error",
-                                    "code": exc.status, "detail": str(exc)})
+                err = {"seq": seq if isinstance(seq, int) else None, "status": "error", "code": exc.status, "error": exc.code,
+                       "detail": str(exc)}
+                await ws.send_json(err if exc.retry_after is None else {**err, "retry_after": exc.retry_after})
             except (rexc.ConnectionError, rexc.TimeoutError) as exc:
                 await ws.send_json({"seq": seq if isinstance(seq, int) else None, "status": "error", "code": 503,
-                                    "detail": f"Redis unavailable: {exc}; resend"})
+                                    "error": "redis_unavailable", "detail": f"Redis unavailable: {exc}; resend"})
     except WebSocketDisconnect:
         return

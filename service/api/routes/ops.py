@@ -1,6 +1,6 @@
 """Probes and metrics: /healthz (liveness), /readyz (Redis reachable and, under ``cusp serve``
 with worker processes or with CUSP_READY_NEEDS_WORKERS=true, a worker that made progress within
-a lease), /metrics (Prometheus)."""
+a lease), /metrics (Prometheus); and /v1/errors, the error codes (the problem types' URI)."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from service import metrics as M
 from service.api import crud
 from service.api.deps import Read, SettingsDep, StoreDep
-from service.api.errors import WHY
-from service.api.schemas import Health, Ready
+from service.api.errors import CODES, READ, WHY, errors
+from service.api.schemas import ErrorCodes, Health, Ready
 from service.supervise import scrape
 
 router = APIRouter(tags=["ops"])
@@ -70,3 +70,10 @@ async def metrics(request: Request, store: StoreDep):
         texts = await asyncio.to_thread(scrape, list(worker_metrics), 2.0, next(iter(keys), None))
         return PlainTextResponse(M.merged_exposition(texts), media_type=CONTENT_TYPE_LATEST)
     return PlainTextResponse(generate_latest(M.REGISTRY), media_type=CONTENT_TYPE_LATEST)
+
+
+@router.get("/v1/errors", response_model=ErrorCodes, summary="The error codes", dependencies=[Read], responses=errors(*READ))
+async def error_codes() -> dict:
+    """Every ``code`` an error answer (RFC 9457 problem details) may carry, with its HTTP status
+    and title; a problem's ``type`` is ``/v1/errors#<code>``."""
+    return {"errors": [{"code": c, "status": s, "title": t} for c, (s, t) in CODES.items()]}

@@ -6,28 +6,35 @@ import asyncio
 import contextlib
 import json
 
-from fastapi import APIRouter, HTTPException, Query, Request, WebSocket, WebSocketDisconnect
+from fastapi import APIRouter, Query, Request, WebSocket, WebSocketDisconnect
 from fastapi.responses import StreamingResponse
 
 from service.api import crud
 from service.api.deps import Read, SettingsDep, StoreDep, reject, ws_allowed
-from service.api.errors import READ, errors
-from service.api.schemas import ChangepointList, DeadLetters, EvidencePage
+from service.api.errors import READ, ApiError, errors
+from service.api.schemas import RESULT_ID_PATTERN, ChangepointList, DeadLetters, EntryKind, EvidencePage
 
 router = APIRouter(prefix="/v1/streams", tags=["results"])
 
 
-@router.get("/{stream}/evidence", response_model=EvidencePage, response_model_exclude_unset=True, dependencies=[Read], responses=errors(*READ, 404, 422))
-async def evidence(stream: str, store: StoreDep, since: str | None = Query(None, description="return results after this id"),
-                   limit: int = Query(1000, ge=1, le=10_000), model: str | None = None):
+@router.get("/{stream}/evidence", response_model=EvidencePage, response_model_exclude_unset=True, dependencies=[Read],
+            responses=errors(*READ, 404, 422))
+async def evidence(stream: str, store: StoreDep,
+                   since: str | None = Query(None, description="return entries after this result id (a page's next)",
+                                             json_schema_extra={"pattern": RESULT_ID_PATTERN}),
+                   limit: int = Query(1000, ge=1, le=10_000, description="most entries in the page (after filtering)"),
+                   model: str | None = Query(None, description="only this model's entries"),
+                   kind: list[EntryKind] | None = Query(None, description="only entries of these kinds (repeat for several)")):
+    """The stream's result entries after ``since``, oldest first, filtered by model and kind
+    before the page is cut to ``limit``. ``next`` is the cursor for the following page and
+    ``has_more`` whether entries matching the filter follow it (a filtered page looks at most at
+    50,000 entries: has_more may then be true for a short page)."""
     cfg = await crud.stream_config(store, stream)
     if model is not None and cfg.model(model) is None:
-        raise HTTPException(404, f"stream {stream!r} has no model {model!r}")
-    results = await store.results(stream, crud.check_id(since), limit)
-    nxt = results[-1]["id"] if results else since
-    if model is not None:
-        results = [r for r in results if r["model"] == model]
-    return {"results": results, "next": nxt}
+        raise ApiError(404, "model_not_found", f"stream {stream!r} has no model {model!r}")
+    after = crud.check_id(since)
+    results, cursor, more = await store.results(stream, after, limit, model, kind)
+    return {"results": results, "next": cursor if cursor != after else since, "has_more": more}
 
 
 @router.get("/{stream}/changepoints", dependencies=[Read], response_model=ChangepointList, response_model_exclude_unset=True, responses=errors(*READ, 404, 422))
@@ -44,7 +51,9 @@ async def dead_letters(stream: str, store: StoreDep) -> dict:
 @router.get("/{stream}/evidence/sse", dependencies=[Read], response_class=StreamingResponse,
             responses={200: {"content": {"text/event-stream": {"schema": {"type": "string"}}},
                              "description": "results and change points as server-sent events, live"}, **errors(*READ, 404, 422)})
-async def evidence_sse(stream: str, request: Request, store: StoreDep, since: str | None = None):
+async def evidence_sse(stream: str, request: Request, store: StoreDep,
+                       since: str | None = Query(None, description="results after this result id (or the Last-Event-ID header)",
+                                                 json_schema_extra={"pattern": RESULT_ID_PATTERN})):
     await crud.stream_config(store, stream)
     start = crud.check_id(since or request.headers.get("last-event-id"))
 
@@ -69,7 +78,7 @@ async def evidence_ws(ws: WebSocket, stream: str, store: StoreDep, settings: Set
         return
     try:
         start = crud.check_id(since)
-    except HTTPException as exc:
+    except ApiError as exc:
         await reject(ws, str(exc.detail))
         return
     await ws.accept()
