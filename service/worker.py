@@ -185,7 +185,8 @@ class Worker:
                     # the wake channel is read after every pass (at once after a busy one), so
                     # streams that got chunks meanwhile are seen next pass, not at the next scan
                     woken = self._wait_for_work(0.0 if done else idle)
-                except (rexc.ConnectionError, rexc.TimeoutError, OSError) as exc:
+                except (rexc.ConnectionError, rexc.TimeoutError, rexc.ClusterError, rexc.RedisClusterException,
+                        rexc.TryAgainError, OSError) as exc:  # Redis (or a shard of a cluster) away
                     M.REDIS_UP.set(0)
                     self.health.failed(exc)
                     log.warning("redis unavailable (%s); retrying", exc)

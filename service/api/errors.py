@@ -167,6 +167,10 @@ async def internal_error(request: Request, exc: Exception) -> JSONResponse:
 def install(app: FastAPI) -> None:
     app.add_exception_handler(rexc.ConnectionError, redis_down)
     app.add_exception_handler(rexc.TimeoutError, redis_down)
+    # a Redis Cluster that lost a shard or cannot be reached: the same outage, not a bug
+    # (ClusterDownError and MasterDownError; RedisClusterException: no node reachable, slot not covered)
+    for exc in (rexc.ClusterError, rexc.RedisClusterException, rexc.TryAgainError):
+        app.add_exception_handler(exc, redis_down)
     app.add_exception_handler(RequestValidationError, invalid_request)
     app.add_exception_handler(StarletteHTTPException, http_error)
     app.add_exception_handler(Exception, internal_error)
