@@ -44,6 +44,10 @@ class Settings(BaseSettings):
         256 * 1024 * 1024, ge=1024 * 1024,
         description="Most Redis memory one stream's models may come to need, bytes: their states plus their full reservoirs "
                     "(reservoir_capacity rows of the model's working width); a create beyond it is refused (413).")
+    max_total_stream_bytes: int = Field(
+        8 * 1024**3, ge=0,
+        description="Most Redis memory all streams' models together may come to need, bytes (each counted as for "
+                    "CUSP_MAX_STREAM_BYTES); a create beyond it is refused (413) before anything is stored. 0: no cap.")
     lease_seconds: float = Field(10.0, gt=0.5, le=3600, description="How long a worker's lease on a stream x model lasts without renewal.")
     workers: int = Field(1, ge=0, le=64, description="Worker processes that `cusp serve` starts and supervises (0: API only).")
     worker_stall_seconds: float = Field(

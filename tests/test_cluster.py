@@ -155,7 +155,7 @@ def test_create_cut_in_two_leaves_an_orphan_name_that_is_hidden_reused_and_swept
 
         async def reserve_only():  # the first step of ApiStore.create, as a killed API left it
             for s in (retried, abandoned):
-                await store._reserve(keys=[keys.STREAMS], args=[s, 1000])
+                await store.reserve(s, 1000)
             await store.close()
 
         asyncio.run(reserve_only())

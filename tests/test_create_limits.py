@@ -63,3 +63,33 @@ def test_the_api_answers_while_a_large_stream_is_created(live):
     # the draws took about a second; on the event loop every probe during them would wait as long
     assert len(latencies) >= 5 and max(latencies) < took / 2, (took, max(latencies), len(latencies))
     assert live.client.delete(f"/v1/streams/{s}").status_code == 204
+
+
+def test_the_deployment_cap_counts_every_stream_and_frees_on_delete(tmp_path):
+    """CUSP_MAX_TOTAL_STREAM_BYTES: the streams' models together. With the cap at 2.5 streams'
+    worth, two creates pass, the third answers 413 deployment_full and stores nothing (no key,
+    not in the stream set, no bytes counted); after a delete it passes. Its own Redis: the count
+    is per deployment."""
+    from service.api.crud import config_from_request, initial_states
+    from service.api.schemas import StreamIn
+    from service.store import EmbeddedRedis
+
+    one = {"columns": ["a", "b"], "models": ["gaussian", "gmm:components=2"]}
+    _, need = initial_states(config_from_request(StreamIn(name="probe", **one)))
+    redis = EmbeddedRedis(tmp_path / "redis")
+    live = LiveServer(redis.url, max_total_stream_bytes=int(2.5 * need))
+    try:
+        red = connect(redis.url)
+        for s in ("s1", "s2"):
+            assert live.client.post("/v1/streams", json={"name": s, **one}).status_code == 201
+        r = live.client.post("/v1/streams", json={"name": "s3", **one})
+        assert r.status_code == 413 and r.json()["code"] == "deployment_full", r.text
+        assert "CUSP_MAX_TOTAL_STREAM_BYTES" in r.json()["detail"]
+        assert not list(red.scan_iter(match="cusp:{s3}:*")) and not red.sismember(keys.STREAMS, "s3")
+        assert sorted(red.hkeys(keys.STREAM_BYTES)) == [b"s1", b"s2"] and int(red.hget(keys.STREAM_BYTES, "s1")) == need
+        assert live.client.delete("/v1/streams/s1").status_code == 204
+        assert red.hkeys(keys.STREAM_BYTES) == [b"s2"]
+        assert live.client.post("/v1/streams", json={"name": "s3", **one}).status_code == 201
+    finally:
+        live.stop()
+        redis.close()

@@ -94,10 +94,10 @@ def config_from_request(body: StreamIn) -> StreamConfig:
     return cfg
 
 
-def initial_states(cfg: StreamConfig, max_bytes: int | None = None) -> list[bytes]:
-    """Each model's first state (SGAIS: its prior draws), or 422 if the sampler settings are
-    invalid, or 413 when the models would come to need more than ``max_bytes`` of Redis (their
-    states and their reservoirs once full), checked before any state is drawn."""
+def initial_states(cfg: StreamConfig, max_bytes: int | None = None) -> tuple[list[bytes], int]:
+    """(each model's first state (SGAIS: its prior draws), the bytes of Redis the models may come
+    to need: their states and their reservoirs once full), or 422 if the sampler settings are
+    invalid, or 413 when that is more than ``max_bytes``, checked before any state is drawn."""
     try:
         samplers = [(e, build(cfg, e)) for e in cfg.models]
         need = 0
@@ -112,7 +112,7 @@ def initial_states(cfg: StreamConfig, max_bytes: int | None = None) -> list[byte
                                      f"reservoirs of {samplers[0][1].config.reservoir_capacity:,} rows), more than "
                                      f"CUSP_MAX_STREAM_BYTES={max_bytes / 2**20:,.0f} MiB; use fewer or smaller models, "
                                      "fewer particles or a smaller reservoir_capacity")
-        return [sampler.init(model_seed(cfg, e)).to_bytes() for e, sampler in samplers]
+        return [sampler.init(model_seed(cfg, e)).to_bytes() for e, sampler in samplers], need
     except (ConfigError, TypeError) as exc:
         raise ApiError(422, "invalid_model", f"sampler: {exc}") from None
 
@@ -121,10 +121,14 @@ async def create_stream(store: ApiStore, settings: Settings, body: StreamIn) -> 
     check_names(body)
     cfg = config_from_request(body)
     # drawing the models' first states can take seconds for large models: not on the event loop
-    states = await asyncio.to_thread(initial_states, cfg, settings.max_stream_bytes)
-    outcome = await store.create(cfg, states, settings.max_streams)
+    states, need = await asyncio.to_thread(initial_states, cfg, settings.max_stream_bytes)
+    outcome = await store.create(cfg, states, settings.max_streams, need, settings.max_total_stream_bytes)
     if outcome == "full":
         raise ApiError(409, "stream_limit", f"the stream limit CUSP_MAX_STREAMS={settings.max_streams} is reached")
+    if outcome == "over":
+        raise ApiError(413, "deployment_full", f"the stream's models would need about {need / 2**20:,.0f} MiB of Redis, and with "
+                                               f"the streams that exist that passes CUSP_MAX_TOTAL_STREAM_BYTES="
+                                               f"{settings.max_total_stream_bytes / 2**20:,.0f} MiB; delete streams or raise it")
     if outcome == "exists":
         raise ApiError(409, "stream_exists", f"a stream named {cfg.name!r} already exists")
     M.STREAMS.inc()

@@ -48,6 +48,7 @@ CODES: dict[str, tuple[int, str]] = {
     "body_too_large": (413, "The body is over CUSP_MAX_BODY_BYTES"),
     "chunk_too_large": (413, "The chunk has more rows than CUSP_MAX_CHUNK_ROWS"),
     "stream_too_large": (413, "The stream's models would need more Redis memory than CUSP_MAX_STREAM_BYTES"),
+    "deployment_full": (413, "With this stream the streams' models would need more Redis memory than CUSP_MAX_TOTAL_STREAM_BYTES"),
     "series_too_long": (413, "The series has more rows than POST /v1/detect takes"),
     "unsupported_media_type": (415, "Unsupported Content-Type"),
     "invalid_request": (422, "The request does not match the schema"),

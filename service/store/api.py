@@ -99,19 +99,26 @@ class ApiStore:
     async def exists(self, name: str) -> bool:
         return bool(await self.r.exists(keys.config(name)))
 
-    async def create(self, cfg: StreamConfig, states: list[bytes], limit: int) -> str:
+    async def reserve(self, name: str, limit: int, need: int = 0, total: int = 0) -> int:
+        """RESERVE: 1 (added), 2 (already in the set), 0 (``limit`` streams), 3 (over ``total`` bytes)."""
+        await self.load_scripts()
+        return int(await self._reserve(keys=[keys.STREAMS, keys.STREAM_BYTES], args=[name, limit, need, total]))
+
+    async def create(self, cfg: StreamConfig, states: list[bytes], limit: int, need: int = 0, total: int = 0) -> str:
         """Create the stream with each model's initial state: 'created', 'exists' (the name is
-        taken) or 'full' (``limit`` streams exist).
+        taken), 'full' (``limit`` streams exist) or 'over' (the streams' ``need`` bytes would pass
+        ``total``; 0: no cap).
 
         Two slots, two steps (a cluster runs no script across slots): RESERVE takes the name's place
         in the stream set under the limit, atomically; CREATE writes the stream's own keys, atomically,
         unless its config exists; the name is then added to the set again, since a worker may have
         swept it as an orphan in between. So a stream with a config is always listed once its create
         returned, and the limit holds under concurrent creates (a reservation counts at once)."""
-        await self.load_scripts()
-        reserved = int(await self._reserve(keys=[keys.STREAMS], args=[cfg.name, limit]))
+        reserved = await self.reserve(cfg.name, limit, need, total)
         if reserved == 0:
             return "full"
+        if reserved == 3:
+            return "over"
         try:
             created = await self._create(
                 keys=[keys.config(cfg.name), keys.uid(cfg.name), keys.answer(cfg.name),
@@ -136,6 +143,8 @@ class ApiStore:
         await self.r.srem(keys.STREAMS, name)
         if await self.r.exists(keys.config(name)):
             await self.r.sadd(keys.STREAMS, name)
+        else:  # gone: its bytes no longer count against the deployment's cap
+            await self.r.hdel(keys.STREAM_BYTES, name)
 
     async def model_state(self, stream: str, model: str) -> bytes | None:
         """A model's saved sampler state (its bytes; None before the stream exists)."""

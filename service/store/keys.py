@@ -10,6 +10,7 @@ and docs/architecture.md (Redis).
 | key | type | what |
 |---|---|---|
 | ``cusp:streams`` | set | names of existing streams, and of streams being created or deleted: every stream with a config is in it; a name without a config is skipped by readers and removed by workers after a grace period |
+| ``cusp:{cusp:streams}:bytes`` | hash | stream name -> the bytes its models may come to need (particles plus full reservoirs), counted against ``CUSP_MAX_TOTAL_STREAM_BYTES``; in the stream set's slot |
 | ``cusp:workers`` | zset | worker id -> last progress (unix seconds): written by the worker loop at least every third of a lease; used to share leases and by ``/readyz`` |
 | ``cusp:wake`` | pub/sub channel | a message per accepted chunk (the stream's ``seq`` key name); idle workers block on it and then look at the named streams only |
 | ``cusp:{s}:config`` | string | the stream's JSON config: columns, models, sampler, seed, limits |
@@ -38,6 +39,10 @@ MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 STREAMS = "cusp:streams"
 WORKERS = "cusp:workers"
+#: stream name -> the Redis bytes its models may come to need (what the deployment cap counts);
+#: the hash tag puts it in the slot of ``cusp:streams`` (whose whole name is its tag), so one
+#: script can check and take both
+STREAM_BYTES = "cusp:{cusp:streams}:bytes"
 WAKE = "cusp:wake"  # pub/sub channel: the ingest script publishes on it, idle workers wait on it
 
 

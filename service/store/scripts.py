@@ -174,14 +174,23 @@ if redis.call('EXISTS', KEYS[2]) == 0 then return 0 end
 return redis.call('HINCRBY', KEYS[1], ARGV[1], 1)
 """
 
-# Reserve a place in the stream set under the stream limit, before the stream's keys are written.
-# KEYS: the stream set (keys.STREAMS, its own slot). ARGV: name, limit.
-# Returns 1 (added), 2 (already a member: the stream exists, or is being created) or 0 (full).
-# The limit is checked and taken in one step, so concurrent creates cannot pass it.
+# Reserve a place in the stream set under the stream limit and the deployment's memory cap, before
+# the stream's keys are written. KEYS: the stream set (keys.STREAMS), the bytes per stream
+# (keys.STREAM_BYTES; the same slot). ARGV: name, limit, bytes this stream needs, total cap (0: none).
+# Returns 1 (added), 2 (already a member: the stream exists, or is being created), 0 (the stream
+# limit is reached) or 3 (the streams' bytes would pass the cap). Checked and taken in one step, so
+# concurrent creates can pass neither.
 RESERVE = """
 if redis.call('SISMEMBER', KEYS[1], ARGV[1]) == 1 then return 2 end
 if redis.call('SCARD', KEYS[1]) >= tonumber(ARGV[2]) then return 0 end
+local cap = tonumber(ARGV[4])
+if cap > 0 then
+  local used = tonumber(ARGV[3])
+  for _, v in ipairs(redis.call('HVALS', KEYS[2])) do used = used + tonumber(v) end
+  if used > cap then return 3 end
+end
 redis.call('SADD', KEYS[1], ARGV[1])
+redis.call('HSET', KEYS[2], ARGV[1], ARGV[3])
 return 1
 """
 

@@ -69,6 +69,8 @@ class WorkerStore:
         self.r.srem(keys.STREAMS, s)
         if self.r.exists(keys.config(s)):
             self.r.sadd(keys.STREAMS, s)
+        else:
+            self.r.hdel(keys.STREAM_BYTES, s)
 
     def config_raw(self, s: str) -> bytes | None:
         """The stream's config as stored (JSON bytes), so a caller can tell whether it changed."""

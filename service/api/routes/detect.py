@@ -35,7 +35,7 @@ CONCURRENT = 2
 async def detect(body: DetectIn, request: Request, settings: SettingsDep) -> DetectOut:
     data, times = series_of(body)
     cfg = crud.config_from_request(stream_request(body, data.shape[1]))
-    crud.initial_states(cfg)  # the sampler settings and the particle limit, checked as at create
+    crud.initial_states(cfg)  # the sampler settings and the particle limit, checked as at create (the states are not kept)
     chunk = chunk_size(body.chunk_size, data.shape[0], settings)
     async with gate(request):
         det = await asyncio.to_thread(run, cfg, data, chunk)
