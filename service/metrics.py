@@ -93,6 +93,23 @@ REDIS_UP = Gauge("cusp_redis_up", "1 if the last Redis round trip of this proces
 STREAMS = Gauge("cusp_streams", "Streams that exist.", registry=REGISTRY)
 
 
+def forget(stream: str, model: str | None = None) -> int:
+    """Remove this process's series of ``stream`` (and ``model``; None: the series labelled by the
+    stream alone) from every labelled metric; returns how many were removed. A worker calls it for
+    pairs it no longer holds, so its exposition follows its leases, not its history."""
+    removed = 0
+    for collector in list(REGISTRY._collector_to_names):  # noqa: SLF001 - stable in prometheus_client
+        names = getattr(collector, "_labelnames", ())
+        if "stream" not in names or (model is None) == ("model" in names):
+            continue
+        si, mi = names.index("stream"), names.index("model") if model is not None else None
+        for labels in list(getattr(collector, "_metrics", {})):  # noqa: SLF001
+            if labels[si] == stream and (mi is None or labels[mi] == model):
+                collector.remove(*labels)
+                removed += 1
+    return removed
+
+
 def metric_names() -> set[str]:
     """Every sample name this module can expose (with _total/_bucket/_sum/_count suffixes)."""
     names: set[str] = set()

@@ -89,6 +89,10 @@ ORPHAN_GRACE_SECONDS = 60.0
 #: wake channel names and at its own pairs with backlog)
 FULL_SCAN_SECONDS = 30.0
 
+#: a pair's series stay in a worker's /metrics this long after it let the pair go (its last
+#: values and counts reach Prometheus, and the 5-minute alert windows see them), then go
+SERIES_GRACE_SECONDS = 300.0
+
 #: a lease key's time to live and the lease keeper's period, as fractions of CUSP_LEASE_SECONDS
 LEASE_TTL = 0.75
 RENEW_EVERY = 0.25
@@ -164,6 +168,7 @@ class Worker:
         self._alive = 0  # live workers at the last poll
         self._backlog: set[tuple[str, str]] = set()  # held pairs that had more chunks than one batch
         self._turn = 0  # rotating start over the pairs of a poll
+        self._let_go: dict[tuple[str, str], float] = {}  # pairs dropped -> when (their series go after a grace)
 
     # --- loop -------------------------------------------------------------------------------
     def run_forever(self, stop: threading.Event, idle_sleep: float = 0.5) -> None:
@@ -328,6 +333,7 @@ class Worker:
             if n >= self.batch:
                 self._backlog.add(key)
         M.WORKER_LEASES.set(len(self.hot))
+        self._forget_series()
         self._progress(force=True)
         return done
 
@@ -470,9 +476,25 @@ class Worker:
 
     def _drop(self, key: tuple[str, str]) -> None:
         with self._hot_lock:
-            self.hot.pop(key, None)
+            held = self.hot.pop(key, None)
             self._lost.pop(key, None)
         self._backlog.discard(key)
+        if held is not None:
+            self._let_go[key] = time.monotonic()
+
+    def _forget_series(self, grace: float = SERIES_GRACE_SECONDS) -> None:
+        """Series of pairs let go more than ``grace`` ago leave this worker's exposition, and a
+        stream's own series once none of its pairs is held (issue 18: a worker exported ~23,000
+        series for 400 pairs and kept those of pairs it no longer held)."""
+        now = time.monotonic()
+        for key, at in list(self._let_go.items()):
+            if key in self.hot:
+                del self._let_go[key]
+            elif now - at >= grace:
+                del self._let_go[key]
+                M.forget(*key)
+                if not any(s == key[0] for s, _ in self.hot) and not any(s == key[0] for s, _ in self._let_go):
+                    M.forget(key[0])
 
     # --- processing -------------------------------------------------------------------------
     def _process(self, hot: Hot) -> int:

@@ -210,3 +210,34 @@ def test_a_woken_worker_looks_at_the_named_stream_only(env):
     finally:
         w._close_wake()
         w.release_all()
+
+
+def series_of(stream: str) -> list[str]:
+    """This process's exposed samples that name ``stream``."""
+    from prometheus_client import generate_latest
+
+    return [ln for ln in generate_latest(M.REGISTRY).decode().splitlines() if f'stream="{stream}"' in ln and not ln.startswith("#")]
+
+
+def test_a_worker_exports_series_only_for_pairs_it_holds(env):
+    """Pairs a worker let go leave its /metrics after the grace (300 s; 0 here), and a stream's
+    own series once none of its pairs is held; the pairs it holds keep theirs."""
+    url, live = env
+    a, b = make(live, 2, prefix="ser")
+    for s in (a, b):
+        post(live, s, 0)
+    w = Worker(url, worker_id="series")
+    try:
+        w.poll_once()
+        assert series_of(a) and series_of(b)
+        assert any(ln.startswith("cusp_stream_changepoints_total") for ln in series_of(a))
+        w._drop((a, "gaussian"))
+        w._forget_series(grace=3600.0)  # within the grace: kept
+        assert series_of(a)
+        w._forget_series(grace=0.0)
+        assert series_of(a) == [] and series_of(b)
+        kept = len(series_of(b))
+        w._forget_series(grace=0.0)
+        assert len(series_of(b)) == kept  # held: untouched
+    finally:
+        w.release_all()

@@ -145,9 +145,10 @@ async def delete_stream(store: ApiStore, cfg: StreamConfig) -> None:
                 pass
 
 
-async def model_rows(store: ApiStore, cfg: StreamConfig) -> tuple[int, int, list[ModelOut]]:
-    """(last accepted seq, dead letters, each model's summary with its posterior probability)."""
-    p = await store.progress(cfg)
+async def model_rows(store: ApiStore, cfg: StreamConfig, p=None) -> tuple[int, int, list[ModelOut]]:
+    """(last accepted seq, dead letters, each model's summary with its posterior probability);
+    ``p``: the stream's progress if already read."""
+    p = p if p is not None else await store.progress(cfg)
     out = [ModelOut(name=m.name, spec=m.spec, method="exact" if cached_model(m.spec, len(cfg.columns), m.target).exact else "sgais",
                     target=cfg.columns[m.target] if m.target is not None else None,
                     observations=r.observations, chunks=r.chunks, last_seq=r.last_seq, log_evidence=r.log_evidence,
@@ -192,19 +193,37 @@ async def stream_out(store: ApiStore, cfg: StreamConfig) -> StreamOut:
                      max_backlog=cfg.max_backlog, last_seq=last_seq, next_seq=last_seq + 1, dead_letters=dead, models=models)
 
 
+#: stream name -> (its incarnation id, its config): a config never changes within an incarnation
+_SCRAPE_CONFIGS: dict[str, tuple[bytes, StreamConfig]] = {}
+
+
 async def refresh_stream_gauges(store: ApiStore) -> None:
-    """cusp_streams, and each model's posterior probability and ingest lag, from Redis."""
+    """cusp_streams, and each model's posterior probability and ingest lag, from Redis: the stream
+    set, every stream's uid and every stream's progress in three round trips whatever the number
+    of streams (a config is read once per incarnation)."""
     names = await store.stream_names()
-    M.STREAMS.set(len(names))
-    for s in names:
-        cfg = await store.config(s)
-        if cfg is None:
+    uids = await store.uids(names)
+    cfgs = []
+    for s, uid in zip(names, uids):
+        cached = _SCRAPE_CONFIGS.get(s)
+        if uid is None:
+            _SCRAPE_CONFIGS.pop(s, None)
             continue
-        _, _, models = await model_rows(store, cfg)
+        if cached is None or cached[0] != uid:
+            cfg = await store.config(s)
+            if cfg is None:
+                continue
+            cached = _SCRAPE_CONFIGS[s] = (uid, cfg)
+        cfgs.append(cached[1])
+    for gone in set(_SCRAPE_CONFIGS) - set(names):
+        del _SCRAPE_CONFIGS[gone]
+    M.STREAMS.set(len(names))
+    for cfg, p in zip(cfgs, await store.progress_many(cfgs)):
+        _, _, models = await model_rows(store, cfg, p)
         for row in models:
             if row.posterior_probability is not None:
-                M.MODEL_POSTERIOR.labels(s, row.name).set(row.posterior_probability)
-            M.INGEST_LAG.labels(s, row.name).set(row.lag_chunks)
+                M.MODEL_POSTERIOR.labels(cfg.name, row.name).set(row.posterior_probability)
+            M.INGEST_LAG.labels(cfg.name, row.name).set(row.lag_chunks)
 
 
 # --- ingest ---------------------------------------------------------------------------------

@@ -151,16 +151,33 @@ class ApiStore:
         return await self.r.hget(keys.state(stream, model), "state")
 
     async def progress(self, cfg: StreamConfig) -> StreamProgress:
+        return (await self.progress_many([cfg]))[0]
+
+    async def progress_many(self, cfgs: Sequence[StreamConfig]) -> list[StreamProgress]:
+        """Each stream's progress, every stream in one pipeline (one round trip on a single Redis)."""
         pipe = self.r.pipeline(transaction=False)
-        pipe.get(keys.seq(cfg.name))
-        pipe.xlen(keys.dead(cfg.name))
-        for m in cfg.models:
-            pipe.hmget(keys.state(cfg.name, m.name), "n", "chunks", "last_seq", "log_evidence", "error")
-        last_in, dead, *rows = await pipe.execute()
-        models = [ModelProgress(observations=int(n or 0), chunks=int(chunks or 0), last_seq=int(last if last is not None else -1),
-                                log_evidence=float(le or 0.0), error=(err or b"").decode() or None)
-                  for n, chunks, last, le, err in rows]
-        return StreamProgress(last_seq=int(last_in) if last_in is not None else -1, dead_letters=int(dead), models=models)
+        for cfg in cfgs:
+            pipe.get(keys.seq(cfg.name))
+            pipe.xlen(keys.dead(cfg.name))
+            for m in cfg.models:
+                pipe.hmget(keys.state(cfg.name, m.name), "n", "chunks", "last_seq", "log_evidence", "error")
+        got = await pipe.execute() if cfgs else []
+        out, i = [], 0
+        for cfg in cfgs:
+            last_in, dead, rows = got[i], got[i + 1], got[i + 2 : i + 2 + len(cfg.models)]
+            i += 2 + len(cfg.models)
+            models = [ModelProgress(observations=int(n or 0), chunks=int(chunks or 0), last_seq=int(last if last is not None else -1),
+                                    log_evidence=float(le or 0.0), error=(err or b"").decode() or None)
+                      for n, chunks, last, le, err in rows]
+            out.append(StreamProgress(last_seq=int(last_in) if last_in is not None else -1, dead_letters=int(dead), models=models))
+        return out
+
+    async def uids(self, names: Sequence[str]) -> list[bytes | None]:
+        """Each stream's incarnation id (None: gone), in one pipeline."""
+        pipe = self.r.pipeline(transaction=False)
+        for s in names:
+            pipe.get(keys.uid(s))
+        return await pipe.execute() if names else []
 
     # --- ingest -------------------------------------------------------------------------------
     async def ingest(self, stream: str, seq: int, raw: bytes, rows: int, digest: str, window: int,
