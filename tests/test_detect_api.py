@@ -60,6 +60,8 @@ def test_azure_shaped_series_models_and_default_chunks(live):
     ({"values": []}, 422, "values is empty"),
     ({"values": [[1.0, 2.0], [3.0]]}, 422, "values\\[1\\] has 2 values at row 0"),
     ({"values": [1.0, "x"]}, 422, "values"),
+    ({"values": [True, False]}, 422, "values"),  # a boolean is not a number (pydantic's lax float took it)
+    ({"values": [1.0, "2"]}, 422, "values"),
     ({"values": [1.0, 2.0], "times": [0]}, 422, "times has 1 entries for 2 rows"),
     ({"values": [1.0, 2.0], "times": [5, 5]}, 422, "times\\[1\\] is not after times\\[0\\]"),
     ({"values": [1.0, 2.0], "times": ["2024-01-01T00:00:00Z", "yesterday"]}, 422, "times\\[1\\]: 'yesterday' is not an RFC 3339"),

@@ -300,7 +300,7 @@ MAX_DETECT_CHUNKS = 2_000
 #: the default chunk size of POST /v1/detect is ceil(rows / this): at most this many chunks
 DETECT_DEFAULT_CHUNKS = 250
 
-FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
+FiniteFloat = Annotated[float, Field(allow_inf_nan=False, strict=True)]  # strict: true and "1" are not numbers
 
 
 class SeriesPoint(BaseModel):
