@@ -970,6 +970,15 @@ def test_k8s_autoscaler_disruption_budget_and_service_monitors():
     assert ref["kind"] == "Deployment" and ref["name"] in deployments
     assert hpa["spec"]["minReplicas"] <= hpa["spec"]["maxReplicas"]
     assert any(m["type"] == "Resource" and m["resource"]["name"] == "cpu" for m in hpa["spec"]["metrics"])
+    # it also scales on backlog (issue 18 item 5), the recording rule the shipped rules define
+    # and the adapter config serves
+    [backlog] = [m["external"]["metric"]["name"] for m in hpa["spec"]["metrics"] if m["type"] == "External"]
+    assert backlog in {r.get("record") for g in load_yaml(RULES)["groups"] for r in g["rules"]}
+    adapter = load_yaml(K8S / "prometheus-adapter" / "rules.yaml")
+    assert backlog in adapter["data"]["config.yaml"]
+    # the grace outlasts the measured shutdown (cusp bench scheduling: under a second, plus the chunk in hand)
+    (worker,) = [d for d in k8s_by_kind("Deployment") if d["metadata"]["name"] == "cusp-worker"]
+    assert worker["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] >= 30
     for pdb in k8s_by_kind("PodDisruptionBudget"):
         assert any(selects(pdb["spec"]["selector"]["matchLabels"], t["metadata"]["labels"]) for _, t in pod_templates())
     service_list = k8s_by_kind("Service")
