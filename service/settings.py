@@ -81,12 +81,15 @@ class Settings(BaseSettings):
     def _check_url(cls, v: str | None) -> str | None:
         if v is None or v == "":
             return None
-        from service.store import cluster_nodes, is_cluster
+        from service.store import cluster_nodes, is_cluster, is_sentinel, sentinel_spec
 
         if is_cluster(v):
             cluster_nodes(v)  # a ValueError names what is wrong
+        elif is_sentinel(v):
+            sentinel_spec(v)
         elif not v.startswith(("redis://", "rediss://", "unix://")):
-            raise ValueError("must start with redis://, rediss://, unix://, redis+cluster:// or rediss+cluster://")
+            raise ValueError("must start with redis://, rediss://, unix://, redis+cluster://, rediss+cluster://, "
+                             "redis+sentinel:// or rediss+sentinel://")
         return v
 
     @field_validator("api_keys")

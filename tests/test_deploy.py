@@ -926,10 +926,27 @@ def test_k8s_cusp_deployments():
     assert worker["spec"]["template"]["metadata"]["annotations"]["prometheus.io/port"] == "9100"
     env = {e["name"]: e for e in c["env"]}
     assert "secretKeyRef" in env["CUSP_REDIS_URL"]["valueFrom"]
-    (redis,) = k8s_by_kind("StatefulSet")
-    args = redis["spec"]["template"]["spec"]["containers"][0]["args"]
+    redis = {r["metadata"]["name"]: r for r in k8s_by_kind("StatefulSet")}
+    args = redis["redis"]["spec"]["template"]["spec"]["containers"][0]["args"]
     assert args[args.index("--appendonly") + 1] == "yes"
-    assert redis["spec"]["volumeClaimTemplates"]
+    assert redis["redis"]["spec"]["volumeClaimTemplates"]
+
+
+def test_k8s_redis_with_replicas_and_sentinel():
+    """The HA alternative (deploy/k8s/redis-ha/): three data nodes with persistence, a sentinel
+    beside each, quorum 2, and the Secret naming them the way cusp reads (redis+sentinel://)."""
+    from service.store import sentinel_spec
+
+    (ha,) = [r for r in k8s_by_kind("StatefulSet") if r["metadata"]["name"] == "redis-ha"]
+    assert ha["spec"]["replicas"] >= 3 and ha["spec"]["volumeClaimTemplates"]
+    names = [c["name"] for c in ha["spec"]["template"]["spec"]["containers"]]
+    assert names == ["redis", "sentinel"]
+    (scripts,) = [c for c in k8s_by_kind("ConfigMap") if c["metadata"]["name"] == "redis-ha-scripts"]
+    assert "--appendonly yes" in scripts["data"]["redis.sh"]
+    assert "sentinel monitor cuspm $MASTER 6379 2" in scripts["data"]["sentinel.sh"]
+    urls = [s["stringData"]["redis-url"] for s in k8s_by_kind("Secret") if s["metadata"]["name"] == "cusp-redis"]
+    sentinel_urls = [u for u in urls if u.startswith("redis+sentinel://")]
+    assert len(sentinel_urls) == 1 and sentinel_spec(sentinel_urls[0]).service == "cuspm"
 
 
 def test_k8s_services_select_pods_and_ports():

@@ -4,6 +4,12 @@ key schema (keys.py), the atomic scripts (scripts.py) and stream configs.
 A Redis Cluster is named by the URL scheme ``redis+cluster://`` (``rediss+cluster://`` with TLS):
 ``redis+cluster://[user:password@]host:port[,host:port...]``, one or more seed nodes; the client
 (redis-py's ``RedisCluster``) discovers the others and routes every command by its key's slot.
+
+A Redis with replicas watched by Sentinel is named by ``redis+sentinel://`` (``rediss+sentinel://``
+with TLS to the data nodes): ``redis+sentinel://[user:password@]host:port[,host:port...]/NAME[/DB]``,
+the sentinels and the master's name; the client (redis-py's ``Sentinel.master_for``) asks the
+sentinels for the current master and asks again when it fails over. The credentials are the data
+nodes'; the sentinels are asked without any.
 """
 
 from __future__ import annotations
@@ -18,7 +24,9 @@ from urllib.parse import urlsplit
 import redis
 import redis.asyncio as aredis
 import redis.asyncio.cluster as acluster
+import redis.asyncio.sentinel as asentinel
 import redis.cluster as cluster
+import redis.sentinel as sentinel
 
 from service.store import keys, scripts
 
@@ -77,8 +85,57 @@ def cluster_nodes(url: str) -> tuple[str, list[tuple[str, int]]]:
     return first, nodes
 
 
+SENTINEL_SCHEMES = {"redis+sentinel": False, "rediss+sentinel": True}
+
+
+def is_sentinel(url: str) -> bool:
+    return url.split("://", 1)[0] in SENTINEL_SCHEMES
+
+
+@dataclass(frozen=True)
+class SentinelSpec:
+    nodes: list  # the sentinels, (host, port)
+    service: str  # the master's name in the sentinels' configuration
+    db: int
+    username: str | None
+    password: str | None
+    ssl: bool
+
+
+def sentinel_spec(url: str) -> SentinelSpec:
+    """A Sentinel URL's parts; ValueError naming what is wrong (no sentinel, no master name, a bad db)."""
+    from urllib.parse import unquote
+
+    scheme, _, rest = url.partition("://")
+    if scheme not in SENTINEL_SCHEMES:
+        raise ValueError(f"not a Sentinel URL (redis+sentinel:// or rediss+sentinel://): {url!r}")
+    location, _, path = rest.partition("/")
+    creds, _, hosts = location.rpartition("@")
+    nodes = []
+    for item in hosts.split(","):
+        try:
+            parts = urlsplit(f"redis://{item}")
+            host, port = parts.hostname, parts.port or 26379
+        except ValueError as exc:
+            raise ValueError(f"bad sentinel {item!r}: {exc}") from None
+        if not host:
+            raise ValueError(f"bad sentinel {item!r}: expected host:port")
+        nodes.append((host, port))
+    service, _, db = path.split("?", 1)[0].partition("/")
+    if not service:
+        raise ValueError("name the master after the sentinels: redis+sentinel://host:port[,host:port]/NAME[/DB]")
+    if db not in ("",) and not db.isdigit():
+        raise ValueError(f"the database after the master's name must be a number, not {db!r}")
+    user, _, password = creds.partition(":") if creds else ("", "", "")
+    return SentinelSpec(nodes, service, int(db or 0), unquote(user) or None, unquote(password) or None, SENTINEL_SCHEMES[scheme])
+
+
 def connect(url: str) -> redis.Redis | cluster.RedisCluster:
     options = dict(socket_timeout=10, socket_connect_timeout=5, health_check_interval=30)
+    if is_sentinel(url):
+        sp = sentinel_spec(url)
+        return sentinel.Sentinel(sp.nodes, socket_timeout=5, socket_connect_timeout=5).master_for(
+            sp.service, db=sp.db, username=sp.username, password=sp.password, ssl=sp.ssl, **options)
     if is_cluster(url):
         first, nodes = cluster_nodes(url)
         return cluster.RedisCluster.from_url(first, startup_nodes=[cluster.ClusterNode(h, p) for h, p in nodes[1:]], **options)
@@ -87,6 +144,10 @@ def connect(url: str) -> redis.Redis | cluster.RedisCluster:
 
 def connect_async(url: str) -> aredis.Redis | acluster.RedisCluster:
     options = dict(socket_connect_timeout=5, health_check_interval=30)
+    if is_sentinel(url):
+        sp = sentinel_spec(url)
+        return asentinel.Sentinel(sp.nodes, socket_timeout=5, socket_connect_timeout=5).master_for(
+            sp.service, db=sp.db, username=sp.username, password=sp.password, ssl=sp.ssl, **options)
     if is_cluster(url):
         first, nodes = cluster_nodes(url)
         return acluster.RedisCluster.from_url(first, startup_nodes=[acluster.ClusterNode(h, p) for h, p in nodes[1:]], **options)
@@ -130,5 +191,6 @@ def digest(payload: bytes) -> str:
     return hashlib.blake2b(payload, digest_size=16).hexdigest()
 
 
-__all__ = ["EmbeddedRedis", "ModelEntry", "StreamConfig", "cluster_nodes", "connect", "connect_async", "digest", "is_cluster", "keys",
+__all__ = ["EmbeddedRedis", "ModelEntry", "StreamConfig", "cluster_nodes", "connect", "connect_async", "digest", "is_cluster",
+           "is_sentinel", "sentinel_spec", "keys",
            "scripts"]
