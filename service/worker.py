@@ -3,12 +3,15 @@ SGAIS engine, and apply each result atomically (state, reservoir slots, last_seq
 entry) under a fencing token, so a crash at any point neither loses nor double-applies a
 chunk. One process runs any number of pairs; any number of processes share one Redis.
 
-Leases: ``SET NX PX`` plus a fencing token (INCR) per acquisition. A lease keeper thread renews
-every held lease each quarter of a lease (``CUSP_LEASE_SECONDS``), whatever the loop is doing (a
-chunk may compute for longer than a lease), and writes the worker's heartbeat. A lease key lives
-three quarters of a lease, so a dead worker's leases lapse within one. Every write checks the
-token and ``last_seq`` inside one Lua script, so a worker that was paused past its lease has its
-late writes refused (counted in cusp_fenced_writes_total).
+Leases: a pair's lease key names the worker holding it, with a fencing token (INCR) per
+acquisition; the pair is that worker's while the worker's life key (``cusp:worker:<id>``) exists.
+A lease keeper thread renews the life key each quarter of a lease (``CUSP_LEASE_SECONDS``; it
+lives three quarters of one), whatever the loop is doing (a chunk may compute for longer than a
+lease), and writes the worker's heartbeat: one command per worker, however many pairs it holds.
+A dead worker's life key lapses within a lease; another worker then takes its pairs over (a new
+token). Every write checks the token and ``last_seq`` inside one Lua script, so a worker that was
+paused past its lease has its late writes refused (counted in cusp_fenced_writes_total); when its
+keeper finds its life key had lapsed, it checks its pairs' tokens and drops those taken over.
 
 Load sharing: each worker holds at most its share, ceil(pairs / live workers); one above it (a
 worker joined) gives the excess back, so the newcomer gets its share at once. A worker is live
@@ -70,7 +73,6 @@ class Hot:
     reservoir: Reservoir
     last_seq: int
     width: int
-    renewed: float
     detector: Detector | None = None
     dstate: DetectorState | None = None
     redelivered_through: int = -1  # chunks up to this seq were taken by a previous owner that did not apply them
@@ -148,9 +150,9 @@ class Worker:
         self._orphans: dict[str, float] = {}  # stream name without a config -> first seen (monotonic)
         self.id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.lease_ms = int(lease_seconds * 1000)
-        # A lease key lives 3/4 of CUSP_LEASE_SECONDS and is renewed every quarter of it, so a
-        # worker killed just after a renewal has its leases lapse, and its pairs taken over,
-        # within the lease (three renewals in a row must fail before a live worker loses one).
+        # The life key lives 3/4 of CUSP_LEASE_SECONDS and is renewed every quarter of it, so a
+        # worker killed just after a renewal has its pairs taken over within the lease (three
+        # renewals in a row must fail before a live worker loses them).
         self.ttl_ms = int(self.lease_ms * LEASE_TTL)
         self.renew_every = self.lease_ms / 1000 * RENEW_EVERY
         self.max_attempts = max_attempts
@@ -160,7 +162,8 @@ class Worker:
         self.hot: dict[tuple[str, str], Hot] = {}
         self._configs: dict[str, tuple[bytes, StreamConfig]] = {}  # stream -> (its uid, its config)
         self._hot_lock = threading.Lock()  # self.hot is read by the lease keeper thread
-        self._lost: dict[tuple[str, str], bytes] = {}  # pairs whose renewal failed -> the token that failed
+        self._lost: dict[tuple[str, str], bytes] = {}  # pairs taken over -> the token this worker had
+        self._life_at = -math.inf  # monotonic time the life key was last renewed
         self._keeper: threading.Thread | None = None
         self._stop: threading.Event | None = None
         self._streams: list[str] = []  # the stream set at the last full scan
@@ -228,21 +231,25 @@ class Worker:
                 log.warning("lease renewal failed (%s); retrying", exc)
 
     def _renew_all(self) -> None:
-        with self._hot_lock:
-            held = [(key, hot.token) for key, hot in self.hot.items()]
-        now = time.monotonic()
-        ok = self.store.renew_many([(s, m, token) for (s, m), token in held], self.id, self.ttl_ms)
-        with self._hot_lock:
-            for (key, token), kept in zip(held, ok):
-                hot = self.hot.get(key)
-                if hot is None or hot.token != token:
-                    continue
-                if kept:
-                    hot.renewed = now
-                else:
-                    self._lost[key] = token
+        self._stay_alive()
         if time.monotonic() - self.health.last_step < self.health.stall_seconds:  # alive and moving
             self.store.heartbeat(self.id, time.time())
+
+    def _stay_alive(self) -> None:
+        """Renew the life key. If it had lapsed (this worker was paused, or Redis lost it), other
+        workers may have taken pairs over: those whose fencing token moved on are reported lost."""
+        now = time.monotonic()
+        continued = self.store.keep_alive(self.id, self.ttl_ms)
+        self._life_at = now
+        if continued:
+            return
+        with self._hot_lock:
+            held = [(key, hot.token) for key, hot in self.hot.items()]
+        for (key, token), current in zip(held, self.store.fences([k for k, _ in held])):
+            if current is None or current != token:
+                with self._hot_lock:
+                    if key in self.hot and self.hot[key].token == token:
+                        self._lost[key] = token
 
     def _close_wake(self) -> None:
         self.store.close_wake()
@@ -277,6 +284,7 @@ class Worker:
         M.WORKER_LEASES.set(0)
         try:
             self.store.retire(self.id)
+            self.store.end_life(self.id)
         except Exception:  # noqa: BLE001 - Redis away: the entry ages out of the window
             pass
 
@@ -403,7 +411,15 @@ class Worker:
         return any(self.store.pending([(s, e.name) for s, c in configs.items() for e in c.models]))
 
     def _take(self, s: str, m: str) -> bool:
-        token = self.store.acquire(s, m, self.id, self.ttl_ms)
+        if time.monotonic() - self._life_at >= self.renew_every:  # alive before taking anything
+            self._stay_alive()
+        owner = self.store.owner(s, m)
+        dead = ""
+        if owner is not None and owner != self.id:
+            if self.store.alive(owner):
+                return False  # its owner runs
+            dead = owner  # its owner's life key lapsed: taken over, with a new fencing token
+        token = self.store.acquire(s, m, self.id, dead)
         if not token:
             return False
         try:
@@ -434,7 +450,7 @@ class Worker:
         width = sampler.model.feature_width
         size = min(state.n, sampler.config.reservoir_capacity)
         reservoir = Reservoir.from_bytes(sampler.config.reservoir_capacity, width, (res_raw or b"")[: size * width * 8])
-        hot = Hot(s, m, token, sampler, state, reservoir, int(h[b"last_seq"]), len(cfg.columns), time.monotonic())
+        hot = Hot(s, m, token, sampler, state, reservoir, int(h[b"last_seq"]), len(cfg.columns))
         if int(h.get(b"taken_through") or -1) > hot.last_seq:  # the previous owner had taken the next chunk and died
             hot.redelivered_through = hot.last_seq + 1
         dcfg = DetectorConfig.from_dict(cfg.detector)
@@ -456,23 +472,18 @@ class Worker:
         return {q: rows_from_bytes(by_seq[q][b"rows"], int(by_seq[q][b"n"]), width) for q in seqs}
 
     def _keep(self, hot: Hot) -> bool:
-        """Whether the pair's lease still holds; False (and dropped) if it was lost. The lease keeper
-        renews it (``run_forever``); without one (burst mode) it is renewed here when a third of
-        it has passed."""
+        """Whether the pair is still this worker's; False (and dropped) if it was taken over. The
+        lease keeper renews the worker's life key (``run_forever``); without one (burst mode) it
+        is renewed here when a quarter of a lease has passed."""
         key = (hot.stream, hot.model)
+        if self._keeper is None and time.monotonic() - self._life_at >= self.renew_every:
+            self._stay_alive()
         with self._hot_lock:
             lost = self._lost.pop(key, None)
         if lost is not None and lost == hot.token:
             self._drop(key)
             return False
-        if self._keeper is not None or time.monotonic() - hot.renewed < self.renew_every:
-            return True
-        ok = self.store.renew(hot.stream, hot.model, self.id, self.ttl_ms, hot.token)
-        if ok:
-            hot.renewed = time.monotonic()
-            return True
-        self._drop((hot.stream, hot.model))
-        return False
+        return True
 
     def _drop(self, key: tuple[str, str]) -> None:
         with self._hot_lock:

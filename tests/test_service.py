@@ -410,7 +410,7 @@ def test_late_write_after_lost_lease_is_fenced(live, redis_url):
     w2 = Worker(redis_url, lease_seconds=5, worker_id="fast")
     assert w2._take(s, "gaussian")
     before = M.FENCED_WRITES.labels(s, "gaussian")._value.get()
-    w1.hot[(s, "gaussian")].renewed = time.monotonic()  # it believes its lease is fresh
+    w1._life_at = time.monotonic()  # it believes it is alive and its pairs are its own
     assert w1._process(w1.hot[(s, "gaussian")]) == 0
     assert M.FENCED_WRITES.labels(s, "gaussian")._value.get() == before + 1
     assert w2._process(w2.hot[(s, "gaussian")]) == 1

@@ -11,6 +11,7 @@ and docs/architecture.md (Redis).
 |---|---|---|
 | ``cusp:streams`` | set | names of existing streams, and of streams being created or deleted: every stream with a config is in it; a name without a config is skipped by readers and removed by workers after a grace period |
 | ``cusp:{cusp:streams}:bytes`` | hash | stream name -> the bytes its models may come to need (particles plus full reservoirs), counted against ``CUSP_MAX_TOTAL_STREAM_BYTES``; in the stream set's slot |
+| ``cusp:worker:<id>`` | string | a worker's life key, renewed by its lease keeper every quarter of ``CUSP_LEASE_SECONDS``, living three quarters of it: while it exists, the pairs whose lease names that worker are its |
 | ``cusp:workers`` | zset | worker id -> last progress (unix seconds): written by the worker loop at least every third of a lease; used to share leases and by ``/readyz`` |
 | ``cusp:wake`` | pub/sub channel | a message per accepted chunk (the stream's ``seq`` key name); idle workers block on it and then look at the named streams only |
 | ``cusp:{s}:config`` | string | the stream's JSON config: columns, models, sampler, seed, limits |
@@ -21,7 +22,7 @@ and docs/architecture.md (Redis).
 | ``cusp:{s}:out`` | stream | results of every model and change-point events, in apply order; fields ``model``, ``kind``, ``data`` (JSON) |
 | ``cusp:{s}:{m}:state`` | hash | ``state`` (SGAIS state bytes), ``last_seq``, ``n``, ``log_evidence``, ``chunks``, ``detector``, ``keep_from`` (first input seq it may still read), ``error``, ``taken_through`` (the last seq its owner took into a batch: what a new owner processes again is a redelivery) |
 | ``cusp:{s}:{m}:res`` | string | reservoir rows, float64, slot i at byte offset i * row_bytes (SETRANGE) |
-| ``cusp:{s}:{m}:lease`` | string | worker id holding the lease; expires (PX) unless renewed |
+| ``cusp:{s}:{m}:lease`` | string | worker id holding the pair (no time to live: the pair is that worker's while its life key ``cusp:worker:<id>`` exists; another worker takes it over once it does not, with a new fencing token) |
 | ``cusp:{s}:{m}:fence`` | string | fencing token, incremented on every lease acquisition |
 | ``cusp:{s}:{m}:attempts`` | hash | seq -> failed attempts (survives worker crashes) |
 | ``cusp:{s}:dead`` | stream | dead-lettered chunks: model, seq, error |
@@ -38,6 +39,13 @@ STREAM_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 STREAMS = "cusp:streams"
+
+
+def life(worker_id: str) -> str:
+    """A worker's life key: it exists (with a time to live its lease keeper renews) while the
+    worker runs; a pair whose owner has no life key may be taken over."""
+    return f"cusp:worker:{worker_id}"
+
 WORKERS = "cusp:workers"
 #: stream name -> the Redis bytes its models may come to need (what the deployment cap counts);
 #: the hash tag puts it in the slot of ``cusp:streams`` (whose whole name is its tag), so one

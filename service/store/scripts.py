@@ -121,28 +121,19 @@ redis.call('HSET', KEYS[1], 'taken_through', ARGV[2])
 return 1
 """
 
-# Acquire a lease (or retake one this worker still holds, e.g. after Redis restarted and the
-# worker dropped its in-memory pairs). KEYS: lease, fence, state. ARGV: worker_id, ttl_ms.
-# Returns the new fence token or false (also when the pair's state is gone: a deleted stream).
+# Take a pair: free, already ours (e.g. after Redis restarted and the worker dropped its
+# in-memory pairs), or held by ARGV[2], a worker the caller found dead (its life key gone; checked
+# before, in its own slot). KEYS: lease, fence, state. ARGV: worker_id, dead owner ('' if none).
+# Returns the new fence token (which fences off any earlier owner's writes) or false (held by
+# another worker, or the pair's state is gone: a deleted stream).
 ACQUIRE = """
 if redis.call('EXISTS', KEYS[3]) == 0 then return false end
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return redis.call('INCR', KEYS[2])
-end
-if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+local owner = redis.call('GET', KEYS[1])
+if owner == false or owner == ARGV[1] or (ARGV[2] ~= '' and owner == ARGV[2]) then
+  redis.call('SET', KEYS[1], ARGV[1])
   return redis.call('INCR', KEYS[2])
 end
 return false
-"""
-
-# Renew a lease we hold. KEYS: lease, fence. ARGV: worker_id, ttl_ms, token. Returns 1 or 0.
-RENEW = """
-if redis.call('GET', KEYS[1]) == ARGV[1] and redis.call('GET', KEYS[2]) == ARGV[3] then
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return 1
-end
-return 0
 """
 
 # Release a lease we hold. KEYS: lease. ARGV: worker_id.

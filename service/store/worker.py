@@ -99,19 +99,6 @@ class WorkerStore:
         return [last_in[s] is not None and done is not None and int(last_in[s]) > int(done)
                 for (s, _), done in zip(pairs, got[len(streams):])]
 
-    def renew_many(self, leases: list[tuple[str, str, bytes]], worker_id: str, ttl_ms: int) -> list[bool]:
-        """``renew`` for each (stream, model, token); one pipeline on a single Redis (a cluster
-        client runs them one by one: its pipelines do not carry scripts to every node)."""
-        if not leases:
-            return []
-        if not hasattr(self.r, "get_nodes"):  # a single Redis: one round trip
-            renew = self._script(scripts.RENEW)
-            pipe = self.r.pipeline(transaction=False)
-            for s, m, token in leases:
-                renew(keys=[keys.lease(s, m), keys.fence(s, m)], args=[worker_id, ttl_ms, token], client=pipe)
-            return [bool(x) for x in pipe.execute()]
-        return [self.renew(s, m, worker_id, ttl_ms, token) for s, m, token in leases]
-
     def stream_exists(self, s: str) -> bool:
         return bool(self.r.exists(keys.config(s)))
 
@@ -124,14 +111,34 @@ class WorkerStore:
         return None if raw is None else int(raw)
 
     # --- leases -------------------------------------------------------------------------------
-    def acquire(self, s: str, m: str, worker_id: str, ttl_ms: int) -> bytes | None:
-        """A new fencing token if the lease was free (or already ours), else None."""
+    def keep_alive(self, worker_id: str, ttl_ms: int) -> bool:
+        """Renew this worker's life key (one command); False if it had lapsed (or never existed):
+        pairs this worker held may have been taken over meanwhile."""
+        return self.r.set(keys.life(worker_id), "1", px=ttl_ms, get=True) is not None
+
+    def end_life(self, worker_id: str) -> None:
+        self.r.delete(keys.life(worker_id))
+
+    def owner(self, s: str, m: str) -> str | None:
+        raw = self.r.get(keys.lease(s, m))
+        return None if raw is None else raw.decode()
+
+    def alive(self, worker_id: str) -> bool:
+        return bool(self.r.exists(keys.life(worker_id)))
+
+    def acquire(self, s: str, m: str, worker_id: str, dead_owner: str = "") -> bytes | None:
+        """A new fencing token if the pair was free, ours, or ``dead_owner``'s (found without a
+        life key), else None."""
         token = self._script(scripts.ACQUIRE)(keys=[keys.lease(s, m), keys.fence(s, m), keys.state(s, m)],
-                                              args=[worker_id, ttl_ms])
+                                              args=[worker_id, dead_owner])
         return str(token).encode() if token else None
 
-    def renew(self, s: str, m: str, worker_id: str, ttl_ms: int, token: bytes) -> bool:
-        return bool(self._script(scripts.RENEW)(keys=[keys.lease(s, m), keys.fence(s, m)], args=[worker_id, ttl_ms, token]))
+    def fences(self, pairs: list[tuple[str, str]]) -> list[bytes | None]:
+        """Each pair's current fencing token, in one pipeline: a held pair whose token moved on was taken over."""
+        pipe = self.r.pipeline(transaction=False)
+        for s, m in pairs:
+            pipe.get(keys.fence(s, m))
+        return pipe.execute() if pairs else []
 
     def release(self, s: str, m: str, worker_id: str) -> None:
         self._script(scripts.RELEASE)(keys=[keys.lease(s, m)], args=[worker_id])
