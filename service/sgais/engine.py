@@ -99,13 +99,13 @@ WARNINGS = {
 #: the most history rows ``Sampler._check_modes`` fits the model's modes on
 MODE_CHECK_ROWS = 2_000
 #: mode jumps run in every chunk while fewer rows than this have been seen
-JUMP_WARMUP_ROWS = 5_000
+JUMP_WARMUP_ROWS = 10_000
 #: chunks that keep jumping after a chunk whose jumps were accepted, or after a stuck-mode check
 JUMP_FOLLOW = 2
 #: an accepted jump that raised its particle's log target by more than this (nats) means particles were in
 #: a worse mode: the next chunks jump too
 JUMP_GAIN = 50.0
-#: and every this many chunks regardless (a mode that is only slightly worse grows worse with n)
+#: and every this many chunks regardless, after the chunk's last annealing step
 JUMP_EVERY = 8
 #: history rows the surprise test compares a chunk with, and its threshold in standard errors
 JUMP_PROBE_ROWS = 500
@@ -269,7 +269,7 @@ class Sampler(SamplerBase):
 
         ll_rows = model.log_likelihood(theta, rows)
         ll = ll_rows.sum(1).numpy()
-        jumping = cfg.jumps > 0 and hasattr(model, "propose_jump") and self._jumps_wanted(state, logw, ll_rows, res, g)
+        jumping = self._jumps_wanted(state, logw, ll_rows, res, g) if cfg.jumps > 0 and hasattr(model, "propose_jump") else ""
         if jumping:
             cands = model.jump_candidates(res, rows, n_prev, g)
         accepted = 0.0
@@ -308,7 +308,7 @@ class Sampler(SamplerBase):
                 theta, _ = self._integrate(g, theta, v, grad_fn, eta, cfg.alpha, cfg.beta_hat, sghmc_steps)
                 if not bool(torch.isfinite(theta).all()):
                     raise EngineError(f"chunk {state.chunks}: SGHMC diverged (non-finite particles); lower lr")
-            if jumping:
+            if jumping == "every step" or (jumping and lam >= 1.0):
                 theta, ll, acc = self._jump(theta, lam, rows, res, n_prev, cands, g)
                 accepted = max(accepted, acc)
             elif lam < 1.0:
@@ -331,26 +331,32 @@ class Sampler(SamplerBase):
 
     # --- mode jumps ---------------------------------------------------------------------------
     def _jumps_wanted(self, state: SGAISState, logw: np.ndarray, ll_rows: torch.Tensor, res: torch.Tensor,
-                      g: torch.Generator) -> bool:
-        """Whether this chunk gets mode jumps (they cost two log-likelihood passes over the reservoir
-        per annealing step, so they run where particles get stuck, not everywhere): while the history
+                      g: torch.Generator) -> str:
+        """Whether this chunk gets mode jumps after every annealing step's SGHMC run ('every step'),
+        after the last one only ('last step') or not at all (''). They cost two log-likelihood passes
+        over the reservoir per annealing step, so they run where particles get stuck, not everywhere.
+        Every step: while the history
         is short (``JUMP_WARMUP_ROWS``: from the prior, the particles settle into their modes), in the
         ``state.jumps_left`` chunks after a chunk whose jumps were accepted or after a stuck-mode check
         (``_check_modes``), and when the chunk is surprising: its rows' mean log predictive under the
         particles lies more than ``JUMP_SURPRISE`` standard errors below that of ``JUMP_PROBE_ROWS``
         rows of the history (new clusters; on stationary data the statistic stayed below 2.5 in 100
-        chunks, and reached 10-12 where clusters appear). Which chunks jump depends on the particles,
+        chunks, and reached 10-12 where clusters appear). Last step: every ``JUMP_EVERY`` chunks
+        otherwise (a mode only slightly worse, two overlapping clusters in one component, grows worse
+        with n until a jump pays). Which chunks jump depends on the particles,
         as the annealing schedule does; each jump leaves its target invariant either way."""
-        if state.n < JUMP_WARMUP_ROWS or state.jumps_left > 0 or state.chunks % JUMP_EVERY == 0:
-            return True
+        if state.n < JUMP_WARMUP_ROWS or state.jumps_left > 0:
+            return "every step"
         if res.shape[0] == 0:
-            return False
+            return ""
         probe = res[torch.randint(0, res.shape[0], (JUMP_PROBE_ROWS,), generator=g)]
         w = torch.from_numpy(logw)[:, None]
         lp_chunk = torch.logsumexp(w + ll_rows, 0)
         lp_hist = torch.logsumexp(w + self.model.log_likelihood(state.theta, probe), 0)
         se = math.sqrt(float(lp_hist.var()) / len(lp_hist) + float(lp_chunk.var()) / len(lp_chunk))
-        return float(lp_hist.mean() - lp_chunk.mean()) > JUMP_SURPRISE * max(se, 1e-12)
+        if float(lp_hist.mean() - lp_chunk.mean()) > JUMP_SURPRISE * max(se, 1e-12):
+            return "every step"
+        return "last step" if state.chunks % JUMP_EVERY == 0 else ""
 
     def _jump(self, theta: torch.Tensor, lam: float, rows: torch.Tensor, res: torch.Tensor, n_prev: int, cands,
               g: torch.Generator) -> tuple[torch.Tensor, np.ndarray]:
