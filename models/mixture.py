@@ -224,10 +224,10 @@ class GaussianMixture(Model):
 
     # --- mode-jumping Metropolis-Hastings moves (service/sgais/engine.py, ``Sampler._jump``) --------
     def jump_candidates(self, history: torch.Tensor, chunk: torch.Tensor, n_prev: int, generator: torch.Generator,
-                        restarts: int = 2, iterations: int = 15, refine: int = 0, fit_rows: int = 1_000,
-                        assign_rows: int = 1_500) -> "JumpCandidates":
-        """Clusters a component could be moved onto: the components of ``restarts`` EM fits (k-means++
-        starts, ``iterations`` steps on ``fit_rows`` rows of ``history [R, 2d]`` (the reservoir,
+                        restarts: int = 2, iterations: int = 10, refine: int = 0, fit_rows: int = 1_000, extra: int = 1,
+                        assign_rows: int = 1_000) -> "JumpCandidates":
+        """Clusters a component could be moved onto: the components of ``restarts`` EM fits (with K,
+        K + ``extra``, K + 2 ``extra``, ... components; k-means++ starts, ``iterations`` steps on ``fit_rows`` rows of ``history [R, 2d]`` (the reservoir,
         featurized) with the ``chunk [B, 2d]``, then ``refine`` steps on all of them, on the data
         standardised per column), with how many rows of the history (scaled to ``n_prev``) and of the
         chunk each one explains. ``refine`` makes a candidate about as precise as the posterior, but
@@ -247,7 +247,9 @@ class GaussianMixture(Model):
         means, variances, hist, chk, rows = [], [], [], [], []
         n_fit = len(pick)
         for i, seed in enumerate(seeds):
-            k = min(self.components, len(sample))
+            # K, K + 1, ... components: a fit with more components than the model's resolves
+            # overlapping clusters that a K-component fit (like stuck particles) merges
+            k = min(self.components + extra * i, len(sample))
             w, mu, var, resp = _em_matrix(sample, _kmeanspp(sample, k, np.random.default_rng(seed)), iterations)
             if refine:
                 w, mu, var, resp = _em_matrix(ys, mu, refine, start=(w, mu, var))
@@ -417,7 +419,7 @@ class JumpCandidates:
 
 
 #: EM steps on the weights alone behind the weights' proposal of ``GaussianMixture.propose_jump``
-WEIGHT_SWEEPS = 4
+WEIGHT_SWEEPS = 3
 
 
 def standard_gamma_rows(generator: torch.Generator, alpha: np.ndarray) -> np.ndarray:

@@ -99,7 +99,7 @@ WARNINGS = {
 #: the most history rows ``Sampler._check_modes`` fits the model's modes on
 MODE_CHECK_ROWS = 2_000
 #: mode jumps run in every chunk while fewer rows than this have been seen
-JUMP_WARMUP_ROWS = 10_000
+JUMP_WARMUP_ROWS = 5_000
 #: chunks that keep jumping after a chunk whose jumps were accepted, or after a stuck-mode check
 JUMP_FOLLOW = 2
 #: an accepted jump that raised its particle's log target by more than this (nats) means particles were in
