@@ -105,6 +105,8 @@ JUMP_FOLLOW = 2
 #: an accepted jump that raised its particle's log target by more than this (nats) means particles were in
 #: a worse mode: the next chunks jump too
 JUMP_GAIN = 50.0
+#: chunks after a surprising chunk whose jumps gained little in which a surprise jumps at the last step only
+JUMP_COOLDOWN = 16
 #: and every this many chunks regardless, after the chunk's last annealing step
 JUMP_EVERY = 8
 #: history rows the surprise test compares a chunk with, and its threshold in standard errors
@@ -308,7 +310,7 @@ class Sampler(SamplerBase):
                 theta, _ = self._integrate(g, theta, v, grad_fn, eta, cfg.alpha, cfg.beta_hat, sghmc_steps)
                 if not bool(torch.isfinite(theta).all()):
                     raise EngineError(f"chunk {state.chunks}: SGHMC diverged (non-finite particles); lower lr")
-            if jumping == "every step" or (jumping and lam >= 1.0):
+            if jumping in ("every step", "surprise") or (jumping and lam >= 1.0):
                 theta, ll, acc = self._jump(theta, lam, rows, res, n_prev, cands, g)
                 accepted = max(accepted, acc)
             elif lam < 1.0:
@@ -325,15 +327,15 @@ class Sampler(SamplerBase):
             rng=g.get_state(), cv_theta=cv_theta, cv_grad=cv_grad, cv_n=cv_n,
             ref_post=state.ref_post, ref_log_evidence=state.ref_log_evidence,
             mode_gap=state.mode_gap, mode_limit=state.mode_limit,
-            jumps_left=(JUMP_FOLLOW if accepted > JUMP_GAIN else max(state.jumps_left - 1, 0)) if jumping else state.jumps_left,
+            jumps_left=self._jumps_left(state.jumps_left, jumping, accepted),
         )
         return new_state, steps, log_pred, ess0, ess_min, resamples, capped, writes
 
     # --- mode jumps ---------------------------------------------------------------------------
     def _jumps_wanted(self, state: SGAISState, logw: np.ndarray, ll_rows: torch.Tensor, res: torch.Tensor,
                       g: torch.Generator) -> str:
-        """Whether this chunk gets mode jumps after every annealing step's SGHMC run ('every step'),
-        after the last one only ('last step') or not at all (''). They cost two log-likelihood passes
+        """Whether this chunk gets mode jumps after every annealing step's SGHMC run ('every step', or
+        'surprise' when a surprise asks for them), after the last one only ('last step') or not at all (''). They cost two log-likelihood passes
         over the reservoir per annealing step, so they run where particles get stuck, not everywhere.
         Every step: while the history
         is short (``JUMP_WARMUP_ROWS``: from the prior, the particles settle into their modes), in the
@@ -341,7 +343,8 @@ class Sampler(SamplerBase):
         (``_check_modes``), and when the chunk is surprising: its rows' mean log predictive under the
         particles lies more than ``JUMP_SURPRISE`` standard errors below that of ``JUMP_PROBE_ROWS``
         rows of the history (new clusters; on stationary data the statistic stayed below 2.5 in 100
-        chunks, and reached 10-12 where clusters appear). Last step: every ``JUMP_EVERY`` chunks
+        chunks, and reached 10-12 where clusters appear; during a cooldown, ``_jumps_left``, at the last
+        step only). Last step: every ``JUMP_EVERY`` chunks
         otherwise (a mode only slightly worse, two overlapping clusters in one component, grows worse
         with n until a jump pays). Which chunks jump depends on the particles,
         as the annealing schedule does; each jump leaves its target invariant either way."""
@@ -355,8 +358,21 @@ class Sampler(SamplerBase):
         lp_hist = torch.logsumexp(w + self.model.log_likelihood(state.theta, probe), 0)
         se = math.sqrt(float(lp_hist.var()) / len(lp_hist) + float(lp_chunk.var()) / len(lp_chunk))
         if float(lp_hist.mean() - lp_chunk.mean()) > JUMP_SURPRISE * max(se, 1e-12):
-            return "every step"
+            return "surprise" if state.jumps_left == 0 else "last step"  # jumps_left < 0: cooling down
         return "last step" if state.chunks % JUMP_EVERY == 0 else ""
+
+    @staticmethod
+    def _jumps_left(left: int, jumping: str, gain: float) -> int:
+        """The state's ``jumps_left`` after a chunk: ``JUMP_FOLLOW`` chunks of jumps at every step after
+        a jump that gained more than ``JUMP_GAIN``; after a surprising chunk whose jumps gained less,
+        ``JUMP_COOLDOWN`` chunks (a negative count) in which a surprise jumps at the last step only (after
+        a change the chunks stay surprising until the history catches up, and every-step jumps there
+        cost without helping); otherwise one chunk nearer zero."""
+        if jumping and gain > JUMP_GAIN:
+            return JUMP_FOLLOW
+        if jumping == "surprise":
+            return -JUMP_COOLDOWN
+        return left - 1 if left > 0 else left + 1 if left < 0 else 0
 
     def _jump(self, theta: torch.Tensor, lam: float, rows: torch.Tensor, res: torch.Tensor, n_prev: int, cands,
               g: torch.Generator) -> tuple[torch.Tensor, np.ndarray]:

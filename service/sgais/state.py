@@ -29,7 +29,8 @@ class SGAISState:
     with SGAIS (empty / 0.0 otherwise), the reference its estimate is checked against;
     mode_gap / mode_limit: the last check of the particles against the model's dominant mode
     (``Model.mode_gap``, nats) and the gap beyond which they are stuck in a poor mode; jumps_left:
-    chunks that still get mode jumps (``Sampler._jumps_wanted``; a state saved before jumps: 0)."""
+    chunks that still get mode jumps at every step, or (negative) chunks of a jump cooldown
+    (``Sampler._jumps_left``; a state saved before jumps: 0)."""
 
     theta: torch.Tensor
     log_weights: torch.Tensor
