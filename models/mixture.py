@@ -224,27 +224,25 @@ class GaussianMixture(Model):
 
     # --- mode-jumping Metropolis-Hastings moves (service/sgais/engine.py, ``Sampler._jump``) --------
     def jump_candidates(self, history: torch.Tensor, chunk: torch.Tensor, n_prev: int, generator: torch.Generator,
-                        restarts: int = 2, iterations: int = 10, fit_rows: int = 1_000, extra: int = 1,
+                        restarts: int = 2, iterations: int = 10, refine: int = 0, fit_rows: int = 1_000, extra: int = 1,
                         assign_rows: int = 1_000) -> "JumpCandidates":
         """Clusters a component could be moved onto: the components of ``restarts`` EM fits (with K,
-        K + ``extra``, K + 2 ``extra``, ... components; k-means++ starts, ``iterations`` steps on
-        ``fit_rows`` rows drawn from ``history [R, 2d]`` (the reservoir, featurized) with the
-        ``chunk [B, 2d]``, standardised per column), with how many rows of the history (scaled to
-        ``n_prev``) and of the chunk each one explains; ``assign_rows`` more rows of the history,
-        with the chunk, for the weights' proposal. The fits are as precise as their rows allow, which
-        the proposal's spread allows for (EM steps on all rows made them as precise as the posterior
-        but cost a pass over the reservoir each and did not lower the bench's errors). A function of
-        the data and of the generator only, never of the particles: the proposal built from it is a fixed
+        K + ``extra``, K + 2 ``extra``, ... components; k-means++ starts, ``iterations`` steps on ``fit_rows`` rows of ``history [R, 2d]`` (the reservoir,
+        featurized) with the ``chunk [B, 2d]``, then ``refine`` steps on all of them, on the data
+        standardised per column), with how many rows of the history (scaled to ``n_prev``) and of the
+        chunk each one explains. ``refine`` makes a candidate about as precise as the posterior, but
+        costs a pass over the reservoir per step and did not lower the bench's errors (0 by default:
+        the sample's fit, as precise as its rows allow, which the proposal's spread allows for). A function of the data and
+        of the generator only, never of the particles: the proposal built from it is a fixed
         distribution for the MH acceptance of ``propose_jump``."""
         d = self.n_columns
         r_hist = history.shape[0]
-        # uniform draws from the history (with replacement: no permutation of the whole reservoir)
-        pick = torch.randint(0, r_hist, (fit_rows,), generator=generator) if r_hist > fit_rows else torch.arange(r_hist)
-        a_pick = torch.randint(0, r_hist, (assign_rows,), generator=generator) if r_hist > assign_rows else torch.arange(r_hist)
-        y = torch.cat([history[pick, :d], chunk[:, :d]]).numpy()
+        y = torch.cat([history[:, :d], chunk[:, :d]]).numpy()
         centre, spread = y.mean(0), y.std(0)
         spread = np.where(spread > 0, spread, 1.0)
-        sample = (y - centre) / spread
+        ys = (y - centre) / spread
+        pick = torch.randperm(r_hist, generator=generator)[:fit_rows].numpy() if r_hist > fit_rows else np.arange(r_hist)
+        sample = np.concatenate([ys[pick], ys[r_hist:]])
         seeds = torch.randint(0, 2**31 - 1, (restarts,), generator=generator).tolist()
         means, variances, hist, chk, rows = [], [], [], [], []
         n_fit = len(pick)
@@ -253,15 +251,21 @@ class GaussianMixture(Model):
             # overlapping clusters that a K-component fit (like stuck particles) merges
             k = min(self.components + extra * i, len(sample))
             w, mu, var, resp = _em_matrix(sample, _kmeanspp(sample, k, np.random.default_rng(seed)), iterations)
+            if refine:
+                w, mu, var, resp = _em_matrix(ys, mu, refine, start=(w, mu, var))
+                fit_hist = r_hist
+            else:
+                fit_hist = n_fit
             means.append(centre + spread * mu)
             variances.append(var * spread**2)
-            hist.append(resp[:n_fit].sum(0) * (n_prev / n_fit if n_fit else 0.0))
-            chk.append(resp[n_fit:].sum(0))
+            hist.append(resp[:fit_hist].sum(0) * (n_prev / fit_hist if fit_hist else 0.0))
+            chk.append(resp[fit_hist:].sum(0))
             rows.append(resp.sum(0))
-        y_assign = np.concatenate([history[a_pick, :d].numpy(), chunk[:, :d].numpy()])
+        a_pick = (torch.randperm(r_hist, generator=generator)[:assign_rows].numpy()
+                  if r_hist > assign_rows else np.arange(r_hist))
         return JumpCandidates(np.concatenate(means), np.concatenate(variances), np.concatenate(hist),
                               np.concatenate(chk), np.concatenate(rows),
-                              y_assign, len(a_pick), n_prev)
+                              np.concatenate([y[a_pick], y[r_hist:]]), len(a_pick), n_prev)
 
     #: the share of ``propose_jump``'s proposal that draws the moved component from its prior: it keeps
     #: the reverse proposal density of any current component at least this share of its prior density
