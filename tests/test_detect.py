@@ -141,10 +141,11 @@ def test_model_averaged_changes_weigh_each_models_event_by_its_posterior_probabi
 
 
 def test_a_model_that_misses_a_change_does_not_hide_it_from_the_stream():
-    """The paper's clusters, first 2,500 rows: 3 clusters become 5 at 1,000. A 3-component GMM
-    cannot tell (the old clusters are part of the new five, so its restart honestly loses);
-    the 5-component one finds it at once, and the data give it all the posterior weight, so the
-    stream-level, model-averaged change is at 1,000 with the 5-component model's confidence."""
+    """The paper's clusters, first 2,500 rows: 3 clusters become 5 at 1,000. The 5-component GMM
+    finds it at once, and the data give it all the posterior weight, so the stream-level,
+    model-averaged change is at 1,000 with the 5-component model's confidence, whatever the
+    3-component one reports: with the paper's plain sampler it could not tell (its restart lost);
+    with mode jumps (service/sgais/engine.py) its restart wins too (log Bayes factor 82), also at 1,000."""
     from bench import data as D
 
     x, _ = D.distribution_shift_data(2_500, 0)
@@ -154,7 +155,7 @@ def test_a_model_that_misses_a_change_does_not_hide_it_from_the_stream():
         events[f"K={k}"] = detect_series(x.numpy(), f"gmm:components={k}", 500, seed=0,
                                          on_chunk=lambda r, f, t=t: t.append((r.n, r.log_evidence)))
         trace[f"K={k}"] = t
-    assert locations(events["K=3"]) == [] and locations(events["K=5"]) == [1000]
+    assert locations(events["K=3"]) in ([], [1000]) and locations(events["K=5"]) == [1000]
     got = model_averaged_changes(events, trace, window=500)
     assert [(c.location, c.detected_at) for c in got] == [(1000, 1500)]
     assert got[0].support["K=5"][0] > 1 - 1e-9 and got[0].confidence >= 0.99
