@@ -27,7 +27,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", help="target column (name or index) for regression models; default: the last column")
     p.add_argument("--chunk-size", type=int, default=500)
     p.add_argument("--particles", type=int, help="particles M (default: the preset's)")
-    p.add_argument("--sampler", default="paper", help="sampler preset: paper or accurate")
+    p.add_argument("--sampler", default="paper", help="sampler preset: paper (default), accurate, or paper-plain (the paper's Algorithm 1 without this engine's mode jumps, warm-up and default control variates)")
     p.add_argument("--seed", type=int, default=0,
                    help="the stream's seed: each model's is derived from it and its place in the --model list, as the service does")
     p.add_argument("--out", help="write the trace as JSON lines here (default: stdout)")
