@@ -13,6 +13,11 @@ no in-process workers) and ``cusp worker`` processes.
   starts; the time until it holds its share less one (target: two leases).
 - **sigterm**: a worker with a backlog on every stream gets SIGTERM; the time until it exited
   (target: 5 s) and whether its leases were given back.
+- **latency**: one worker holding every pair (a first chunk each, applied before the clock starts);
+  chunks (10 rows) POSTed at a steady total rate (``--rate``) for
+  ``--latency-seconds``, once to a single stream and once spread round-robin over ``--pairs``
+  streams; the time from a POST's 202 to its result's apply (the result entry's id is Redis's
+  clock at the apply, in ms; same host). Target: the p99 with many pairs at most 2x the p99 of one.
 """
 
 from __future__ import annotations
@@ -38,7 +43,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pairs", type=int, default=1000, help="idle pairs on one worker (default %(default)s)")
     p.add_argument("--idle-seconds", type=float, default=20.0, help="idle measurement window (default %(default)s)")
     p.add_argument("--streams", type=int, default=40, help="streams for failover, join and SIGTERM (default %(default)s)")
-    p.add_argument("--quick", action="store_true", help="100 idle pairs, 8 s idle, 10 streams (about a minute)")
+    p.add_argument("--rate", type=float, default=20.0, help="total chunks/s of the latency runs (default %(default)s)")
+    p.add_argument("--latency-seconds", type=float, default=30.0, help="length of each latency run (default %(default)s)")
+    p.add_argument("--quick", action="store_true", help="100 idle pairs, 8 s idle, 10 streams, 10 s latency runs (about two minutes)")
     p.add_argument("--report", default=None, metavar="MD", help="write the figures as the 'scheduling' section of this markdown file")
 
 
@@ -256,6 +263,47 @@ def sigterm(tmp: Path, n: int) -> dict:
         svc.close()
 
 
+def latency(tmp: Path, n: int, rate: float, seconds: float) -> dict:
+    """POST-to-apply latency of chunks at a steady total ``rate`` spread over ``n`` streams."""
+    from service.store import keys
+
+    svc = Service(tmp / f"latency{n}")
+    try:
+        streams = svc.streams("lt", n)
+        svc.worker("lt-w")
+        svc.wait(lambda: svc.r.zscore(keys.WORKERS, "lt-w") is not None, 120, "the worker up")  # not its start-up
+        for s in streams:  # steady state: the worker holds every pair before the timed run
+            svc.post(s)
+        svc.wait(lambda: svc.applied(streams), 600, "the warm-up chunks applied")
+        time.sleep(1.0)
+        posted: dict[tuple[str, int], float] = {}
+        t0, k = time.monotonic(), 0
+        while time.monotonic() - t0 < seconds:
+            s = streams[k % n]
+            seq = svc.seqs[s]
+            svc.post(s)
+            posted[(s, seq)] = time.time()
+            k += 1
+            time.sleep(max(0.0, t0 + k / rate - time.monotonic()))
+        svc.wait(lambda: svc.applied([s for s in streams if svc.seqs[s]]), 300, "every chunk applied")
+        import json as _json
+
+        lat = []
+        for s in {s for s, _ in posted}:
+            for eid, fields in svc.r.xrange(keys.out(s)):
+                if fields[b"kind"] == b"result":
+                    seq = _json.loads(fields[b"data"])["seq"]
+                    if (s, seq) not in posted:
+                        continue  # a warm-up chunk
+                    applied_ms = int(eid.decode().split("-")[0])
+                    lat.append(applied_ms / 1000 - posted[(s, seq)])
+        lat.sort()
+        q = lambda p: lat[min(len(lat) - 1, int(p * len(lat)))]  # noqa: E731
+        return {"streams": n, "chunks": len(lat), "rate": k / seconds, "p50": q(0.5), "p99": q(0.99), "max": lat[-1]}
+    finally:
+        svc.close()
+
+
 def report(figs: dict, command: str, seconds: float) -> str:
     i, f, j, t = figs["idle"], figs["failover"], figs["join"], figs["sigterm"]
 
@@ -272,6 +320,12 @@ def report(figs: dict, command: str, seconds: float) -> str:
          met(f["takeover_s"] <= LEASE)],
         [f"joining worker gets its share within 2 leases, light load ({j['streams']} streams)",
          f"{j['join_s']:.1f} s to {j['held']} of share {j['share']}", met(j["join_s"] <= 2 * LEASE)],
+        [f"{figs['latency_many']['streams']:,} pairs at a steady {figs['latency_one']['rate']:.0f} chunks/s: "
+         "p99 POST-to-apply <= 2x one pair's at the same rate (pairs held)",
+         f"{figs['latency_many']['p99'] * 1000:.0f} ms against {figs['latency_one']['p99'] * 1000:.0f} ms "
+         f"({figs['latency_many']['p99'] / figs['latency_one']['p99']:.2f}x; p50 {figs['latency_many']['p50'] * 1000:.0f} / "
+         f"{figs['latency_one']['p50'] * 1000:.0f} ms; {figs['latency_many']['chunks']:,} and {figs['latency_one']['chunks']:,} chunks)",
+         met(figs['latency_many']['p99'] <= 2 * figs['latency_one']['p99'])],
         ["SIGTERM: exit within 5 s, leases released", f"{t['exit_s']:.1f} s, exit code {t['code']}, leases left {t['leases_left']} "
          f"(backlog left: {t['backlog_left']})", met(t["exit_s"] <= 5 and t["leases_left"] == 0)],
     ]
@@ -292,7 +346,7 @@ def report(figs: dict, command: str, seconds: float) -> str:
 
 def run(args: argparse.Namespace) -> int:
     if args.quick:
-        args.pairs, args.idle_seconds, args.streams = 100, 8.0, 10
+        args.pairs, args.idle_seconds, args.streams, args.latency_seconds = 100, 8.0, 10, 10.0
     t0 = time.monotonic()
     figs = {}
     with tempfile.TemporaryDirectory(prefix="cusp-sched-") as d:
@@ -306,6 +360,10 @@ def run(args: argparse.Namespace) -> int:
         _log(f"join: {figs['join']}")
         figs["sigterm"] = sigterm(tmp, args.streams)
         _log(f"sigterm: {figs['sigterm']}")
+        figs["latency_one"] = latency(tmp, 1, args.rate, args.latency_seconds)
+        _log(f"latency, one stream: {figs['latency_one']}")
+        figs["latency_many"] = latency(tmp, args.pairs, args.rate, args.latency_seconds)
+        _log(f"latency, {args.pairs} streams: {figs['latency_many']}")
     command = "cusp bench scheduling" + (" --quick" if args.quick else "")
     text = report(figs, command, time.monotonic() - t0)
     print(text)

@@ -167,6 +167,8 @@ class Worker:
         self._keeper: threading.Thread | None = None
         self._stop: threading.Event | None = None
         self._streams: list[str] = []  # the stream set at the last full scan
+        self._stream_set: set[str] = set()
+        self._pairs_total = 0  # stream x model pairs at the last full scan
         self._scanned = -math.inf  # monotonic time of the last full scan
         self._alive = 0  # live workers at the last poll
         self._backlog: set[tuple[str, str]] = set()  # held pairs that had more chunks than one batch
@@ -304,18 +306,20 @@ class Worker:
         self._alive = alive
         if full:
             self._streams = self.store.stream_names()
+            self._stream_set = set(self._streams)
             self._scanned = time.monotonic()
             self.store.prune_workers(now - PRUNE_LEASES * self.lease_ms / 1000)
             looked = self._streams
-        else:
-            looked = sorted((woken & set(self._streams)) | {s for s, _ in self._backlog}
-                            | (woken - set(self._streams)))  # a stream created since the last scan
+        else:  # the woken streams (one created since the last scan too) and this worker's backlog
+            looked = sorted(woken | {s for s, _ in self._backlog})
         configs = self._configs_of(looked)
         if full:
             for key in list(self.hot):
                 if key[0] not in configs:
                     self._drop(key)
-        pairs_total = sum(len(c.models) for s, (_, c) in self._configs.items() if s in self._streams or s in configs)
+            self._pairs_total = sum(len(c.models) for c in configs.values())
+        # the pairs that exist: as counted at the last scan, plus those of streams created since
+        pairs_total = self._pairs_total + sum(len(c.models) for s, c in configs.items() if s not in self._stream_set)
         share = math.ceil(max(pairs_total, 1) / alive)
         pairs = [(s, e.name) for s in looked if s in configs for e in configs[s].models]
         if pairs:
