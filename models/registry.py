@@ -23,11 +23,12 @@ from models.base import Model, ModelError
 from models.linear import LinearRegression, LogisticRegression
 from models.mixture import Gaussian, GaussianMixture
 from models.counts import NegativeBinomial, NegativeBinomialAlias
+from models.heavy import StudentT
 from models.timeseries import Autoregressive, Level, Poisson, Seasonal, Trend
 
 REGISTRY: dict[str, type[Model]] = {
     cls.name: cls for cls in (LinearRegression, LogisticRegression, GaussianMixture, Gaussian, Level, Autoregressive,
-                              Trend, Seasonal, Poisson, NegativeBinomial, NegativeBinomialAlias)
+                              Trend, Seasonal, Poisson, NegativeBinomial, NegativeBinomialAlias, StudentT)
 }
 #: What a stream gets when it is created without a model list: for one column (a metric series)
 #: a constant level, an autoregression and a linear trend, each in the series' own frame
