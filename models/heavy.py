@@ -19,7 +19,8 @@ shown like the regressions' (``frame``: centre, scale).
 Clenshaw-Curtis weights over a box in the coordinates (s, lambda), mu = m + e^lambda a sinh(s):
 the anchor m, the scale a and the ranges are fitted to the posterior (its mean, and 8 standard
 deviations on each side, widened until the density on every side of the box is below e^-30 of
-its peak; ``REGRID_SPAN`` sds when the rows are about to be dropped). The sinh map resolves a peaked posterior with heavy tails (few rows, small nu), and
+its peak; when the rows are about to be dropped and at later refits, ``REGRID_SPAN`` sds in
+log sigma and ``REACH`` times that in u, room for a level shift before the detector restarts). The sinh map resolves a peaked posterior with heavy tails (few rows, small nu), and
 u = (mu - m) / sigma makes the cone of a posterior whose spread in mu scales with sigma a
 rectangle. The log evidence is log sum W exp(log joint) over the nodes, and a chunk's log
 predictive the difference of two such sums.
@@ -39,7 +40,7 @@ predictive the difference of two such sums.
   and the result says so: the ``quadrature_edge`` warning (service/sgais/exact.py).
 
 Accuracy against independent 2-D quadrature (scipy's dblquad; tests/test_heavy.py), raw units
-from 1e-4 to 1e4 at offsets to 1e6: within 3e-6 nats while the rows are kept, 1.5e-6 after 1,500
+from 1e-4 to 1e4 at offsets to 1e6: within 3e-6 nats while the rows are kept, 1.1e-5 after 1,500
 rows for nu = 3 and 30, and up to a few 1e-3 nats after 1,500 Cauchy (nu = 1) rows (interpolation
 at regrids; ~1e-6 of the evidence). Cost: about 1 ms a row for the default six nu, one thread.
 Deterministic (no randomness); the state is one float64 vector (about 110 KB with six nu).
@@ -68,9 +69,13 @@ SPAN = 8.0
 #: half-width of a box refitted without the rows (it cannot widen again: room for the posterior
 #: to move)
 REGRID_SPAN = 10.0
+#: ... and this many times as far in mu (the sinh map keeps the core resolved): room for a level
+#: shift the detector has not yet restarted at, which moves mu far more than sigma
+REACH = 4.0
 #: a side of a box updated without the rows whose log density comes within this of the peak:
-#: the ``quadrature_edge`` warning (the mass beyond it is then no longer negligible, ~e^-20)
-WARN = -20.0
+#: the ``quadrature_edge`` warning (the mass beyond it is no longer below ~1e-6 of the evidence,
+#: and grows as the posterior moves on)
+WARN = -12.0
 #: a side of the box whose log density is within this of the peak is too close (e^-30 ~ 1e-13)
 EDGE = -30.0
 #: the sinh map's scale a, in robust spreads of u (larger: a milder map, smoother for interpolation)
@@ -273,8 +278,9 @@ class StudentT(_Exact):
         return z.shape[0] * (const - lam[:, None, :]) - (nu + 1) / 2 * torch.log1p(q / nu).sum(0)
 
     @staticmethod
-    def _fit_box(mu, lam, logw, logj, span: float = SPAN) -> torch.Tensor:
-        """A box of ``span`` posterior sds each side of the posterior mean, from a grid."""
+    def _fit_box(mu, lam, logw, logj, span: float = SPAN, reach: float = 1.0) -> torch.Tensor:
+        """A box of ``span`` posterior sds each side of the posterior mean (``reach`` x that in u),
+        from a grid."""
         p = torch.softmax((logw + logj).flatten(), 0).view_as(logj)
         em = float((p * mu).sum())
         el = float((p * lam).sum())
@@ -283,7 +289,7 @@ class StudentT(_Exact):
         su = math.sqrt(max(float((p * u * u).sum()), 1e-24))
         # the sinh scale: the core's width (a robust spread of u: its mean absolute value), at most su
         a = max(min(float((p * u.abs()).sum()) * 1.2533, su) * CORE, 1e-12)
-        s_hi = math.asinh(span * su / a)
+        s_hi = math.asinh(reach * span * su / a)
         return torch.tensor([em, a, -s_hi, s_hi, el - span * sl, el + span * sl], dtype=torch.float64)
 
     @staticmethod
@@ -309,7 +315,7 @@ class StudentT(_Exact):
             box = torch.tensor([med, 1.0, -math.asinh(60.0), math.asinh(60.0), -6.0, 10.0], dtype=torch.float64)
         for _ in range(2):  # the posterior's mean and spread, from the box before, then from that fit
             mu, lamg, logw, logj = self._joint(nu, box, z)
-            box = self._fit_box(mu, lamg[0], logw, logj, span)
+            box = self._fit_box(mu, lamg[0], logw, logj, span, REACH if span == REGRID_SPAN else 1.0)
         for _ in range(FITS):  # widen the sides the posterior still reaches (heavy tails, few rows)
             mu, lamg, logw, logj = self._joint(nu, box, z)
             edges = self._edges(logj)
@@ -323,11 +329,11 @@ class StudentT(_Exact):
         raise ModelError(f"{self.name}: the posterior would not fit a quadrature box after {FITS} refits "
                          "(rows far outside the frame?)")
 
-    def _too_wide(self, box: torch.Tensor, logj: torch.Tensor, span: float) -> torch.Tensor | None:
+    def _too_wide(self, box: torch.Tensor, logj: torch.Tensor, span: float, reach: float = 1.0) -> torch.Tensor | None:
         """The box ``span`` posterior sds wide, when the posterior has narrowed to half of ``box`` in
         a coordinate; else None."""
         _, lam, mu, logw = self._nodes(box)
-        new = self._fit_box(mu, lam, logw, logj, span)
+        new = self._fit_box(mu, lam, logw, logj, span, reach)
         old_l = float(box[5] - box[4])
         new_l = float(new[5] - new[4])
         # compare the u extents at the posterior's lambda: |u| reach a sinh(s_hi)
@@ -340,7 +346,7 @@ class StudentT(_Exact):
         """Refit the box to a posterior that has narrowed to half of it in a coordinate, carrying the
         log joint to the new nodes by interpolation in the old box (points outside it, where the
         density is below e^EDGE of the peak, take the nearest boundary's value)."""
-        new = self._too_wide(box, logj, REGRID_SPAN)
+        new = self._too_wide(box, logj, REGRID_SPAN, REACH)
         if new is None:
             return box, logj
         new[4], new[5] = max(float(new[4]), float(box[4])), min(float(new[5]), float(box[5]))

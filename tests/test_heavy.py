@@ -97,10 +97,10 @@ def test_evidence_of_the_default_mixture_over_nu():
 def test_evidence_without_the_rows_against_2d_quadrature(nu, loc, scale):
     """1,500 points: after warm-up + EXACT_ROWS rows the grid is updated without them (regrids by
     interpolation as the posterior narrows). The partial evidence at n = 300 and 1,500 stays within
-    1e-4 nats of the reference for nu = 3 and 30 (measured 1.5e-6) and 1e-2 for Cauchy data
-    (measured 1.4e-4 here; on other seeds up to 3.6e-3 at n = 1,500, about 5e-4 per 200 rows from
-    interpolating the Cauchy log likelihood's sharper ridges at regrids: 1e-6 of the evidence),
-    chunks of 1, 7 and 100, and no chunk warns."""
+    1e-4 nats of the reference for nu = 3 and 30 (measured 1.1e-5 and 5.4e-7) and 1e-2 for Cauchy
+    data (measured 7.6e-4 here; up to a few 1e-3 at n = 1,500 on other seeds, from interpolating
+    the Cauchy log likelihood's sharper ridges at regrids: about 1e-6 of the evidence), chunks of
+    1, 7 and 100, and no chunk warns."""
     rng = np.random.default_rng(int(nu) + 77)
     y = loc + scale * rng.standard_t(nu, 1500)
     ref = reference(y, [nu], [300, 1500])
