@@ -139,12 +139,15 @@ def _interp_matrix(nodes: torch.Tensor, at: torch.Tensor) -> torch.Tensor:
 
 def robust_frame(rows: torch.Tensor) -> tuple[float, float]:
     """(centre, scale) of the warm-up rows: their median and 1.4826 x their median absolute
-    deviation (the sd for Gaussian data, unmoved by an outlier among them), else their sd, else
-    |centre|, else 1."""
+    deviation (the sd for Gaussian data, unmoved by an outlier among them) but at least 1e-3 of
+    their sd; else their sd, else |centre|, else 1."""
     centre = float(torch.quantile(rows, 0.5))
-    scale = 1.4826 * float(torch.quantile((rows - centre).abs(), 0.5))
+    sd = float(rows.std()) if rows.shape[0] > 1 else 0.0
+    # at least 1e-3 of their sd: nearly equal values and a few far ones (1e-308, 1e-170, 42, ...)
+    # would otherwise give a unit 1e-169 and z-values whose squares overflow
+    scale = max(1.4826 * float(torch.quantile((rows - centre).abs(), 0.5)), 1e-3 * sd)
     if not scale > 0:
-        scale = float(rows.std()) if rows.shape[0] > 1 else 0.0
+        scale = sd
     if not scale > 0:
         scale = abs(centre) if centre != 0 else 1.0
     return centre, scale
@@ -307,12 +310,15 @@ class StudentT(_Exact):
         return mu, lamg, logw, logj
 
     def _fit(self, nu: float, z: torch.Tensor, box: torch.Tensor | None,
-             span: float = SPAN) -> tuple[torch.Tensor, torch.Tensor, float]:
+             span: float = SPAN) -> tuple[torch.Tensor, torch.Tensor, float, bool]:
         """A box fitted to the posterior given all rows ``z`` (kept rows), the log joint at its
-        nodes, and the log evidence log p(z) for this nu (quadrature)."""
-        if box is None or float(box[1]) <= 0:
+        nodes, the log evidence log p(z) for this nu (quadrature), and whether the box fits."""
+        if box is None or float(box[1]) <= 0:  # around the rows: their median, log sigma near log sd
             med = float(z.median()) if z.shape[0] else 0.0
-            box = torch.tensor([med, 1.0, -math.asinh(60.0), math.asinh(60.0), -6.0, 10.0], dtype=torch.float64)
+            sd = float(z.std()) if z.shape[0] > 1 else 0.0
+            lc = min(max(math.log(sd), -6.0), 700.0) if sd > 0 else 0.0
+            box = torch.tensor([med, 1.0, -math.asinh(60.0), math.asinh(60.0), min(lc, 0.0) - 6.0, max(lc, 0.0) + 10.0],
+                               dtype=torch.float64)
         for _ in range(2):  # the posterior's mean and spread, from the box before, then from that fit
             mu, lamg, logw, logj = self._joint(nu, box, z)
             box = self._fit_box(mu, lamg[0], logw, logj, span, REACH if span == REGRID_SPAN else 1.0)
@@ -320,14 +326,16 @@ class StudentT(_Exact):
             mu, lamg, logw, logj = self._joint(nu, box, z)
             edges = self._edges(logj)
             if not any(edges):
-                return box, logj, float(torch.logsumexp((logw + logj).flatten(), 0))
+                return box, logj, float(torch.logsumexp((logw + logj).flatten(), 0)), True
             m, a, s_lo, s_hi, l_lo, l_hi = (float(t) for t in box)
             width = l_hi - l_lo
             s_lo, s_hi = s_lo - (1.5 if edges[0] else 0.0), s_hi + (1.5 if edges[1] else 0.0)
             l_lo, l_hi = l_lo - (0.5 * width if edges[2] else 0.0), l_hi + (0.5 * width if edges[3] else 0.0)
             box = torch.tensor([m, a, s_lo, s_hi, l_lo, l_hi], dtype=torch.float64)
-        raise ModelError(f"{self.name}: the posterior would not fit a quadrature box after {FITS} refits "
-                         "(rows far outside the frame?)")
+        # values far outside the frame (a posterior over dozens of orders of magnitude): the widest
+        # box, and the caller reports it (``quadrature_edge``)
+        mu, lamg, logw, logj = self._joint(nu, box, z)
+        return box, logj, float(torch.logsumexp((logw + logj).flatten(), 0)), False
 
     def _too_wide(self, box: torch.Tensor, logj: torch.Tensor, span: float, reach: float = 1.0) -> torch.Tensor | None:
         """The box ``span`` posterior sds wide, when the posterior has narrowed to half of ``box`` in
@@ -371,9 +379,13 @@ class StudentT(_Exact):
         boxes, logjs = self._grids(post)
         v = len(self.nus)
         nb, nl, zs = [], [], []
+        unfit = False
         for i, nu in enumerate(self.nus):
-            box, logj, lz = self._fit(nu, z, boxes[i] if float(boxes[i][1]) > 0 else None, span)
+            box, logj, lz, ok = self._fit(nu, z, boxes[i] if float(boxes[i][1]) > 0 else None, span)
             nb.append(box), nl.append(logj - math.log(v)), zs.append(lz - math.log(v))
+            unfit |= not ok
+        if unfit:
+            post[5] += 1
         return torch.stack(nb), torch.stack(nl), float(torch.logsumexp(torch.tensor(zs), 0))
 
     def exact_update(self, post: torch.Tensor, rows: torch.Tensor) -> tuple[torch.Tensor, float]:
@@ -443,6 +455,9 @@ class StudentT(_Exact):
                     post[7] = n_now
                     for i, nu in enumerate(self.nus):
                         boxes[i], logjs[i] = self._regrid(nu, boxes[i], logjs[i])
+            if not math.isfinite(lz):
+                raise ModelError(f"{self.name}: the evidence is not finite: values too far from the frame (centre "
+                                 f"{centre:.6g}, scale {scale:.6g}) for float64, up to {float(y.abs().max()):.6g}")
             lp = lz - before - z.shape[0] * math.log(scale)
             post[6] = lz
             self._store(post, boxes, logjs)

@@ -29,8 +29,9 @@ from service.sgais.state import decode, encode
 #: engine's warnings, so results, metrics, logs and ``cusp replay`` carry it like the others.
 WARNINGS.setdefault(
     "quadrature_edge",
-    "the posterior reached the edge of the model's quadrature grid after its rows were dropped (a change the "
-    "detector has not restarted at): the log-evidence is that of a prior cut to the grid, too low from here on",
+    "the posterior reached the edge of the model's quadrature grid (after its rows were dropped: a change the "
+    "detector has not restarted at; or on values too far from the model's frame to fit a grid): the log-evidence "
+    "is that of a prior cut to the grid, too low",
 )
 
 
