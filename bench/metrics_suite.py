@@ -131,6 +131,20 @@ def simulations(seed: int) -> list[Series]:
         y = 1e4 + 50 * r.standard_normal(n)
         y[at:] += 200
         out.append(_sim(f"short-{n}", f"short series: yearly values (1e4 +- 50), +200 at {at} (n = {n})", y, (at,), seed))
+    # overdispersed counts (negative binomial, r = 4: sd 2.6x Poisson's at mean 40) and a heavier
+    # tail (Student-t, 2 degrees of freedom: infinite variance), added for issue 16's negbin and
+    # student-t after the others (so theirs draw the same numbers); parameters fixed before cusp
+    # ran on them
+    mean = np.concatenate([np.full(260, 40.0), np.full(240, 70.0)])
+    y = r.negative_binomial(4, 4 / (4 + mean)).astype(float)
+    out.append(_sim("nb-counts", "overdispersed counts, negative binomial r = 4, mean 40 -> 70 at 260 (n = 500)", y,
+                    (260,), seed))
+    y = r.negative_binomial(4, 4 / 44, 800).astype(float)
+    out.append(_sim("nb-stationary", "overdispersed counts, negative binomial r = 4, mean 40, no change (n = 800)", y,
+                    (), seed))
+    y = 100 + 10 * r.standard_t(2, 700)
+    y[350:] += 40
+    out.append(_sim("t2-shift", "Student-t(2) noise (scale 10 around 100), +40 at 350 (n = 700)", y, (350,), seed))
     return out
 
 

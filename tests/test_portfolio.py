@@ -23,7 +23,7 @@ def test_a_univariate_stream_without_models_gets_the_portfolio_and_its_answer(li
     s = "p" + uuid.uuid4().hex[:10]
     r = live.client.post("/v1/streams", json={"name": s, "columns": ["latency_ms"], "seed": 4})
     assert r.status_code == 201, r.text
-    assert [m["spec"] for m in r.json()["models"]] == ["level", "ar", "trend"]
+    assert [m["spec"] for m in r.json()["models"]] == ["level", "ar", "trend", "student-t"]
     rng = np.random.default_rng(7)
     y = np.concatenate([rng.normal(250, 20, 120), rng.normal(330, 20, 80)])  # +4 sd at 120
     chunks = [y[i : i + 10] for i in range(0, 200, 10)]
@@ -42,7 +42,7 @@ def test_a_univariate_stream_without_models_gets_the_portfolio_and_its_answer(li
         by_model.setdefault(e["model"], []).append(e["location"])
     assert by_model == {m: [e.location for e in evs] for m, evs in per_model.items() if evs}
     info = live.client.get(f"/v1/streams/{s}").json()
-    assert {m["name"] for m in info["models"]} == {"level", "ar", "trend"}
+    assert {m["name"] for m in info["models"]} == {"level", "ar", "trend", "student-t"}
     assert abs(sum(m["posterior_probability"] for m in info["models"]) - 1.0) < 1e-9
 
 

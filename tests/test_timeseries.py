@@ -222,7 +222,7 @@ def test_the_default_portfolio_finds_a_jump_in_a_short_series(seed):
     y = 1e4 + 50 * r.standard_normal(40)
     y[20:] += 200
     per_model, stream = detect_stream(y, chunk_size=1, seed=0)
-    assert sorted(per_model) == ["ar", "level", "trend"]
+    assert sorted(per_model) == ["ar", "level", "student-t", "trend"]
     assert [c.location for c in stream] == [20], [(c.location, c.confidence) for c in stream]
 
 

@@ -20,9 +20,20 @@ import torch
 
 from models.base import Model
 from service.sgais.config import SGAISConfig
-from service.sgais.engine import ChunkResult, EngineError, SamplerBase, prepare
+from service.sgais.engine import WARNINGS, ChunkResult, EngineError, SamplerBase, prepare
 from service.sgais.reservoir import Reservoir, ReservoirWrites, algorithm_r
 from service.sgais.state import decode, encode
+
+
+#: A model computed by deterministic quadrature (``student-t``, models/heavy.py) may say that its
+#: posterior reached the edge of its grid (``Model.exact_warnings``): registered beside the
+#: engine's warnings, so results, metrics, logs and ``cusp replay`` carry it like the others.
+WARNINGS.setdefault(
+    "quadrature_edge",
+    "the posterior reached the edge of the model's quadrature grid (after its rows were dropped: a change the "
+    "detector has not restarted at; or on values too far from the model's frame to fit a grid): the log-evidence "
+    "is that of a prior cut to the grid, too low",
+)
 
 
 @dataclass(frozen=True)
@@ -82,6 +93,8 @@ class ExactSampler(SamplerBase):
             rows = prepare(self.model, self.config, state.n, chunk, reservoir)
             conditioned = self.model.exact_conditioned(state.post, int(rows.shape[0]))
             post, lp = self.model.exact_update(state.post, rows)
+            hook = getattr(self.model, "exact_warnings", None)
+            warnings = tuple(hook(state.post, post)) if hook is not None else ()
             g = torch.Generator()
             g.set_state(state.rng)
             writes = algorithm_r(g, state.n, rows, self.config.reservoir_capacity)
@@ -96,7 +109,7 @@ class ExactSampler(SamplerBase):
         result = ChunkResult(
             n=new.n, rows=b, log_evidence=new.log_evidence, log_predictive=lp, annealing_steps=0,
             ess_before=None, ess_after=None, ess_min=None, resamples=0, capped=False,
-            seconds=time.perf_counter() - t0, method=self.method, conditioned=conditioned,
+            seconds=time.perf_counter() - t0, method=self.method, conditioned=conditioned, warnings=warnings,
         )
         return new, result, writes
 

@@ -1,0 +1,87 @@
+"""`negbin` and `student-t` where users reach them: the API (POST /v1/streams with models, a burst
+worker, the frame shown, the same change points as the offline `detect_stream`), bad settings
+refused with nothing stored, and `cusp replay`."""
+
+import subprocess
+import sys
+import uuid
+
+import numpy as np
+import pytest
+
+from service.detect import detect_stream
+from service.worker import Worker
+from tests.service_fixtures import LiveServer
+
+
+@pytest.fixture(scope="module")
+def live(redis_url):
+    server = LiveServer(redis_url)
+    yield server
+    server.stop()
+
+
+def _drain(redis_url):
+    w = Worker(redis_url)
+    try:
+        w.run_until_idle()
+    finally:
+        w.release_all()
+
+
+def test_counts_and_heavy_tails_through_the_api(live, redis_url):
+    """A count series (negative binomial r = 4, mean 40 -> 90 at 150) to a stream of `negbin` and
+    `student-t`: the API's change points are the offline detector's, and each model shows its
+    frame (negbin: centre 0, scale the warm-up mean; student-t: the warm-up's median and 1.4826 x
+    MAD)."""
+    s = "m" + uuid.uuid4().hex[:10]
+    r = live.client.post("/v1/streams", json={"name": s, "columns": ["errors"], "seed": 3,
+                                             "models": ["negbin", "student-t"]})
+    assert r.status_code == 201, r.text
+    rng = np.random.default_rng(5)
+    mean = np.r_[np.full(150, 40.0), np.full(100, 90.0)]
+    y = rng.negative_binomial(4, 4 / (4 + mean)).astype(float)
+    chunks = [y[i : i + 10] for i in range(0, 250, 10)]
+    for seq, c in enumerate(chunks):
+        assert live.client.post(f"/v1/streams/{s}/chunks", json={"seq": seq, "rows": [[v] for v in c.tolist()]}).status_code == 202
+    _drain(redis_url)
+    got = live.client.get(f"/v1/streams/{s}/changepoints").json()
+    per_model, stream = detect_stream(y, ["negbin", "student-t"], chunk_size=10, seed=3)
+    by_model = {}
+    for e in got["changepoints"]:
+        by_model.setdefault(e["model"], []).append(e["location"])
+    assert by_model == {m: [e.location for e in evs] for m, evs in per_model.items() if evs}
+    assert [c["location"] for c in got["stream"]] == [c.location for c in stream]
+    assert len(stream) == 1 and abs(stream[0].location - 150) <= 5, [c.location for c in stream]
+    info = {m["name"]: m for m in live.client.get(f"/v1/streams/{s}").json()["models"]}
+    assert info["negbin"]["frame"] == {"warmup_rows": 5, "centre": 0.0, "scale": pytest.approx(float(np.mean(y[:5])))}
+    med = float(np.median(y[:5]))
+    assert info["student-t"]["frame"] == {"warmup_rows": 5, "centre": pytest.approx(med),
+                                          "scale": pytest.approx(1.4826 * float(np.median(np.abs(y[:5] - med))))}
+
+
+@pytest.mark.parametrize("spec,option", [("negbin:per_decade=0", "per_decade"), ("student-t:nu=-2", "nu"),
+                                         ("negbin:dispersion=3", "dispersion"), ("student-t:warmup=1", "warmup")])
+def test_bad_settings_are_refused_with_nothing_stored(live, spec, option):
+    s = "b" + uuid.uuid4().hex[:10]
+    r = live.client.post("/v1/streams", json={"name": s, "columns": ["x"], "models": [spec]})
+    assert 400 <= r.status_code < 500 and option in r.text, r.text
+    assert live.client.get(f"/v1/streams/{s}").status_code == 404
+
+
+def test_replay_runs_both_and_shows_their_frames(tmp_path):
+    rng = np.random.default_rng(2)
+    y = np.r_[rng.negative_binomial(4, 4 / 44, 120), rng.negative_binomial(4, 4 / 104, 80)].astype(int)
+    p = tmp_path / "errors.csv"
+    p.write_text("errors\n" + "\n".join(str(v) for v in y) + "\n")
+    out = subprocess.run([sys.executable, "-m", "service.cli", "replay", str(p), "--model", "negbin", "--model", "student-t",
+                          "--chunk-size", "10", "--detect", "--out", str(tmp_path / "t.jsonl")],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert f"negbin: prior on (y - centre) / scale, centre 0, scale {float(np.mean(y[:5])):.6g}" in out.stderr, out.stderr
+    assert "student-t: prior on (y - centre) / scale, centre" in out.stderr
+    assert "stream (model-averaged): change point at observation" in out.stderr
+    p.write_text("errors\n" + "\n".join(str(v) for v in y[:30]) + "\n2.5\n")
+    bad = subprocess.run([sys.executable, "-m", "service.cli", "replay", str(p), "--model", "negbin"],
+                         capture_output=True, text=True, timeout=300)
+    assert bad.returncode != 0 and "counts must be whole numbers" in bad.stderr, bad.stderr
