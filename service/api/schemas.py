@@ -75,7 +75,7 @@ class ModelOut(BaseModel):
     posterior_probability: float | None
     lag_chunks: int
     error: str | None
-    frame: ModelFrame | None = Field(None, description="metric-series models only (level, ar, trend, seasonal): the "
+    frame: ModelFrame | None = Field(None, description="metric-series models only (level, ar, trend, seasonal, poisson, negbin, student-t): the "
                                                        "frame fixed from their warm-up, i.e. their effective prior")
 
 
