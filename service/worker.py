@@ -178,8 +178,9 @@ class Worker:
     # --- loop -------------------------------------------------------------------------------
     def run_forever(self, stop: threading.Event, idle_sleep: float = 0.5) -> None:
         """Work until ``stop`` is set. When there is nothing to do, wait up to ``idle_sleep``
-        seconds (and at most a sixth of the lease, so held leases are renewed in time) for a
-        wake-up message from the ingest script, so a new chunk starts within a round trip."""
+        seconds (and at most a sixth of the lease, so the live-worker count and the full scans
+        stay current) for a wake-up message from the ingest script, so a new chunk starts within
+        a round trip. The lease keeper thread keeps this worker's pairs meanwhile."""
         M.WORKERS.inc()
         idle = min(idle_sleep, self.lease_ms / 6000)
         self._stop = stop
