@@ -408,9 +408,6 @@ class Worker:
     def _config(self, s: str) -> StreamConfig | None:
         return self._configs_of([s]).get(s)
 
-    def _has_pending(self, s: str, m: str) -> bool:
-        return self.store.pending([(s, m)])[0]
-
     def _pending_anywhere(self) -> bool:
         configs = self._configs_of(self.store.stream_names())
         return any(self.store.pending([(s, e.name) for s, c in configs.items() for e in c.models]))

@@ -226,17 +226,6 @@ class ApiStore:
                 return out, cursor, True
             start = "(" + cursor
 
-    async def results_of_kinds(self, stream: str, kinds: Iterable[str], page: int = 5000) -> list[dict]:
-        """Every result entry of the given kinds, read in pages."""
-        wanted = {k.encode() for k in kinds}
-        out, start = [], "-"
-        while True:
-            got = await self.r.xrange(keys.out(stream), min=start, count=page)
-            out += [entry(e, f) for e, f in got if f[b"kind"] in wanted]
-            if len(got) < page:
-                return out
-            start = "(" + got[-1][0].decode()
-
     async def changes(self, stream: str, page: int = 5000) -> list[dict]:
         """The stream's change-point store (``keys.changes``): each model's events and the stream's,
         oldest first. O(events): result trimming does not reach it; it has its own cap."""

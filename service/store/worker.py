@@ -106,10 +106,6 @@ class WorkerStore:
         raw = self.r.get(keys.seq(s))
         return None if raw is None else int(raw)
 
-    def last_applied(self, s: str, m: str) -> int | None:
-        raw = self.r.hget(keys.state(s, m), "last_seq")
-        return None if raw is None else int(raw)
-
     # --- leases -------------------------------------------------------------------------------
     def keep_alive(self, worker_id: str, ttl_ms: int) -> bool:
         """Renew this worker's life key (one command); False if it had lapsed (or never existed):
