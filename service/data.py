@@ -1,4 +1,5 @@
-"""Reading tabular data (CSV with a header, or .npy) into float64 tensors with clear errors."""
+"""Reading tabular data (CSV with a header, or .npy) into float64 tensors with clear errors; a
+CSV's time column (``read_series``) into epoch seconds."""
 
 from __future__ import annotations
 
@@ -8,6 +9,11 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
+from service import times as T
+
+#: column names ``read_series`` takes for the rows' times when none is named (case-insensitive)
+TIME_COLUMNS = ("time", "timestamp", "ts", "date", "datetime")
 
 
 class DataError(ValueError):
@@ -35,8 +41,47 @@ def read_table(path: str | Path) -> tuple[list[str], torch.Tensor]:
     else:
         names, data = _read_csv_fast(p)
         if data is None:  # anything unusual (quotes, blank lines, a bad value): the careful reader says what
-            names, rows = _read_csv(p)
+            names, rows, _ = _read_csv(p)
             data = np.array(rows, dtype=np.float64).reshape(len(rows), len(names))
+    return _checked(p, names, data)
+
+
+def read_series(path: str | Path, time_column: str | None = None) -> tuple[list[str], torch.Tensor, np.ndarray | None]:
+    """``read_table`` and the rows' times (epoch seconds, strictly increasing) from a CSV's time
+    column: ``time_column``, or else the first column named as in ``TIME_COLUMNS``; its cells are
+    RFC 3339 times, dates or epoch seconds (``service.times``). Times None when there is none."""
+    p = Path(path)
+    if p.suffix == ".npy" or not p.is_file():
+        if time_column is not None and p.suffix == ".npy":
+            raise DataError(f"{p}: a .npy file has no named columns; --time-column {time_column!r} needs a CSV")
+        names, data = read_table(p)
+        return names, data, None
+    try:
+        with p.open(newline="") as fh:
+            header = [h.strip() for h in next(csv.reader([fh.readline()]), [])]
+    except UnicodeDecodeError:
+        raise DataError(f"{p}: not a text CSV file") from None
+    if time_column is not None and time_column not in header:
+        raise DataError(f"{p}: no column {time_column!r} for the times; the header has {header}")
+    col = time_column or next((h for h in header if h.lower() in TIME_COLUMNS), None)
+    if col is None:
+        names, data = read_table(p)
+        return names, data, None
+    names, rows, cells = _read_csv(p, time_at=header.index(col))
+    data = np.array(rows, dtype=np.float64).reshape(len(rows), len(names))
+    names, tensor = _checked(p, names, data)
+    try:
+        stamps = np.array([T.parse(float(c) if _is_float(c) else c, f"{p}: line {line} column {col!r}") for line, c in cells])
+    except T.TimeError as exc:
+        raise DataError(str(exc)) from None
+    try:
+        T.check_increasing(stamps, col)
+    except T.TimeError as exc:
+        raise DataError(f"{p}: {exc} (rows counted from the first after the header)") from None
+    return names, tensor, stamps
+
+
+def _checked(p: Path, names: list[str], data: np.ndarray) -> tuple[list[str], torch.Tensor]:
     if data.shape[0] == 0:
         raise DataError(f"{p}: no data rows")
     bad = ~np.isfinite(data)
@@ -67,7 +112,10 @@ def _read_csv_fast(p: Path) -> tuple[list[str], np.ndarray | None]:
     return names, data
 
 
-def _read_csv(p: Path) -> tuple[list[str], list[list[float]]]:
+def _read_csv(p: Path, time_at: int | None = None) -> tuple[list[str], list[list[float]], list[tuple[int, str]]]:
+    """(names, rows, time cells): the column ``time_at`` (if given) is left out of names and rows,
+    its cells returned as (line number, text)."""
+    cells: list[tuple[int, str]] = []
     try:
         with p.open(newline="") as fh:
             reader = csv.reader(fh)
@@ -85,6 +133,9 @@ def _read_csv(p: Path) -> tuple[list[str], list[list[float]]]:
                     continue
                 if len(row) != len(names):
                     raise DataError(f"{p}: line {lineno} has {len(row)} fields, the header has {len(names)}")
+                if time_at is not None:
+                    cells.append((lineno, row[time_at].strip()))
+                    row = row[:time_at] + row[time_at + 1:]
                 try:
                     vals = [float(c) for c in row]
                 except ValueError:
@@ -93,7 +144,11 @@ def _read_csv(p: Path) -> tuple[list[str], list[list[float]]]:
                 rows.append(vals)
     except UnicodeDecodeError:
         raise DataError(f"{p}: not a text CSV file") from None
-    return names, rows
+    if time_at is not None:
+        names = names[:time_at] + names[time_at + 1:]
+        if not names:
+            raise DataError(f"{p}: the only column is the times; no values to read")
+    return names, rows, cells
 
 
 def _is_float(s: str) -> bool:

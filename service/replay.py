@@ -7,13 +7,15 @@ import json
 import sys
 import time
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
 from models import ModelError, build_model
 from models.registry import default_portfolio
-from service.data import DataError, log_model_probabilities, read_table, resolve_target
+from service import times as T
+from service.data import TIME_COLUMNS, DataError, log_model_probabilities, read_series, resolve_target
 from service.detect import DetectorConfig, OfflineRun, StreamAnswer, stream_window
 from service.runtime import seed_for
 from service.sgais import WARNINGS, ConfigError, EngineError, SGAISConfig, build_sampler
@@ -21,6 +23,10 @@ from service.sgais import WARNINGS, ConfigError, EngineError, SGAISConfig, build
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("data", help="CSV file with a header row, or a .npy array")
+    p.add_argument("--time-column", metavar="NAME",
+                   help="the CSV column holding the rows' times (RFC 3339, dates or epoch seconds; strictly increasing); "
+                        f"default: a column named {', '.join(TIME_COLUMNS)} (any case) if there is one. The trace then "
+                        "carries times as the service's results do")
     p.add_argument("--model", action="append", metavar="SPEC",
                    help="model spec, e.g. gmm:components=5 (repeat for several competing models); "
                         "default: the default portfolio (README), as for a stream created without models")
@@ -62,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
     torch.set_num_threads(1)
     if args.chunk_size < 1:
         raise DataError("--chunk-size must be a positive integer")
-    names, data = read_table(args.data)
+    names, data, stamps = read_series(args.data, args.time_column)
     target = resolve_target(names, args.target)
     overrides = {} if args.particles is None else {"particles": args.particles}
     config = SGAISConfig.preset(args.sampler, **overrides)
@@ -80,24 +86,30 @@ def run(args: argparse.Namespace) -> int:
         answer = StreamAnswer(labels, stream_window([s.model for s in samplers.values()], dcfg), dcfg.threshold)
         for chunk, lo in enumerate(range(0, data.shape[0], args.chunk_size)):
             rows = data[lo : lo + args.chunk_size]
+            end = None if stamps is None else float(stamps[lo + rows.shape[0] - 1])
+            when = {} if stamps is None else {"time_start": T.format(float(stamps[lo])), "time_end": T.format(end)}
             evidence, new = {}, {}
             for label, run in runs.items():
                 result, events = run.step(rows)
+                if stamps is not None:  # as the service: an event's time is that of row `row` of its chunk
+                    events = [replace(ev, location_time=float(stamps[ev.seq * args.chunk_size + ev.row])) for ev in events]
                 evidence[label], new[label] = (result.n, result.log_evidence), events
-                line = {"model": label, "chunk": chunk, **result.to_dict()}
+                line = {"model": label, "chunk": chunk, **result.to_dict(), **when}
                 traces[label].append(line)
                 out.write(json.dumps(line) + "\n")
                 for ev in events:
                     found[label].append(ev)
-                    out.write(json.dumps({"model": label, "kind": "changepoint", **ev.to_dict()}) + "\n")
-                    print(f"{label}: change point at observation {ev.location} (chunk {ev.chunk}), confidence "
+                    timed = T.timed(ev.location_time, end) if stamps is not None else {}
+                    out.write(json.dumps({"model": label, "kind": "changepoint", **ev.to_dict(), **timed}) + "\n")
+                    print(f"{label}: change point at observation {ev.location}{at(timed)} (chunk {ev.chunk}), confidence "
                           f"{ev.confidence:.4f}, log Bayes factor {ev.log_bayes_factor:.1f}, detected at {ev.detected_at}",
                           file=sys.stderr)
             for c in answer.chunk(rows.shape[0], evidence, new) if args.detect else ():
-                out.write(json.dumps({"model": "*", "kind": "stream_changepoint", **c.to_dict()}) + "\n")
+                timed = T.timed(c.location_time, end) if stamps is not None else {}
+                out.write(json.dumps({"model": "*", "kind": "stream_changepoint", **c.to_dict(), **timed}) + "\n")
                 support = ", ".join(f"{m} p={p:.3g}" for m, (p, _) in sorted(c.support.items()))
-                print(f"stream (model-averaged): change point at observation {c.location}, confidence {c.confidence:.4f}, "
-                      f"detected at {c.detected_at} ({support})", file=sys.stderr)
+                print(f"stream (model-averaged): change point at observation {c.location}{at(timed)}, confidence "
+                      f"{c.confidence:.4f}, detected at {c.detected_at} ({support})", file=sys.stderr)
             progress(min(lo + args.chunk_size, data.shape[0]))
     finally:
         if out is not sys.stdout:
@@ -119,6 +131,10 @@ def run(args: argparse.Namespace) -> int:
     if args.plot:
         plot_traces(traces, args.plot, {label: [e.location for e in evs] for label, evs in found.items()} if args.detect else None)
     return 0
+
+
+def at(timed: dict) -> str:
+    return f" ({timed['location_time']})" if timed.get("location_time") else ""
 
 
 def parse_settings(items: list[str]) -> dict:

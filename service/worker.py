@@ -43,7 +43,7 @@ import socket
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import redis.exceptions as rexc
@@ -51,6 +51,7 @@ import torch
 
 from models import ModelError
 from service import metrics as M
+from service import times as T
 from service.detect import Detector, DetectorConfig, DetectorState, Event, StreamChange, detector_seed
 from service.runtime import build, model_seed, rows_from_bytes, stream_answer
 from service.sgais import WARNINGS, EngineError, Reservoir, Sampler, SGAISState, load_state
@@ -554,13 +555,17 @@ class Worker:
             det_bytes = dstate.to_bytes()
         # the stream's chunk count: a model restarted at a change has a state of its own count
         chunks = dstate.chunks if dstate is not None else state.chunks
-        data = {"seq": seq, "chunk": chunks - 1, **result.to_dict()}
+        stamps = T.from_fields(fields, int(rows.shape[0]))
+        end = float(stamps[-1])
+        events = [replace(ev, location_time=self._location_time(s, seq, stamps, ev)) for ev in events]
+        data = {"seq": seq, "chunk": chunks - 1, **result.to_dict(), "time_start": T.format(float(stamps[0])),
+                "time_end": T.format(end)}
         outs = [m, "result", json.dumps(data)]
         for ev in events:
-            outs += [m, "changepoint", json.dumps({"seq": seq, **ev.to_dict()})]
+            outs += [m, "changepoint", json.dumps({"seq": seq, **ev.to_dict(), **T.timed(ev.location_time, end)})]
         # what this chunk adds to the stream's answer (taken by _answer once every model applied it)
         tally = json.dumps({"rows": int(rows.shape[0]), "n": result.n, "log_evidence": result.log_evidence,
-                            "events": [ev.to_dict() for ev in events]})
+                            "events": [ev.to_dict() for ev in events], "time_end": end})
         row_bytes = hot.reservoir.width * 8
         slot_args = self._slot_runs(writes)
         status = self.store.apply(s, m, hot.token, seq, state.to_bytes(), result.n, result.log_evidence, chunks, det_bytes,
@@ -598,6 +603,19 @@ class Worker:
         self._answer(s)
         return "ok"
 
+    def _location_time(self, s: str, seq: int, stamps: np.ndarray, ev: Event) -> float | None:
+        """The time of an event's first new observation: row ``ev.row`` of chunk ``ev.seq`` (this
+        chunk, ``stamps``, or an earlier one still in the inbox: the detector keeps the chunks a
+        change may start in from being trimmed). None if that chunk is gone."""
+        if ev.seq == seq:
+            times = stamps
+        else:
+            got = self.store.inputs(s, ev.seq, ev.seq)
+            if not got:
+                return None
+            times = T.from_fields(got[0][1], int(got[0][1][b"n"]))
+        return float(times[ev.row]) if 0 <= ev.row < times.shape[0] else None
+
     # --- the stream's answer ------------------------------------------------------------------
     def _answer(self, s: str) -> None:
         """Take the chunks every model of stream ``s`` has applied into the stream's answer
@@ -624,7 +642,7 @@ class Worker:
             start = cursor
         answer = stream_answer(cfg).load(json.loads(raw_state) if raw_state else None)
         taken: list[str] = []
-        found: list[tuple[int, StreamChange]] = []
+        found: list[tuple[int, StreamChange, float | None]] = []  # (seq, change, its chunk's last time)
         seq = start + 1
         while len(taken) < ANSWER_MAX_CHUNKS * len(names):
             span = range(seq, seq + ANSWER_BATCH)
@@ -637,7 +655,7 @@ class Worker:
                 recs = [json.loads(r) for r in recs]
                 evidence = {m: None if r.get("dead") else (r["n"], r["log_evidence"]) for m, r in zip(names, recs)}
                 events = {m: [Event(**e) for e in r.get("events", ())] for m, r in zip(names, recs)}
-                found += [(q, c) for c in answer.chunk(recs[0]["rows"], evidence, events)]
+                found += [(q, c, recs[0].get("time_end")) for c in answer.chunk(recs[0]["rows"], evidence, events)]
                 taken += [tally_field(q, m) for m in names]
                 seq = q + 1
             else:
@@ -646,12 +664,13 @@ class Worker:
         if not taken:
             return
         status = self.store.commit_answer(s, uid, cursor, seq - 1, json.dumps(answer.to_dict()), taken,
-                                          [json.dumps({"seq": q, **c.to_dict()}) for q, c in found],
+                                          [json.dumps({"seq": q, **c.to_dict(), **T.timed(c.location_time, end)})
+                                           for q, c, end in found],
                                           self.changepoint_maxlen, self.result_maxlen)
         if status != "ok":  # another worker took these chunks (it computed the same), or the stream is gone
             return
         M.STREAM_CHANGEPOINTS.labels(s).inc(0)  # the series exists from the stream's first answer on
-        for q, c in found:
+        for q, c, _ in found:
             M.STREAM_CHANGEPOINTS.labels(s).inc()
             M.STREAM_CHANGEPOINT_CONFIDENCE.labels(s).set(c.confidence)
             M.STREAM_CHANGEPOINT_LAST_OBSERVATION.labels(s).set(c.location)

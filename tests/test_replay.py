@@ -69,6 +69,10 @@ def test_replay_reads_npy(tmp_path):
         ("a,b\n1,2\n", ["--model", "gaussian", "--chunk-size", "0"], "chunk-size"),
         ("a,b\n1,2\n", ["--model", "linear-regression", "--target", "zz"], "target column 'zz'"),
         ("a,b\n1,2\n", ["--model", "logistic-regression"], "class label"),
+        ("ts,v\n2021-01-02,1\n2021-01-01,2\n", ["--model", "gaussian"], "ts[1] is before ts[0]"),
+        ("ts,v\n2021-01-01T00:00,1\n", ["--model", "gaussian"], "line 2 column 'ts': '2021-01-01T00:00' has no UTC offset"),
+        ("when,v\n2021-01-01,1\n", ["--model", "gaussian", "--time-column", "at"], "no column 'at'"),
+        ("time\n2021-01-01\n", ["--model", "gaussian"], "the only column is the times"),
     ],
 )
 def test_bad_input_stops_with_a_clear_message(tmp_path, capsys, content, args, message):
@@ -115,6 +119,38 @@ def test_replay_detect_prints_marks_and_traces_change_points(tmp_path):
         assert r.returncode == 2 and msg in r.stderr, (bad, r.stderr)
 
 
+def test_replay_reads_a_time_column_and_times_its_change_points(tmp_path):
+    """Issue 17: a CSV with a ``ts`` column was refused. Its times now go with the rows: each
+    chunk's line carries time_start/time_end, change points location_time/detected_time as the
+    service's results do; the numbers are those of the same data without the column."""
+    rng = np.random.default_rng(1)
+    x = np.r_[rng.normal(0, 1, 300), rng.normal(3, 1, 300)]
+    days = np.datetime64("2020-01-01") + np.arange(600)
+    timed, plain = tmp_path / "timed.csv", tmp_path / "plain.csv"
+    timed.write_text("v,ts\n" + "".join(f"{v!r},{d}\n" for v, d in zip(x.tolist(), days)))
+    plain.write_text("v\n" + "".join(f"{v!r}\n" for v in x.tolist()))
+    out_t, out_p = tmp_path / "t.jsonl", tmp_path / "p.jsonl"
+    stderr = {}
+    for src, out in ((timed, out_t), (plain, out_p)):
+        r = cusp(str(src), "--model", "gaussian", "--chunk-size", "25", "--detect", "--out", str(out))
+        assert r.returncode == 0, r.stderr
+        stderr[src] = r.stderr
+    t_lines = list(map(json.loads, out_t.read_text().splitlines()))
+    p_lines = list(map(json.loads, out_p.read_text().splitlines()))
+    times = ("time_start", "time_end", "location_time", "detected_time", "delay_seconds", "seconds")
+    assert [{k: v for k, v in d.items() if k not in times} for d in t_lines] == \
+        [{k: v for k, v in d.items() if k not in times} for d in p_lines]
+    results = [d for d in t_lines if "kind" not in d]
+    assert (results[0]["time_start"], results[-1]["time_end"]) == ("2020-01-01T00:00:00.000000Z", "2021-08-22T00:00:00.000000Z")
+    changes = [d for d in t_lines if d.get("kind") in ("changepoint", "stream_changepoint")]
+    assert changes and all(abs(c["location"] - 300) <= 25 for c in changes), changes
+    for c in changes:
+        assert c["location_time"] == f"{days[c['location']]}T00:00:00.000000Z", c
+        assert c["detected_time"] == f"{days[c['detected_at'] - 1]}T00:00:00.000000Z", c
+        assert c["delay_seconds"] == 86400.0 * (c["detected_at"] - 1 - c["location"])
+    assert f"change point at observation {changes[0]['location']} ({changes[0]['location_time']})" in stderr[timed]
+
+
 @pytest.mark.parametrize("detect", [False, True], ids=["plain", "detect"])
 def test_replay_reproduces_the_service_bit_for_bit_for_every_model(tmp_path, redis_url, detect):
     """The same data, seed and chunking through the service (a real API on a real Redis, a worker
@@ -130,7 +166,8 @@ def test_replay_reproduces_the_service_bit_for_bit_for_every_model(tmp_path, red
     rng = np.random.default_rng(5)
     x = np.r_[rng.normal(0, 1, 300), rng.normal(2.5, 1, 300)].round(6)
     p = tmp_path / "shift.csv"
-    np.savetxt(p, x[:, None], delimiter=",", header="v", comments="", fmt="%.6f")
+    stamps = 1.6e9 + 60.0 * np.arange(len(x))  # a row a minute, given as epoch seconds in a ts column
+    np.savetxt(p, np.c_[x, stamps], delimiter=",", header="v,ts", comments="", fmt=["%.6f", "%.1f"])
     specs, chunk, seed = ["gaussian", "gaussian:kappa0=0.1", "gmm:components=2"], 20, 7
     s = "replay" + uuid.uuid4().hex[:8]
     live = LiveServer(redis_url)
@@ -139,7 +176,8 @@ def test_replay_reproduces_the_service_bit_for_bit_for_every_model(tmp_path, red
         r = live.client.post("/v1/streams", json=body)
         assert r.status_code == 201, r.text
         for q, lo in enumerate(range(0, len(x), chunk)):
-            r = live.client.post(f"/v1/streams/{s}/chunks", json={"seq": q, "rows": x[lo : lo + chunk, None].tolist()})
+            r = live.client.post(f"/v1/streams/{s}/chunks", json={"seq": q, "rows": x[lo : lo + chunk, None].tolist(),
+                                                                 "time": stamps[lo : lo + chunk].tolist()})
             assert r.status_code == 202, r.text
         w = Worker(redis_url)
         try:
@@ -164,15 +202,17 @@ def test_replay_reproduces_the_service_bit_for_bit_for_every_model(tmp_path, red
     assert r.returncode == 0, r.stderr
     trace = [json.loads(line) for line in out.read_text().splitlines()]
 
-    fields = ("log_evidence", "log_predictive", "annealing_steps", "ess_after", "resamples")
+    fields = ("log_evidence", "log_predictive", "annealing_steps", "ess_after", "resamples", "time_start", "time_end")
     for name, spec in zip(names, specs):
         served = sorted((e for e in entries if e["model"] == name and e["kind"] == "result"), key=lambda e: e["seq"])
         replayed = [t for t in trace if t["model"] == spec and "kind" not in t]
         assert [e["seq"] for e in served] == [t["chunk"] for t in replayed] == list(range(len(x) // chunk)), name
         for f in fields:
             assert [repr(e[f]) for e in served] == [repr(t[f]) for t in replayed], (name, f)
-        served_cps = [(e["location"], repr(e["confidence"])) for e in entries if e["model"] == name and e["kind"] == "changepoint"]
-        replayed_cps = [(t["location"], repr(t["confidence"])) for t in trace if t["model"] == spec and t.get("kind") == "changepoint"]
+        served_cps = [(e["location"], repr(e["confidence"]), e["location_time"], e["detected_time"])
+                      for e in entries if e["model"] == name and e["kind"] == "changepoint"]
+        replayed_cps = [(t["location"], repr(t["confidence"]), t["location_time"], t["detected_time"])
+                        for t in trace if t["model"] == spec and t.get("kind") == "changepoint"]
         assert served_cps == replayed_cps, name
     if detect:  # the test means something: the shift at observation 300 was found and restarted models
         assert any(e["kind"] == "changepoint" for e in entries)

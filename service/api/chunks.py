@@ -4,6 +4,12 @@ Accepted: JSON ``{"seq": 17, "rows": [[...], ...]}`` or ``{"seq": 17, "columns":
 NDJSON (one JSON array or column object per line) and CSV (optional header naming the
 columns) with ``seq`` as a query parameter. Every failure is a ``ChunkError`` with a message
 naming the row and column at fault; nothing is stored before validation passed.
+
+Rows may carry their times (``service.times``: RFC 3339, a date, or epoch seconds): a ``time``
+list beside ``rows``/``columns`` in JSON (or a ``time`` entry of ``columns``), a ``time`` key in
+NDJSON objects, a ``time`` column in a CSV header, and for raw float64 bodies (``?times=first``)
+each row's first value. A stream column named ``time`` is data, not a time. Parsers return
+``(data, times)``, ``times`` None when the chunk gave none (the arrival time is used).
 """
 
 from __future__ import annotations
@@ -15,10 +21,20 @@ import math
 
 import numpy as np
 
+from service import times as T
+
 
 #: a ChunkError's error code (service.api.errors.CODES) when it names none: by its status
 CHUNK_CODES = {400: "malformed_body", 404: "stream_not_found", 409: "seq_gap", 413: "chunk_too_large", 415: "unsupported_media_type",
                422: "invalid_rows", 429: "backlog_full"}
+TIME = "time"  # the field, key or column that carries the rows' times
+
+
+def _times(values: object, rows: int, what: str = TIME) -> np.ndarray:
+    try:
+        return T.parse_all(values, rows, what)
+    except T.TimeError as exc:
+        raise ChunkError(str(exc), 422, "invalid_time") from None
 
 
 class ChunkError(ValueError):
@@ -131,28 +147,44 @@ def matrix_from_columns(cols: object, columns: list[str]) -> np.ndarray:
     return out
 
 
-def parse_json_chunk(body: bytes, columns: list[str]) -> tuple[int, np.ndarray]:
+def parse_json_chunk(body: bytes, columns: list[str]) -> tuple[int, np.ndarray, np.ndarray | None]:
     doc = loads(body)
     if not isinstance(doc, dict):
         raise ChunkError("body must be a JSON object like {\"seq\": 0, \"rows\": [[...]]}", 400)
-    unknown = set(doc) - {"seq", "rows", "columns"}
+    unknown = set(doc) - {"seq", "rows", "columns", TIME}
     if unknown:
-        raise ChunkError(f"unknown field(s) {sorted(unknown)}; expected seq and rows or columns")
+        raise ChunkError(f"unknown field(s) {sorted(unknown)}; expected seq, rows or columns, and optionally time")
     seq = parse_seq(doc.get("seq"))
     if ("rows" in doc) == ("columns" in doc):
         raise ChunkError("give exactly one of 'rows' or 'columns'")
-    data = matrix_from_rows(doc["rows"], columns) if "rows" in doc else matrix_from_columns(doc["columns"], columns)
-    return seq, data
+    given = doc.get(TIME)
+    if "rows" in doc:
+        data = matrix_from_rows(doc["rows"], columns)
+    else:
+        cols = doc["columns"]
+        if isinstance(cols, dict) and TIME in cols and TIME not in columns:
+            if TIME in doc:
+                raise ChunkError("the times are given twice: as the field 'time' and as columns['time']", 422, "invalid_time")
+            cols = dict(cols)
+            given = cols.pop(TIME)
+        data = matrix_from_columns(cols, columns)
+    return seq, data, None if given is None and TIME not in doc else _times(given, data.shape[0])
 
 
-def parse_body(content_type: str, body: bytes, seq: int | None, columns: list[str]) -> tuple[int, np.ndarray]:
-    """An HTTP body of ``content_type`` as (seq, data); NDJSON, CSV and raw float64 take ``seq``
-    from the query (JSON carries its own)."""
+def parse_body(content_type: str, body: bytes, seq: int | None, columns: list[str],
+               times_first: bool = False) -> tuple[int, np.ndarray, np.ndarray | None]:
+    """An HTTP body of ``content_type`` as (seq, data, times or None); NDJSON, CSV and raw float64
+    take ``seq`` from the query (JSON carries its own). ``times_first``: a float64 body's rows
+    start with their time in epoch seconds (``?times=first``)."""
+    if times_first and content_type != "application/octet-stream":
+        raise ChunkError("?times=first is for application/octet-stream bodies; the other formats carry a 'time' "
+                         "field, key or column", 422, "invalid_time")
     if content_type in ("application/x-ndjson", "application/ndjson", "text/csv", "application/octet-stream"):
         if seq is None:
             raise ChunkError("NDJSON, CSV and float64 bodies need ?seq=N", 422, "invalid_seq")
-        parse = {"text/csv": parse_csv, "application/octet-stream": parse_float64}.get(content_type, parse_ndjson)
-        return seq, parse(body, columns)
+        if content_type == "application/octet-stream":
+            return (seq, *parse_float64(body, columns, times_first))
+        return (seq, *(parse_csv if content_type == "text/csv" else parse_ndjson)(body, columns))
     if content_type in ("application/json", ""):
         return parse_json_chunk(body, columns)
     raise ChunkError(f"unsupported content type {content_type!r}; use application/json, application/x-ndjson, text/csv "
@@ -167,8 +199,10 @@ def parse_seq(value: object) -> int:
     return value
 
 
-def parse_ndjson(body: bytes, columns: list[str]) -> np.ndarray:
+def parse_ndjson(body: bytes, columns: list[str]) -> tuple[np.ndarray, np.ndarray | None]:
     rows: list[list[float]] = []
+    stamps: list[object] = []
+    keys = set(columns)
     try:
         text = body.decode()
     except UnicodeDecodeError:
@@ -180,14 +214,24 @@ def parse_ndjson(body: bytes, columns: list[str]) -> np.ndarray:
             continue
         item = loads(line)
         if isinstance(item, dict):
-            if set(item) != set(columns):
-                raise ChunkError(f"line {lineno}: keys must be exactly {columns}")
+            timed = TIME in item and TIME not in keys
+            if timed != bool(stamps) and rows:
+                raise ChunkError(f"line {lineno}: {'has' if timed else 'has no'} 'time' key, unlike the lines before it; "
+                                 "give a time on every line or on none", 422, "invalid_time")
+            if set(item) - ({TIME} if timed else set()) != keys:
+                raise ChunkError(f"line {lineno}: keys must be exactly {columns}, optionally with 'time'")
+            if timed:
+                stamps.append(item[TIME])
             item = [item[c] for c in columns]
+        elif stamps:
+            raise ChunkError(f"line {lineno}: an array line has no time, unlike the lines before it; give a time on every "
+                             "line or on none", 422, "invalid_time")
         rows.append(item)  # type: ignore[arg-type]
-    return matrix_from_rows(rows, columns)
+    data = matrix_from_rows(rows, columns)
+    return data, _times(stamps, data.shape[0]) if stamps else None
 
 
-def parse_csv(body: bytes, columns: list[str]) -> np.ndarray:
+def parse_csv(body: bytes, columns: list[str]) -> tuple[np.ndarray, np.ndarray | None]:
     try:
         text = body.decode()
     except UnicodeDecodeError:
@@ -197,7 +241,16 @@ def parse_csv(body: bytes, columns: list[str]) -> np.ndarray:
     except csv.Error as exc:  # a NUL byte, a field over the csv module's size limit
         raise ChunkError(f"CSV body cannot be read: {exc}", 400) from None
     reader = [r for r in reader if r and any(c.strip() for c in r)]
-    if reader and [c.strip() for c in reader[0]] == columns:
+    stamps: list[object] | None = None
+    header = [c.strip() for c in reader[0]] if reader else []
+    if TIME in header and TIME not in columns and sorted(c for c in header if c != TIME) == sorted(columns) \
+            and len(header) == len(columns) + 1:
+        at = header.index(TIME)
+        order = [header.index(c) for c in columns]
+        stamps = [r[at].strip() if at < len(r) else "" for r in reader[1:]]
+        stamps = [_csv_time(v) for v in stamps]
+        reader = [[r[k] for k in order] if len(r) == len(header) else r for r in reader[1:]]
+    elif header == columns:
         reader = reader[1:]
     out = np.empty((len(reader), len(columns)), dtype=np.float64)
     for i, row in enumerate(reader):
@@ -213,20 +266,39 @@ def parse_csv(body: bytes, columns: list[str]) -> np.ndarray:
             if not math.isfinite(v):
                 raise ChunkError(f"row {i} column {columns[j]!r}: {cell.strip()!r} is not finite")
             out[i, j] = v
-    return out
+    return out, None if stamps is None else _times(stamps, out.shape[0])
 
 
-def parse_float64(body: bytes, columns: list[str]) -> np.ndarray:
+def _csv_time(cell: str) -> object:
+    """A CSV time cell: epoch seconds when it reads as a number, else the text (RFC 3339, a date)."""
+    try:
+        return float(cell) if "_" not in cell else cell
+    except ValueError:
+        return cell
+
+
+def parse_float64(body: bytes, columns: list[str], times_first: bool = False) -> tuple[np.ndarray, np.ndarray | None]:
     """``application/octet-stream``: the rows as raw little-endian float64, row after row (what
     ``numpy.ndarray.astype('<f8').tobytes()`` gives for a [rows, columns] array). The cheapest
-    way in: no text to parse. Same checks as the other formats, naming the row and column."""
-    width = 8 * len(columns)
+    way in: no text to parse. Same checks as the other formats, naming the row and column.
+    ``times_first``: each row starts with its time, epoch seconds (``?times=first``)."""
+    extra = 1 if times_first else 0
+    width = 8 * (len(columns) + extra)
     if len(body) % width:
-        raise ChunkError(f"body has {len(body)} bytes, not a whole number of rows of {len(columns)} float64 values "
+        what = f"a time and {len(columns)} values" if extra else f"{len(columns)} float64 values"
+        raise ChunkError(f"body has {len(body)} bytes, not a whole number of rows of {what} "
                          f"({width} bytes each) for columns {columns}")
-    out = np.frombuffer(body, dtype="<f8").reshape(-1, len(columns)).astype(np.float64)
+    both = np.frombuffer(body, dtype="<f8").reshape(-1, len(columns) + extra).astype(np.float64)
+    stamps = None
+    if extra:
+        stamps = both[:, 0].copy()
+        try:
+            T.check_increasing(stamps, "time")
+        except T.TimeError as exc:
+            raise ChunkError(str(exc), 422, "invalid_time") from None
+    out = np.ascontiguousarray(both[:, extra:])
     bad = ~np.isfinite(out)
     if bad.any():
         i, j = (int(k[0]) for k in np.nonzero(bad))
         raise ChunkError(f"row {i} column {columns[j]!r}: {float(out[i, j])!r} is not finite")
-    return out
+    return out, stamps

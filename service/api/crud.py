@@ -18,6 +18,7 @@ import torch
 from models import ModelError, build_model
 from models.registry import SUPERVISED, default_portfolio
 from service import metrics as M
+from service import times as T
 from service.api.chunks import ChunkError
 from service.api.errors import ApiError
 from service.api.schemas import ModelFrame, ModelIn, ModelOut, StreamIn, StreamOut
@@ -246,14 +247,17 @@ def check_chunk(settings: Settings, cfg: StreamConfig, data: np.ndarray) -> None
             raise ChunkError(f"model {m.name!r}: values too large (their squares overflow float64)")
 
 
-async def ingest(store: ApiStore, settings: Settings, cfg: StreamConfig, seq: int, data: np.ndarray) -> tuple[int, dict]:
-    """Store one chunk: (202, ack) when accepted, (200, ack) for a resend of the same data; a
-    ChunkError (409) for a conflicting resend or a sequence gap."""
+async def ingest(store: ApiStore, settings: Settings, cfg: StreamConfig, seq: int, data: np.ndarray,
+                 times: np.ndarray | None = None) -> tuple[int, dict]:
+    """Store one chunk (``times``: its rows' epoch seconds, None for the arrival time): (202, ack)
+    when accepted, (200, ack) for a resend of the same data and times; a ChunkError (409) for a
+    conflicting resend, a sequence gap or times that do not follow the stream's."""
     check_chunk(settings, cfg, data)
     raw = data.astype("<f8").tobytes()  # stored as is; its digest recognises a resend in any body format
-    payload_digest = digest(raw)
+    # a resend must repeat the times it was sent with (or again none)
+    payload_digest = digest(raw) if times is None else digest(raw + b"t" + T.to_bytes(times))
     kind, val = await store.ingest(cfg.name, seq, raw, data.shape[0], payload_digest, settings.dedup_window, cfg.uid,
-                                   [m.name for m in cfg.models], cfg.max_backlog)
+                                   [m.name for m in cfg.models], cfg.max_backlog, times, time.time())
     if kind == "ok":
         M.INGESTED_CHUNKS.labels(cfg.name).inc()
         M.INGESTED_ROWS.labels(cfg.name).inc(data.shape[0])
@@ -276,6 +280,10 @@ async def ingest(store: ApiStore, settings: Settings, cfg: StreamConfig, seq: in
     if kind == "gone":
         M.REJECTED.labels("gone").inc()
         raise ChunkError(f"stream {cfg.name!r} was deleted (or deleted and created again): nothing stored", 404)
+    if kind == "late":
+        M.REJECTED.labels("time_order").inc()
+        raise ChunkError(f"the chunk's first time {T.format(float(times[0]))} is not after the stream's last time "
+                         f"{T.format(float(val))}: times must increase across chunks; nothing stored", 409, "time_order")
     M.REJECTED.labels("gap").inc()
     raise ChunkError(f"seq {seq} is out of order: expected seq {val}", 409)
 

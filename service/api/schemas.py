@@ -96,6 +96,11 @@ class StreamOut(BaseModel):
     models: list[ModelOut]
 
 
+TIMES_DOC = ("the rows' times, one per row, strictly increasing and after the stream's last time: RFC 3339 strings with "
+             "an offset or Z, dates YYYY-MM-DD (midnight UTC) or epoch seconds. Without them the rows get the chunk's "
+             "arrival time")
+
+
 class ChunkRows(BaseModel):
     """A chunk as rows; documents the JSON body (parsed by ``service.api.chunks``, not by pydantic)."""
 
@@ -103,6 +108,7 @@ class ChunkRows(BaseModel):
     seq: int = Field(..., ge=0, le=2**53, description="per-stream sequence number: 0, then up by 1")
     rows: list[Annotated[list[float], Field(min_length=1, max_length=256)]] = Field(
         ..., min_length=1, description="rows of finite numbers, one value per column")
+    time: list[str | float] | None = Field(None, description=TIMES_DOC, examples=[["2026-11-26T08:00:00Z", "2026-11-26T08:00:01Z"]])
 
 
 class ChunkColumns(BaseModel):
@@ -110,7 +116,9 @@ class ChunkColumns(BaseModel):
 
     model_config = ConfigDict(extra="forbid", title="ChunkColumns")
     seq: int = Field(..., ge=0, le=2**53, description="per-stream sequence number: 0, then up by 1")
-    columns: dict[str, list[float]] = Field(..., description="column name -> values (finite numbers), all of one length")
+    columns: dict[str, list[float]] = Field(..., description="column name -> values (finite numbers), all of one length; "
+                                                              "may hold the rows' times as 'time' instead of the field time")
+    time: list[str | float] | None = Field(None, description=TIMES_DOC)
 
 
 class ChunkAck(BaseModel):
@@ -193,6 +201,8 @@ class ResultEntry(BaseModel):
     reference_log_evidence: float | None = Field(
         None, description="the exact log-evidence beside an SGAIS estimate (a conjugate model run with sampler=sgais)")
     conditioned: int = Field(None, description="rows of the chunk a model conditioned on without scoring them (its warm-up)")
+    time_start: str | None = Field(None, description="the time of the chunk's first row (RFC 3339, UTC): as sent, or its arrival time")
+    time_end: str | None = Field(None, description="the time of the chunk's last row (RFC 3339, UTC)")
 
 
 class ChangepointEntry(BaseModel):
@@ -212,6 +222,10 @@ class ChangepointEntry(BaseModel):
     log_bayes_factor: float = None
     log_prior_odds: float = None
     adapted: bool = Field(None, description="whether the model restarted there")
+    row: int = Field(None, description="the row of chunk seq at location (0-based)")
+    location_time: str | None = Field(None, description="the time of the observation at location (RFC 3339, UTC); null when unknown")
+    detected_time: str | None = Field(None, description="the time of the last observation when it was reported (RFC 3339, UTC)")
+    delay_seconds: float | None = Field(None, description="detected_time - location_time, in seconds")
 
 
 class StreamChangepointEntry(BaseModel):
@@ -230,6 +244,9 @@ class StreamChangepointEntry(BaseModel):
     confidence: float = Field(None, description="a lower bound on the posterior probability of a change within the "
                                                 "stream's resolution of location")
     support: dict[str, tuple[float, float]] = Field(None, description="model -> [posterior probability, event confidence]")
+    location_time: str | None = Field(None, description="the time of the observation at location (RFC 3339, UTC); null when unknown")
+    detected_time: str | None = Field(None, description="the time of the last observation when it was reported (RFC 3339, UTC)")
+    delay_seconds: float | None = Field(None, description="detected_time - location_time, in seconds")
 
 
 class DeadLetterEntry(BaseModel):

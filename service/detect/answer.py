@@ -15,12 +15,15 @@ class StreamChange:
     """A change point of a stream with several models, averaged over them: location (from the
     model that weighs most in its support), detected_at (observations seen when the bound below
     first reached the threshold), confidence (that bound), and each supporting model's
-    posterior probability and event confidence at that time."""
+    posterior probability and event confidence at that time; location_time: the time of the
+    observation at location, from that model's event (epoch seconds; None where the events had
+    none)."""
 
     location: int
     detected_at: int
     confidence: float
     support: dict[str, tuple[float, float]]
+    location_time: float | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -61,7 +64,8 @@ class StreamAnswer:
             raise ValueError("a stream answer needs at least one model")
         self.window, self.threshold = int(window), float(threshold)
         self.log_prior = None if log_prior is None else {m: float(log_prior[m]) for m in self.models}
-        self.events: list[tuple[int, int, str, float]] = []  # (detected_at, location, model, confidence), report order
+        # (detected_at, location, model, confidence, location time or None), in report order
+        self.events: list[tuple[int, int, str, float, float | None]] = []
         self.changes: list[int] = []  # locations of the changes found (the last MAX_CHANGES)
         self.n = 0
 
@@ -75,7 +79,8 @@ class StreamAnswer:
         for m, evs in sorted((events or {}).items()):
             if m not in self.models:
                 raise ValueError(f"events of model {m!r}, not one of the stream's {self.models}")
-            self.events += sorted((int(e.detected_at), int(e.location), m, float(e.confidence)) for e in evs)
+            self.events += sorted((int(e.detected_at), int(e.location), m, float(e.confidence),
+                                   None if e.location_time is None else float(e.location_time)) for e in evs)
         self.events = self.events[-self.MAX_EVENTS:]
         self.n = int(n)
         if log_evidence is None:
@@ -86,18 +91,18 @@ class StreamAnswer:
 
         probs = log_model_probabilities({m: float(log_evidence[m]) for m in self.models}, self.log_prior)
         found: list[StreamChange] = []
-        for _, loc, _, _ in sorted(self.events):  # candidates in the order they were first reported
+        for _, loc, *_ in sorted(self.events, key=lambda e: e[:4]):  # candidates in the order they were first reported
             if any(abs(loc - c) <= self.window for c in self.changes):
                 continue
-            best: dict[str, tuple[float, float, int]] = {}
-            for at, where, m, conf in self.events:
-                if at <= n and abs(where - loc) <= self.window and conf > best.get(m, (0.0, 0.0, 0))[1]:
-                    best[m] = (probs[m], conf, where)
-            bound = sum(p * c for p, c, _ in best.values())
+            best: dict[str, tuple[float, float, int, float | None]] = {}
+            for at, where, m, conf, when in self.events:
+                if at <= n and abs(where - loc) <= self.window and conf > best.get(m, (0.0, 0.0, 0, None))[1]:
+                    best[m] = (probs[m], conf, where, when)
+            bound = sum(p * c for p, c, _, _ in best.values())
             if best and bound >= self.threshold:
                 top = max(best, key=lambda m: best[m][0] * best[m][1])
                 found.append(StreamChange(location=best[top][2], detected_at=int(n), confidence=min(bound, 1.0),
-                                          support={m: (p, c) for m, (p, c, _) in best.items()}))
+                                          support={m: (p, c) for m, (p, c, _, _) in best.items()}, location_time=best[top][3]))
                 self.changes = (self.changes + [best[top][2]])[-self.MAX_CHANGES:]
         return found
 
@@ -124,7 +129,9 @@ class StreamAnswer:
         if d.get("v") != self.VERSION:
             raise ValueError(f"stream answer state version {d.get('v')!r}, this code reads {self.VERSION}")
         self.n, self.window = int(d["n"]), int(d["window"])
-        self.events = [(int(a), int(l), str(m), float(c)) for a, l, m, c in d["events"]]
+        # an event stored before events had times has four entries
+        self.events = [(int(e[0]), int(e[1]), str(e[2]), float(e[3]), None if len(e) < 5 or e[4] is None else float(e[4]))
+                       for e in d["events"]]
         self.changes = [int(c) for c in d["changes"]]
         return self
 

@@ -219,7 +219,7 @@ class Detector:
                 where, location = new.recent[refined.chunk], refined.location
             n_total = new.offset_n + after.n
             events.append(Event(location=location, chunk=where.chunk if where else best.chunk,
-                                seq=where.seq if where else fed[at],
+                                seq=where.seq if where else fed[at], row=location - where.start if where else 0,
                                 detected_at=n_total, delay=n_total - location, confidence=confidence,
                                 log_bayes_factor=best.log_bf, log_prior_odds=self.restart_log_prior_odds(best.first_rows),
                                 adapted=cfg.adapt))

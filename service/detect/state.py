@@ -22,7 +22,8 @@ class Event:
     sequence number; detected_at: observations seen when it was reported; delay:
     detected_at - location; confidence: posterior probability of the change; log_bayes_factor:
     the challenger's log Bayes factor against the incumbent; adapted: whether the model
-    restarted there."""
+    restarted there; row: location's row in chunk seq (0-based); location_time: that row's time
+    (epoch seconds; the service sets it from the rows' times, None where nobody did)."""
 
     location: int
     chunk: int
@@ -33,6 +34,8 @@ class Event:
     log_bayes_factor: float
     log_prior_odds: float
     adapted: bool
+    row: int = 0
+    location_time: float | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -12,6 +12,9 @@ import json
 from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
+from service import times as T
 from service.store import StreamConfig, connect_async, keys, scripts
 
 #: the largest result id; nothing can follow it (and Redis refuses it as an exclusive start)
@@ -181,16 +184,19 @@ class ApiStore:
 
     # --- ingest -------------------------------------------------------------------------------
     async def ingest(self, stream: str, seq: int, raw: bytes, rows: int, digest: str, window: int,
-                     uid: str = "", models: Sequence[str] = (), max_backlog: int = 0) -> tuple[str, str]:
-        """Append one chunk (``raw``: its float64 rows) unless its seq is taken or out of order, or
-        the stream is not (any more) the incarnation ``uid``, or (``max_backlog`` > 0) the slowest of
-        ``models`` has ``max_backlog`` accepted chunks still to apply. Returns ("ok", entry id) |
-        ("dup", stored digest) | ("old", expected seq) | ("gap", expected seq) | ("busy", backlog) |
-        ("gone", "")."""
+                     uid: str = "", models: Sequence[str] = (), max_backlog: int = 0,
+                     times: np.ndarray | None = None, now: float = 0.0) -> tuple[str, str]:
+        """Append one chunk (``raw``: its float64 rows; ``times``: its rows' epoch seconds, None to
+        stamp them with ``now``) unless its seq is taken or out of order, or the stream is not (any
+        more) the incarnation ``uid``, or (``max_backlog`` > 0) the slowest of ``models`` has
+        ``max_backlog`` accepted chunks still to apply, or its first time is not after the stream's
+        last. Returns ("ok", entry id) | ("dup", stored digest) | ("old", expected seq) |
+        ("gap", expected seq) | ("busy", backlog) | ("late", the stream's last time) | ("gone", "")."""
         await self.load_scripts()
+        stamp = [b"", "", ""] if times is None else [T.to_bytes(times), repr(float(times[0])), repr(float(times[-1]))]
         res = await self._ingest(keys=[keys.seq(stream), keys.inbox(stream), keys.seen(stream), keys.config(stream),
-                                       keys.uid(stream), *[keys.state(stream, m) for m in models]],
-                                 args=[seq, raw, rows, digest, window, uid, max_backlog])
+                                       keys.uid(stream), keys.clock(stream), *[keys.state(stream, m) for m in models]],
+                                 args=[seq, raw, rows, digest, window, uid, max_backlog, *stamp, repr(float(now))])
         return res[0].decode(), res[1].decode()
 
     # --- results ------------------------------------------------------------------------------

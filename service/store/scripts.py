@@ -3,19 +3,25 @@
 Every script's KEYS lie in one hash slot, so each runs on one Redis Cluster shard: either one
 stream's keys (all tagged ``{stream}``) or one global key; never both (see keys.py)."""
 
-# Ingest one chunk. KEYS: seq, inbox, seen, config, uid, then every model's state hash. ARGV: seq,
-# rows(bytes), n_rows, digest, seen_window, uid, max_backlog. Nothing is written unless the stream
-# exists and is the incarnation ``uid`` (returns {'gone'}): a chunk sent to a deleted stream cannot
-# leave keys behind or become a chunk of the next stream of that name.
+# Ingest one chunk. KEYS: seq, inbox, seen, config, uid, clock, then every model's state hash. ARGV:
+# seq, rows(bytes), n_rows, digest, seen_window, uid, max_backlog, times(bytes, '' when the chunk
+# gave none), first time, last time, now (epoch seconds as decimal strings). Nothing is written
+# unless the stream exists and is the incarnation ``uid`` (returns {'gone'}): a chunk sent to a
+# deleted stream cannot leave keys behind or become a chunk of the next stream of that name.
 # Backpressure: with max_backlog > 0, a new chunk is refused ({'busy', backlog}) while the slowest
 # model (lowest last_seq in the state hashes) has max_backlog or more accepted chunks to apply;
 # checked in the same step as the append, so concurrent writers cannot pass it together.
+# Time: the clock key holds the stream's last time. A chunk with its rows' times (field ``t``) must
+# start after it ({'late', last time}); one without gets its arrival time (field ``t0``): ``now``,
+# or the stream's last time if that is later (a clock behind, or times given in the future), so
+# that a stream's times never go back. Times travel as decimal strings and are compared with
+# tonumber (exact for doubles); Lua's tostring would round them to 14 digits, so none is made here.
 # Publishes the stream's seq key name (``cusp:{s}:seq``, so the stream's name) on ``cusp:wake``
 # (keys.WAKE): idle workers wake at once and look at that stream only, not at every stream.
 # The digest goes to the ``seen`` stream (capped at about seen_window entries), not into the
 # input entry, so that a resend is still recognised after the input entry was trimmed.
 # Returns {"ok", id} | {"dup", stored_digest} | {"old", expected} (a seq older than the kept
-# digests) | {"gap", expected} | {"busy", backlog} | {"gone", ""}
+# digests) | {"gap", expected} | {"busy", backlog} | {"late", last time} | {"gone", ""}
 INGEST = """
 if redis.call('EXISTS', KEYS[4]) == 0 or (redis.call('GET', KEYS[5]) or '') ~= ARGV[6] then return {'gone', ''} end
 local last = tonumber(redis.call('GET', KEYS[1]) or '-1')
@@ -27,15 +33,26 @@ if s <= last then
 end
 if s ~= last + 1 then return {'gap', tostring(last + 1)} end
 local limit = tonumber(ARGV[7] or '0')
-if limit > 0 and #KEYS > 5 then
+if limit > 0 and #KEYS > 6 then
   local low = last
-  for i = 6, #KEYS do
+  for i = 7, #KEYS do
     local applied = tonumber(redis.call('HGET', KEYS[i], 'last_seq') or '-1')
     if applied < low then low = applied end
   end
   if last - low >= limit then return {'busy', tostring(last - low)} end
 end
-local id = redis.call('XADD', KEYS[2], (s + 1) .. '-0', 'rows', ARGV[2], 'n', ARGV[3])
+local last_t = redis.call('GET', KEYS[6])
+local id
+if ARGV[8] ~= '' then
+  if last_t and tonumber(ARGV[9]) <= tonumber(last_t) then return {'late', last_t} end
+  id = redis.call('XADD', KEYS[2], (s + 1) .. '-0', 'rows', ARGV[2], 'n', ARGV[3], 't', ARGV[8])
+  redis.call('SET', KEYS[6], ARGV[10])
+else
+  local t0 = ARGV[11]
+  if last_t and tonumber(last_t) > tonumber(t0) then t0 = last_t end
+  id = redis.call('XADD', KEYS[2], (s + 1) .. '-0', 'rows', ARGV[2], 'n', ARGV[3], 't0', t0)
+  redis.call('SET', KEYS[6], t0)
+end
 redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[5], (s + 1) .. '-0', 'd', ARGV[4])
 redis.call('SET', KEYS[1], s)
 redis.call('PUBLISH', 'cusp:wake', KEYS[1])

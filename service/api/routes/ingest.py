@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import Annotated
+from typing import Annotated, Literal
 
 import redis.exceptions as rexc
 from fastapi import APIRouter, FastAPI, Query, Request, WebSocket, WebSocketDisconnect
@@ -66,14 +66,16 @@ async def read_body(request: Request, limit: int) -> bytes:
                         **errors(400, *WRITE, 404, 409, 413, 415, 422, 429)},
              openapi_extra={"requestBody": {"required": True, "content": BODY}})
 async def post_chunk(stream: str, request: Request, store: StoreDep, settings: SettingsDep,
-                     seq: Annotated[int | None, Query(ge=0, le=2**53, description="sequence number for NDJSON/CSV bodies")] = None):
+                     seq: Annotated[int | None, Query(ge=0, le=2**53, description="sequence number for NDJSON/CSV bodies")] = None,
+                     times: Annotated[Literal["first"] | None, Query(
+                         description="float64 bodies only: 'first' when each row starts with its time (epoch seconds)")] = None):
     cfg = await crud.stream_config(store, stream)
     body = await read_body(request, settings.max_body_bytes)
     # no header: JSON; a header whose media type is empty (';;;') names nothing we read: 415
     ctype = request.headers.get("content-type", "application/json").split(";")[0].strip().lower() or "(empty)"
     try:
-        s, data = C.parse_body(ctype, body, seq, cfg.columns)
-        status, ack = await crud.ingest(store, settings, cfg, s, data)
+        s, data, stamps = C.parse_body(ctype, body, seq, cfg.columns, times == "first")
+        status, ack = await crud.ingest(store, settings, cfg, s, data, stamps)
     except C.ChunkError as exc:
         M.REJECTED.labels("invalid").inc()
         raise ApiError(exc.status, exc.code, str(exc),
@@ -105,8 +107,8 @@ async def ingest_ws(ws: WebSocket, stream: str, store: StoreDep, settings: Setti
                     seq = doc.get("seq") if isinstance(doc, dict) else None
                 except (ValueError, RecursionError):
                     pass
-                s, data = C.parse_json_chunk(raw if isinstance(raw, bytes) else raw.encode(), cfg.columns)
-                status, ack = await crud.ingest(store, settings, cfg, s, data)
+                s, data, stamps = C.parse_json_chunk(raw if isinstance(raw, bytes) else raw.encode(), cfg.columns)
+                status, ack = await crud.ingest(store, settings, cfg, s, data, stamps)
                 await ws.send_json(ack)
             except C.ChunkError as exc:
                 M.REJECTED.labels("invalid").inc()

@@ -1,0 +1,105 @@
+"""Timestamps: what the API accepts as a row's time, and how it answers with one.
+
+A time is given as an RFC 3339 string with a UTC offset (``2026-11-26T08:00:00Z``,
+``2026-11-26T09:00:00.250+01:00``), a date ``YYYY-MM-DD`` (midnight UTC: yearly and daily
+series), or epoch seconds (a number; negative before 1970). Inside cusp a time is float64 epoch
+seconds (microseconds exact for 285 years either side of 1970); answers give RFC 3339 UTC strings
+with microseconds (``2026-11-26T08:00:00.000000Z``), which every client library parses.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from datetime import datetime, timedelta, timezone
+
+import numpy as np
+
+#: the epoch seconds of 0001-01-01T00:00:00Z and 9999-12-31T23:59:59Z: what a datetime can hold
+EARLIEST, LATEST = -62135596800.0, 253402300799.0
+_DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+
+
+class TimeError(ValueError):
+    """A time that cannot be read, or times out of order; the message names which and why."""
+
+
+def parse(value: object, where: str) -> float:
+    """One time (RFC 3339 string with an offset, a date, or epoch seconds) as epoch seconds."""
+    if isinstance(value, str):
+        text = value.strip()
+        try:
+            if _DATE.match(text):
+                d = datetime.fromisoformat(text).replace(tzinfo=timezone.utc)
+            else:
+                d = datetime.fromisoformat(text)
+        except ValueError:
+            raise TimeError(f"{where}: {value[:40]!r} is not an RFC 3339 time like '2026-05-01T12:00:00Z' "
+                            "(or a date like '2026-05-01', or epoch seconds)") from None
+        if d.tzinfo is None:
+            raise TimeError(f"{where}: {value[:40]!r} has no UTC offset; RFC 3339 needs one, e.g. 'Z' or '+02:00'")
+        return d.timestamp()
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TimeError(f"{where}: {str(value)[:40]!r} is not a time (an RFC 3339 string or epoch seconds)")
+    try:
+        x = float(value)
+    except OverflowError:
+        raise TimeError(f"{where}: {str(value)[:20]}... is too large for epoch seconds") from None
+    if not math.isfinite(x) or not EARLIEST <= x <= LATEST:
+        raise TimeError(f"{where}: {value!r} epoch seconds is not a time between the years 1 and 9999")
+    return x
+
+
+def parse_all(values: object, rows: int, what: str = "time") -> np.ndarray:
+    """One time per row, strictly increasing, as float64 epoch seconds ``[rows]``."""
+    if not isinstance(values, list):
+        raise TimeError(f"'{what}' must be a list with one time per row")
+    if len(values) != rows:
+        raise TimeError(f"'{what}' has {len(values)} entries for {rows} rows")
+    out = np.fromiter((parse(v, f"{what}[{i}]") for i, v in enumerate(values)), dtype=np.float64, count=rows)
+    check_increasing(out, what)
+    return out
+
+
+def check_increasing(times: np.ndarray, what: str = "time") -> None:
+    """Refuse out-of-range, repeated or decreasing times, naming the first at fault."""
+    bad = ~((times >= EARLIEST) & (times <= LATEST))
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise TimeError(f"{what}[{i}]: {float(times[i])!r} epoch seconds is not a time between the years 1 and 9999")
+    if times.shape[0] > 1:
+        step = np.diff(times)
+        if not (step > 0).all():
+            i = int(np.argmax(~(step > 0))) + 1
+            how = "repeats" if step[i - 1] == 0 else "is before"
+            raise TimeError(f"{what}[{i}] {how} {what}[{i - 1}] ({format(times[i])} after {format(times[i - 1])}): "
+                            "times must be strictly increasing")
+
+
+def format(t: float | None) -> str | None:  # noqa: A001 - the module's verb: times.format(t)
+    """Epoch seconds as an RFC 3339 UTC string with microseconds (None stays None)."""
+    if t is None:
+        return None
+    d = _EPOCH + timedelta(microseconds=round(t * 1e6))
+    return d.replace(tzinfo=None).isoformat(timespec="microseconds") + "Z"
+
+
+def timed(location_time: float | None, detected_time: float | None) -> dict:
+    """A change point's times as the API answers them: location_time, detected_time (RFC 3339) and
+    delay_seconds (null where a time is unknown)."""
+    delay = None if location_time is None or detected_time is None else detected_time - location_time
+    return {"location_time": format(location_time), "detected_time": format(detected_time), "delay_seconds": delay}
+
+
+def to_bytes(times: np.ndarray) -> bytes:
+    return np.ascontiguousarray(times, dtype="<f8").tobytes()
+
+
+def from_fields(fields: dict, rows: int) -> np.ndarray:
+    """A stored input chunk's row times: its field ``t`` (the rows' own times, float64) or ``t0``
+    (the chunk's arrival time, every row's)."""
+    raw = fields.get(b"t")
+    if raw:
+        return np.frombuffer(raw, dtype="<f8").astype(np.float64)
+    return np.full(rows, float(fields.get(b"t0") or 0.0))

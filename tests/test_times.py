@@ -1,0 +1,237 @@
+"""Time (issue 17 item 2): rows may carry timestamps in every ingest format; without them the
+arrival time is used; results and change points carry both indices and times; times out of order
+get a clear 4xx and store nothing. Real Redis, real HTTP, real workers (burst mode)."""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import datetime, timedelta, timezone
+
+import numpy as np
+import pytest
+from websockets.sync.client import connect as ws_connect
+
+from service import times as T
+from service.store import EmbeddedRedis
+from service.worker import Worker
+from tests.service_fixtures import LiveServer
+
+DAY = 86400.0
+START = datetime(2021, 3, 1, tzinfo=timezone.utc)
+
+
+def iso(d: datetime) -> str:
+    return d.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+# --- parsing and formatting (service.times) ----------------------------------------------------
+@pytest.mark.parametrize("given, want", [
+    ("2026-11-26T08:00:00Z", 1795680000.0),
+    ("2026-11-26T09:00:00+01:00", 1795680000.0),
+    ("2026-11-26T08:00:00.250Z", 1795680000.25),
+    ("2026-11-26", 1795651200.0),  # a date: midnight UTC
+    ("1871-01-01", -3124137600.0),  # before 1970: negative epoch seconds (the Nile's first year)
+    (1795680000, 1795680000.0),
+    (-1.5, -1.5),
+])
+def test_parse(given, want):
+    assert T.parse(given, "t") == want
+
+
+@pytest.mark.parametrize("given, says", [
+    ("2026-11-26T08:00:00", "no UTC offset"),
+    ("26/11/2026", "not an RFC 3339 time"),
+    ("", "not an RFC 3339 time"),
+    (True, "not a time"),
+    (None, "not a time"),
+    (1e300, "between the years 1 and 9999"),
+    (float("nan"), "between the years 1 and 9999"),
+])
+def test_parse_refuses(given, says):
+    with pytest.raises(T.TimeError, match=says):
+        T.parse(given, "t")
+
+
+def test_format_round_trips_microseconds():
+    for x in (0.0, 1795680000.123456, -3124137600.0, T.EARLIEST, T.LATEST):
+        s = T.format(x)
+        assert s.endswith("Z") and abs(datetime.fromisoformat(s).timestamp() - x) < 1e-6, (x, s)
+    assert T.format(T.EARLIEST) == "0001-01-01T00:00:00.000000Z"
+
+
+def test_parse_all_names_the_row_at_fault():
+    with pytest.raises(T.TimeError, match=r"time\[2\] repeats time\[1\]"):
+        T.parse_all([1, 2, 2], 3)
+    with pytest.raises(T.TimeError, match=r"time\[1\] is before time\[0\]"):
+        T.parse_all(["2026-01-02", "2026-01-01"], 2)
+    with pytest.raises(T.TimeError, match="2 entries for 3 rows"):
+        T.parse_all([1, 2], 3)
+
+
+# --- the service ------------------------------------------------------------------------------
+@pytest.fixture()
+def live(tmp_path):
+    r = EmbeddedRedis(tmp_path / "redis")
+    server = LiveServer(r.url)
+    server.redis_url = r.url
+    yield server
+    server.stop()
+    r.close()
+
+
+def burst(url: str) -> None:
+    w = Worker(url)
+    try:
+        w.run_until_idle()
+    finally:
+        w.release_all()
+
+
+def create(live, name: str, columns=("v",), models=("gaussian",)) -> None:
+    r = live.client.post("/v1/streams", json={"name": name, "columns": list(columns), "models": list(models), "seed": 3})
+    assert r.status_code == 201, r.text
+
+
+def results(live, name: str) -> list[dict]:
+    return [e for e in live.client.get(f"/v1/streams/{name}/evidence?kind=result&limit=1000").json()["results"]]
+
+
+def test_every_format_carries_times(live):
+    """JSON rows (field time), JSON columns (columns['time']), NDJSON (a time key), CSV (a time
+    column, anywhere in the header) and raw float64 (?times=first): each chunk's result carries
+    the times of its first and last rows as given."""
+    create(live, "fmt", columns=("a", "b"))
+    days = [START + timedelta(days=i) for i in range(10)]
+    post = live.client.post
+    assert post("/v1/streams/fmt/chunks", json={"seq": 0, "rows": [[1, 2], [3, 4]], "time": [iso(days[0]), iso(days[1])]}).status_code == 202
+    r = post("/v1/streams/fmt/chunks", json={"seq": 1, "columns": {"a": [1, 2], "b": [3, 4], "time": [iso(days[2]), days[3].timestamp()]}})
+    assert r.status_code == 202, r.text
+    nd = "\n".join(json.dumps({"time": iso(d), "a": 1.0, "b": 2.0}) for d in days[4:6])
+    r = post("/v1/streams/fmt/chunks?seq=2", content=nd, headers={"content-type": "application/x-ndjson"})
+    assert r.status_code == 202, r.text
+    csv = f"b,time,a\n2,{iso(days[6])},1\n4,{days[7].date().isoformat()},3\n"
+    r = post("/v1/streams/fmt/chunks?seq=3", content=csv, headers={"content-type": "text/csv"})
+    assert r.status_code == 202, r.text
+    raw = np.array([[days[8].timestamp(), 1.0, 2.0], [days[9].timestamp(), 3.0, 4.0]]).astype("<f8").tobytes()
+    r = post("/v1/streams/fmt/chunks?seq=4&times=first", content=raw, headers={"content-type": "application/octet-stream"})
+    assert r.status_code == 202, r.text
+    burst(live.redis_url)
+    got = [(e["seq"], e["time_start"], e["time_end"]) for e in results(live, "fmt")]
+    want = [(q, T.format(days[2 * q].timestamp()), T.format(days[2 * q + 1].timestamp())) for q in range(5)]
+    assert got == want
+    # the CSV's columns were reordered by name: the values are a = 1, 3 and b = 2, 4 as in the other chunks
+    assert [e["n"] for e in results(live, "fmt")] == [2, 4, 6, 8, 10]
+
+
+def test_without_times_rows_get_the_arrival_time(live):
+    create(live, "arrive")
+    before = time.time()
+    assert live.client.post("/v1/streams/arrive/chunks", json={"seq": 0, "rows": [[1.0], [2.0]]}).status_code == 202
+    after = time.time()
+    burst(live.redis_url)
+    (e,) = results(live, "arrive")
+    t = datetime.fromisoformat(e["time_start"]).timestamp()
+    assert e["time_start"] == e["time_end"] and before - 1e-3 <= t <= after + 1e-3
+
+
+def test_arrival_time_never_goes_back(live):
+    """Times given in the future, then a chunk without: its rows get the stream's last time, not
+    the (earlier) clock, so the stream's times never decrease."""
+    create(live, "future")
+    ahead = time.time() + 10 * DAY
+    assert live.client.post("/v1/streams/future/chunks", json={"seq": 0, "rows": [[1.0]], "time": [ahead]}).status_code == 202
+    assert live.client.post("/v1/streams/future/chunks", json={"seq": 1, "rows": [[2.0]]}).status_code == 202
+    burst(live.redis_url)
+    assert [e["time_end"] for e in results(live, "future")] == [T.format(ahead)] * 2
+
+
+@pytest.mark.parametrize("body, status, code, says", [
+    ({"seq": 0, "rows": [[1.0], [2.0]], "time": ["2021-03-02T00:00:00Z", "2021-03-01T00:00:00Z"]}, 422, "invalid_time", r"time\[1\] is before"),
+    ({"seq": 0, "rows": [[1.0], [2.0]], "time": ["2021-03-02T00:00:00Z"]}, 422, "invalid_time", "1 entries for 2 rows"),
+    ({"seq": 0, "rows": [[1.0]], "time": ["2021-03-02 00:00"]}, 422, "invalid_time", "no UTC offset"),
+    ({"seq": 0, "rows": [[1.0]], "time": "2021-03-02T00:00:00Z"}, 422, "invalid_time", "one time per row"),
+    ({"seq": 0, "rows": [[1.0]], "time": None}, 422, "invalid_time", "one time per row"),
+    ({"seq": 0, "columns": {"v": [1.0], "time": [1.0]}, "time": [1.0]}, 422, "invalid_time", "given twice"),
+])
+def test_bad_times_are_refused_and_store_nothing(live, body, status, code, says):
+    create(live, "bad")
+    r = live.client.post("/v1/streams/bad/chunks", json=body)
+    assert r.status_code == status and r.json()["code"] == code, r.text
+    assert __import__("re").search(says, r.json()["detail"]), r.json()["detail"]
+    # nothing stored: seq 0 is still the next one, and its time may be anything
+    r = live.client.post("/v1/streams/bad/chunks", json={"seq": 0, "rows": [[1.0]], "time": ["1999-01-01"]})
+    assert r.status_code == 202, r.text
+
+
+def test_other_formats_refuse_bad_times(live):
+    create(live, "badfmt")
+    post = live.client.post
+    nd = json.dumps({"time": 1.0, "v": 1.0}) + "\n" + json.dumps({"v": 2.0}) + "\n"
+    r = post("/v1/streams/badfmt/chunks?seq=0", content=nd, headers={"content-type": "application/x-ndjson"})
+    assert (r.status_code, r.json()["code"]) == (422, "invalid_time") and "line 2" in r.json()["detail"], r.text
+    r = post("/v1/streams/badfmt/chunks?seq=0", content="time,v\n2021-03-01,1\nyesterday,2\n", headers={"content-type": "text/csv"})
+    assert (r.status_code, r.json()["code"]) == (422, "invalid_time") and "time[1]" in r.json()["detail"], r.text
+    raw = np.array([[5.0, 1.0], [4.0, 2.0]]).astype("<f8").tobytes()
+    r = post("/v1/streams/badfmt/chunks?seq=0&times=first", content=raw, headers={"content-type": "application/octet-stream"})
+    assert (r.status_code, r.json()["code"]) == (422, "invalid_time"), r.text
+    r = post("/v1/streams/badfmt/chunks?seq=0&times=first", content="v\n1\n", headers={"content-type": "text/csv"})
+    assert (r.status_code, r.json()["code"]) == (422, "invalid_time") and "octet-stream" in r.json()["detail"], r.text
+    r = post("/v1/streams/badfmt/chunks?seq=0&times=last", content=raw, headers={"content-type": "application/octet-stream"})
+    assert r.status_code == 422, r.text
+    assert post("/v1/streams/badfmt/chunks", json={"seq": 0, "rows": [[1.0]]}).status_code == 202
+
+
+def test_times_must_follow_the_streams_last(live):
+    """A chunk whose first time is not after the stream's last time: 409 time_order, naming both;
+    nothing stored (the same seq with later times is then accepted). A resend with the same times
+    is a duplicate; with other times, a conflict."""
+    create(live, "order")
+    post = live.client.post
+    first = {"seq": 0, "rows": [[1.0], [2.0]], "time": ["2021-03-01T00:00:00Z", "2021-03-02T00:00:00Z"]}
+    assert post("/v1/streams/order/chunks", json=first).status_code == 202
+    r = post("/v1/streams/order/chunks", json={"seq": 1, "rows": [[3.0]], "time": ["2021-03-02T00:00:00Z"]})
+    assert (r.status_code, r.json()["code"]) == (409, "time_order"), r.text
+    assert "2021-03-02T00:00:00.000000Z" in r.json()["detail"]
+    assert post("/v1/streams/order/chunks", json={"seq": 1, "rows": [[3.0]], "time": ["2021-03-03"]}).status_code == 202
+    assert post("/v1/streams/order/chunks", json=first).status_code == 200  # the same chunk again: duplicate
+    r = post("/v1/streams/order/chunks", json={**first, "time": ["2021-03-01T00:00:00Z", "2021-03-02T00:00:01Z"]})
+    assert (r.status_code, r.json()["code"]) == (409, "seq_conflict"), r.text
+    r = post("/v1/streams/order/chunks", json={"seq": 0, "rows": [[1.0], [2.0]]})
+    assert (r.status_code, r.json()["code"]) == (409, "seq_conflict"), r.text
+
+
+def test_websocket_ingest_takes_times(live):
+    create(live, "wsin")
+    with ws_connect(f"{live.ws_url}/v1/streams/wsin/ingest") as ws:
+        ws.send(json.dumps({"seq": 0, "rows": [[1.0]], "time": ["2021-03-01"]}))
+        assert json.loads(ws.recv(timeout=10))["status"] == "accepted"
+        ws.send(json.dumps({"seq": 1, "rows": [[1.0]], "time": ["2021-02-01"]}))
+        err = json.loads(ws.recv(timeout=10))
+        assert (err["code"], err["error"]) == (409, "time_order"), err
+    burst(live.redis_url)
+    assert [e["time_end"] for e in results(live, "wsin")] == ["2021-03-01T00:00:00.000000Z"]
+
+
+def test_change_points_carry_times(live):
+    """Daily data with a jump of 6 sd at day 300, in chunks of 25 days: the model's event and the
+    stream's change point carry location_time (the day of the row at location), detected_time (the
+    last day of the chunk that reported it) and their difference as delay_seconds; the indices
+    are as before."""
+    create(live, "jump")
+    g = np.random.default_rng(5)
+    x = g.normal(0.0, 1.0, 600) + np.where(np.arange(600) >= 300, 6.0, 0.0)
+    day = [START.timestamp() + i * DAY for i in range(600)]
+    for seq, lo in enumerate(range(0, 600, 25)):
+        r = live.client.post("/v1/streams/jump/chunks", json={"seq": seq, "rows": x[lo:lo + 25, None].tolist(), "time": day[lo:lo + 25]})
+        assert r.status_code == 202, r.text
+    burst(live.redis_url)
+    got = live.client.get("/v1/streams/jump/changepoints").json()
+    assert got["changepoints"] and got["stream"], got
+    for c in got["changepoints"] + got["stream"]:
+        assert abs(c["location"] - 300) <= 25, c
+        assert c["location_time"] == T.format(day[c["location"]]), c
+        assert c["detected_time"] == T.format(day[c["detected_at"] - 1]), c
+        assert c["delay_seconds"] == pytest.approx(day[c["detected_at"] - 1] - day[c["location"]]), c
+    ev = got["changepoints"][0]
+    assert ev["location"] == ev["seq"] * 25 + ev["row"], ev
