@@ -74,6 +74,9 @@ def run(args: argparse.Namespace) -> int:
     config = SGAISConfig.preset(args.sampler, **overrides)
     labels = list(dict.fromkeys(args.model or default_portfolio(data.shape[1])))
     dcfg = DetectorConfig.from_dict({**parse_settings(args.detector), **({} if args.detect else {"enabled": False})})
+    if dcfg.run_length_seconds is not None and stamps is None:
+        raise ConfigError(f"detector: expected_run_length={dcfg.expected_run_length!r} is a duration; it needs the rows' "
+                          "times (a time column, --time-column NAME); or give it in observations")
     samplers = {label: build_sampler(build_model(label, data.shape[1], target), config) for label in labels}
     out = open(args.out, "w") if args.out else sys.stdout  # noqa: SIM115 - closed below
     progress = Progress(data.shape[0], sys.stderr.isatty())
@@ -88,9 +91,10 @@ def run(args: argparse.Namespace) -> int:
             rows = data[lo : lo + args.chunk_size]
             end = None if stamps is None else float(stamps[lo + rows.shape[0] - 1])
             when = {} if stamps is None else {"time_start": T.format(float(stamps[lo])), "time_end": T.format(end)}
+            interval = None if stamps is None else T.seconds_per_row(float(stamps[0]), end, lo + rows.shape[0])
             evidence, new = {}, {}
             for label, run in runs.items():
-                result, events = run.step(rows)
+                result, events = run.step(rows, interval)
                 if stamps is not None:  # as the service: an event's time is that of row `row` of its chunk
                     events = [replace(ev, location_time=float(stamps[ev.seq * args.chunk_size + ev.row])) for ev in events]
                 evidence[label], new[label] = (result.n, result.log_evidence), events

@@ -85,6 +85,40 @@ def format(t: float | None) -> str | None:  # noqa: A001 - the module's verb: ti
     return d.replace(tzinfo=None).isoformat(timespec="microseconds") + "Z"
 
 
+_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0, "y": 31557600.0}
+_SHORT = re.compile(r"^(\d+(?:\.\d+)?)\s*([smhdwy])$")
+_ISO = re.compile(r"^P(?:(\d+(?:\.\d+)?)W)?(?:(\d+(?:\.\d+)?)D)?(?:T(?:(\d+(?:\.\d+)?)H)?(?:(\d+(?:\.\d+)?)M)?(?:(\d+(?:\.\d+)?)S)?)?$")
+
+
+def parse_duration(text: object, where: str = "duration") -> float:
+    """A duration as seconds: ``90s``, ``15m``, ``12h``, ``30d``, ``2w``, ``10y`` (a year: 365.25
+    days), or ISO 8601 ``PT12H``, ``P30D``, ``P1W``, ``P1DT6H`` (no ISO years or months: their
+    length varies). Must be positive."""
+    if not isinstance(text, str):
+        raise TimeError(f"{where}: {str(text)[:40]!r} is not a duration such as '30d', '12h' or 'PT12H'")
+    t = text.strip()
+    m = _SHORT.match(t)
+    if m:
+        seconds = float(m.group(1)) * _UNITS[m.group(2)]
+    else:
+        m = _ISO.match(t.upper())
+        if not m or t.upper() in ("P", "PT") or t.upper().endswith("T"):
+            raise TimeError(f"{where}: {t[:40]!r} is not a duration such as '30d', '12h', '90m', '45s', '2w', '10y' or "
+                            "ISO 8601 'PT12H', 'P30D' (ISO years and months are not taken: their length varies)")
+        seconds = sum(float(v) * u for v, u in zip(m.groups(), (604800.0, 86400.0, 3600.0, 60.0, 1.0)) if v)
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise TimeError(f"{where}: {t[:40]!r} is not a positive duration")
+    return seconds
+
+
+def seconds_per_row(first: float | None, last: float, rows: int) -> float | None:
+    """The mean time between a stream's rows: its ``rows`` rows so far span ``first`` to ``last``.
+    None while that is not known or spans no time (one row, or one arrival-stamped chunk)."""
+    if first is None or rows < 2 or not last > first:
+        return None
+    return (last - first) / (rows - 1)
+
+
 def timed(location_time: float | None, detected_time: float | None) -> dict:
     """A change point's times as the API answers them: location_time, detected_time (RFC 3339) and
     delay_seconds (null where a time is unknown)."""

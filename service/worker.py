@@ -78,6 +78,7 @@ class Hot:
     dstate: DetectorState | None = None
     redelivered_through: int = -1  # chunks up to this seq were taken by a previous owner that did not apply them
     reliable: bool = True  # the last result had no reliability warning (a warning is logged on the change)
+    first_time: float | None = None  # the stream's first row's time (read once, when a duration needs it)
 
 
 #: consecutive failed polls after which a worker's /healthz answers 503 (about as many seconds:
@@ -542,20 +543,20 @@ class Worker:
         s, m = hot.stream, hot.model
         t0 = time.perf_counter()
         rows = rows_from_bytes(fields[b"rows"], int(fields[b"n"]), hot.width)
+        stamps = T.from_fields(fields, int(rows.shape[0]))
         try:
             state, result, writes = hot.sampler.update(hot.state, rows, hot.reservoir)
         except (ModelError, EngineError, ValueError, FloatingPointError) as exc:
             return self._failed(hot, seq, exc, int(rows.shape[0]))
         reservoir, events, dstate, det_bytes = None, [], None, b""
         if hot.detector is not None:
-            step = hot.detector.update(hot.dstate, seq, rows, hot.state, state, result)
+            step = hot.detector.update(hot.dstate, seq, rows, hot.state, state, result, self._interval(hot, fields, stamps))
             dstate, result, events = step.state, step.result, step.events
             if step.promoted is not None:  # the model restarts at the change: its state and history
                 state, writes, reservoir = step.promoted, step.writes, step.reservoir
             det_bytes = dstate.to_bytes()
         # the stream's chunk count: a model restarted at a change has a state of its own count
         chunks = dstate.chunks if dstate is not None else state.chunks
-        stamps = T.from_fields(fields, int(rows.shape[0]))
         end = float(stamps[-1])
         events = [replace(ev, location_time=self._location_time(s, seq, stamps, ev)) for ev in events]
         data = {"seq": seq, "chunk": chunks - 1, **result.to_dict(), "time_start": T.format(float(stamps[0])),
@@ -602,6 +603,15 @@ class Worker:
                      s, m, ev.location, ev.confidence, ev.log_bayes_factor)
         self._answer(s)
         return "ok"
+
+    def _interval(self, hot: Hot, fields: dict, stamps: np.ndarray) -> float | None:
+        """The stream's mean time between rows through this chunk, for a detector whose
+        expected_run_length is a duration (else None, and nothing is read)."""
+        if hot.detector is None or hot.detector.run_length_seconds is None or b"i0" not in fields:
+            return None
+        if hot.first_time is None:
+            hot.first_time = self.store.first_time(hot.stream)
+        return T.seconds_per_row(hot.first_time, float(stamps[-1]), int(fields[b"i0"]) + int(stamps.shape[0]))
 
     def _location_time(self, s: str, seq: int, stamps: np.ndarray, ev: Event) -> float | None:
         """The time of an event's first new observation: row ``ev.row`` of chunk ``ev.seq`` (this

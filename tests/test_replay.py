@@ -73,6 +73,7 @@ def test_replay_reads_npy(tmp_path):
         ("ts,v\n2021-01-01T00:00,1\n", ["--model", "gaussian"], "line 2 column 'ts': '2021-01-01T00:00' has no UTC offset"),
         ("when,v\n2021-01-01,1\n", ["--model", "gaussian", "--time-column", "at"], "no column 'at'"),
         ("time\n2021-01-01\n", ["--model", "gaussian"], "the only column is the times"),
+        ("v\n1\n", ["--model", "gaussian", "--detect", "--detector", "expected_run_length=30d"], "needs the rows' times"),
     ],
 )
 def test_bad_input_stops_with_a_clear_message(tmp_path, capsys, content, args, message):

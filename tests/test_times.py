@@ -235,3 +235,78 @@ def test_change_points_carry_times(live):
         assert c["delay_seconds"] == pytest.approx(day[c["detected_at"] - 1] - day[c["location"]]), c
     ev = got["changepoints"][0]
     assert ev["location"] == ev["seq"] * 25 + ev["row"], ev
+
+
+# --- expected_run_length as a duration -----------------------------------------------------------
+@pytest.mark.parametrize("given, seconds", [("30d", 30 * DAY), ("12h", 43200.0), ("PT12H", 43200.0), ("P1DT6H", 108000.0),
+                                            ("2w", 14 * DAY), ("10y", 10 * 365.25 * DAY), ("90m", 5400.0)])
+def test_durations(given, seconds):
+    assert T.parse_duration(given) == seconds
+
+
+@pytest.mark.parametrize("given", ["30", "P1Y", "P1M", "0d", "1 day", "PT", "", "-5d"])
+def test_bad_durations(given):
+    with pytest.raises(T.TimeError, match="duration"):
+        T.parse_duration(given)
+
+
+def test_detector_config_takes_a_duration_or_observations():
+    from service.detect import DetectorConfig
+    from service.sgais import ConfigError
+
+    assert DetectorConfig(expected_run_length="30d").run_length_seconds == 30 * DAY
+    assert DetectorConfig(expected_run_length=500).run_length_seconds is None
+    with pytest.raises(ConfigError, match="expected_run_length.*'30 parsecs' is not a duration"):
+        DetectorConfig.from_dict({"expected_run_length": "30 parsecs"})
+    with pytest.raises(ConfigError, match="expected_run_length must be a number > 1"):
+        DetectorConfig.from_dict({"expected_run_length": 1})
+
+
+def test_a_duration_is_the_run_length_in_observations_at_the_streams_rate():
+    """expected_run_length='250m' with a row a minute is expected_run_length=250 observations:
+    the same events, confidences and Bayes factors, chunk by chunk; with a row every two minutes it
+    is 125 observations; with no interval known yet, DEFAULT_RUN_LENGTH."""
+    from models import build_model
+    from service.detect import DetectorConfig, OfflineRun
+    from service.detect.config import DEFAULT_RUN_LENGTH
+    from service.sgais import SGAISConfig, build_sampler
+
+    g = np.random.default_rng(2)
+    x = np.r_[g.normal(0, 1, 300), g.normal(1.5, 1, 300)][:, None]
+
+    def run(erl, spacing):
+        r = OfflineRun(build_sampler(build_model("gaussian", 1), SGAISConfig()), 4, DetectorConfig(expected_run_length=erl))
+        out = []
+        for lo in range(0, 600, 20):
+            interval = None if spacing is None else T.seconds_per_row(0.0, spacing * (lo + 19), lo + 20)
+            res, evs = r.step(__import__("torch").from_numpy(x[lo:lo + 20]), interval)
+            out.append((res.log_evidence, [(e.location, e.confidence, e.log_prior_odds) for e in evs]))
+        return out
+
+    per_minute = run("250m", 60.0)
+    assert per_minute == run(250, None) == run("500m", 120.0)
+    assert any(evs for _, evs in per_minute), "no change found: the comparison would be vacuous"
+    assert run("250m", None) == run(DEFAULT_RUN_LENGTH, None)
+    assert per_minute != run(2500, None)  # the prior odds do move with the run length
+
+
+def test_service_turns_a_duration_into_observations_by_the_rows_times(live):
+    """Two streams, the same rows a minute apart (given times): one with expected_run_length
+    '300m', one with 300 observations. The same change points, the same confidences."""
+    g = np.random.default_rng(5)
+    x = np.r_[g.normal(0, 1, 200), g.normal(2.0, 1, 200)]
+    stamps = 1.6e9 + 60.0 * np.arange(400)
+    for name, erl in (("dur", "300m"), ("obs", 300)):
+        r = live.client.post("/v1/streams", json={"name": name, "columns": ["v"], "models": ["gaussian"], "seed": 3,
+                                                   "detector": {"expected_run_length": erl}})
+        assert r.status_code == 201, r.text
+        for seq, lo in enumerate(range(0, 400, 20)):
+            body = {"seq": seq, "rows": x[lo:lo + 20, None].tolist(), "time": stamps[lo:lo + 20].tolist()}
+            assert live.client.post(f"/v1/streams/{name}/chunks", json=body).status_code == 202
+    assert live.client.get("/v1/streams/dur").json()["detector"]["expected_run_length"] == "300m"
+    burst(live.redis_url)
+    got = {n: live.client.get(f"/v1/streams/{n}/changepoints").json()["changepoints"] for n in ("dur", "obs")}
+    keep = ("location", "confidence", "log_prior_odds", "location_time")
+    assert got["dur"] and [{k: c[k] for k in keep} for c in got["dur"]] == [{k: c[k] for k in keep} for c in got["obs"]]
+    r = live.client.post("/v1/streams", json={"name": "bad", "columns": ["v"], "detector": {"expected_run_length": "soon"}})
+    assert r.status_code == 422 and "expected_run_length" in r.json()["detail"], r.text

@@ -7,11 +7,18 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from service.sgais.config import ConfigError
+from service.times import TimeError, parse_duration
+
+#: observations between changes a duration stands for while a stream's rows span no time yet
+DEFAULT_RUN_LENGTH = 1000.0
 
 
 @dataclass(frozen=True)
 class DetectorConfig:
-    """expected_run_length: prior mean observations between changes (hazard = 1/this);
+    """expected_run_length: prior mean observations between changes (hazard = 1/this), or a
+    duration ('30d', '12h', 'PT12H': ``service.times.parse_duration``), turned into observations
+    by the stream's mean time between rows so far (``Detector.update``'s ``seconds_per_row``;
+    ``DEFAULT_RUN_LENGTH`` observations while its rows span no time);
     threshold: posterior probability of a change needed to report it; max_challengers:
     challengers alive at once; adapt: replace the incumbent by the winning challenger;
     surprise: |z| of a chunk's log predictive per observation, against its running level,
@@ -30,7 +37,7 @@ class DetectorConfig:
     observation falls below the mean so far is a candidate); enabled: run the detector at all."""
 
     enabled: bool = True
-    expected_run_length: float = 1000.0
+    expected_run_length: float | str = 1000.0
     threshold: float = 0.99
     max_challengers: int = 3
     adapt: bool = True
@@ -51,7 +58,14 @@ class DetectorConfig:
 
         need(isinstance(self.enabled, bool), "enabled must be true or false")
         need(isinstance(self.adapt, bool), "adapt must be true or false")
-        need(_num(self.expected_run_length) and self.expected_run_length > 1, "expected_run_length must be a number > 1")
+        if isinstance(self.expected_run_length, str):
+            try:
+                parse_duration(self.expected_run_length, "expected_run_length")
+            except TimeError as exc:
+                raise ConfigError(f"detector: {exc}") from None
+        else:
+            need(_num(self.expected_run_length) and self.expected_run_length > 1,
+                 "expected_run_length must be a number > 1 (observations) or a duration such as '30d' or 'PT12H'")
         need(_num(self.threshold) and 0.5 <= self.threshold < 1.0, "threshold must be a probability in [0.5, 1)")
         need(_int(self.max_challengers) and 1 <= self.max_challengers <= 16, "max_challengers must be an integer in [1, 16]")
         need(_num(self.surprise) and self.surprise > 0, "surprise must be a positive number")
@@ -63,6 +77,13 @@ class DetectorConfig:
         need(_int(self.max_age) and 0 <= self.max_age <= 10_000_000, "max_age must be an integer in [0, 10000000]")
         need(_int(self.warmup) and 2 <= self.warmup <= 10_000, "warmup must be an integer in [2, 10000]")
         need(_num(self.smoothing) and 0 < self.smoothing < 1, "smoothing must be in (0, 1)")
+
+    @property
+    def run_length_seconds(self) -> float | None:
+        """expected_run_length in seconds when it is a duration, else None (observations)."""
+        if isinstance(self.expected_run_length, str):
+            return parse_duration(self.expected_run_length, "expected_run_length")
+        return None
 
     @classmethod
     def from_dict(cls, values: dict[str, Any] | None) -> "DetectorConfig":

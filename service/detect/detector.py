@@ -8,7 +8,7 @@ from typing import Callable
 
 import torch
 
-from service.detect.config import DetectorConfig
+from service.detect.config import DEFAULT_RUN_LENGTH, DetectorConfig
 from service.detect.decision import decide
 from service.detect.signals import weight
 from service.detect.state import Challenger, DetectorState, Event, Recent, Refined, Step
@@ -50,7 +50,9 @@ class Detector:
         # before outgrowing the capacity; then promoting it hands over its exact history
         self.max_age = self.config.max_age or 20 * self.train
         self.capacity = sampler.config.reservoir_capacity
-        self.log_hazard = -math.log(self.config.expected_run_length)
+        self.run_length_seconds = self.config.run_length_seconds
+        self.log_hazard = -math.log(DEFAULT_RUN_LENGTH if self.run_length_seconds is not None
+                                    else float(self.config.expected_run_length))
         self.multimodal = bool(getattr(model, "multimodal", False))
         self.exact = getattr(sampler, "method", "sgais") == "exact"
 
@@ -99,10 +101,21 @@ class Detector:
         return math.log(-math.expm1(log_none)) - log_none
 
     # ------------------------------------------------------------------------------------
+    def use_interval(self, seconds_per_row: float | None) -> None:
+        """With ``expected_run_length`` a duration: the hazard per observation is the stream's mean
+        time between rows over that duration (at most 1/2; ``DEFAULT_RUN_LENGTH`` observations
+        while the interval is unknown). Nothing changes for a run length in observations."""
+        if self.run_length_seconds is None:
+            return
+        rows = self.run_length_seconds / seconds_per_row if seconds_per_row else DEFAULT_RUN_LENGTH
+        self.log_hazard = -math.log(max(rows, 2.0))
+
     def update(self, state: DetectorState, seq: int, chunk: torch.Tensor, before: SGAISState,
-               after: SGAISState, result: ChunkResult) -> Step:
+               after: SGAISState, result: ChunkResult, seconds_per_row: float | None = None) -> Step:
         """One chunk: ``before``/``after`` are the incumbent's states around it and ``result``
-        its ChunkResult. Pure: ``state`` is not modified (challengers are copied)."""
+        its ChunkResult; ``seconds_per_row``: the stream's mean time between rows through this
+        chunk (``use_interval``). Pure: ``state`` is not modified (challengers are copied)."""
+        self.use_interval(seconds_per_row)
         cfg = self.config
         g = torch.Generator()
         g.set_state(state.rng)

@@ -27,12 +27,14 @@ class OfflineRun:
         self.dstate = self.detector.init(detector_seed(seed)) if self.detector else None
         self.chunks = 0
 
-    def step(self, chunk: torch.Tensor) -> tuple[ChunkResult, list[Event]]:
+    def step(self, chunk: torch.Tensor, seconds_per_row: float | None = None) -> tuple[ChunkResult, list[Event]]:
+        """One chunk; ``seconds_per_row``: the series' mean time between rows through it (for an
+        expected_run_length given as a duration: ``Detector.use_interval``)."""
         new, result, writes = self.sampler.update(self.state, chunk, self.reservoir)
         self.reservoir.apply(writes)
         events: list[Event] = []
         if self.detector is not None:
-            step = self.detector.update(self.dstate, self.chunks, chunk, self.state, new, result)
+            step = self.detector.update(self.dstate, self.chunks, chunk, self.state, new, result, seconds_per_row)
             self.dstate, result, events = step.state, step.result, step.events
             if step.promoted is not None:
                 new, self.reservoir = step.promoted, step.reservoir.copy()

@@ -16,10 +16,10 @@ and docs/architecture.md (Redis).
 | ``cusp:wake`` | pub/sub channel | a message per accepted chunk (the stream's ``seq`` key name); idle workers block on it and then look at the named streams only |
 | ``cusp:{s}:config`` | string | the stream's JSON config: columns, models, sampler, seed, limits |
 | ``cusp:{s}:uid`` | string | this incarnation of the stream (a random id set at create): an ingest that names another (a WebSocket opened before a delete and a re-create) writes nothing |
-| ``cusp:{s}:in`` | stream | ingested chunks; entry id ``<seq+1>-0``; fields ``rows`` (float64 bytes), ``n``, and ``t`` (the rows' times, float64 epoch seconds) or ``t0`` (the chunk's arrival time, every row's); trimmed below every model's ``keep_from`` |
+| ``cusp:{s}:in`` | stream | ingested chunks; entry id ``<seq+1>-0``; fields ``rows`` (float64 bytes), ``n``, ``i0`` (the stream's rows before it), and ``t`` (the rows' times, float64 epoch seconds) or ``t0`` (the chunk's arrival time, every row's); trimmed below every model's ``keep_from`` |
 | ``cusp:{s}:seen`` | stream | digest of each accepted chunk (entry id ``<seq+1>-0``, field ``d``), capped at about ``CUSP_DEDUP_WINDOW`` entries, so a resend is recognised after its input entry was trimmed |
 | ``cusp:{s}:seq`` | string | last accepted sequence number |
-| ``cusp:{s}:clock`` | string | the stream's last time (epoch seconds, decimal): a chunk's own times must start after it, and arrival times never go below it |
+| ``cusp:{s}:clock`` | hash | ``first``, ``last``: the stream's first and last time (epoch seconds, decimal; a chunk's own times must start after ``last``, arrival times never go below it); ``rows``: rows accepted |
 | ``cusp:{s}:out`` | stream | results of every model and change-point events, in apply order; fields ``model``, ``kind``, ``data`` (JSON) |
 | ``cusp:{s}:{m}:state`` | hash | ``state`` (SGAIS state bytes), ``last_seq``, ``n``, ``log_evidence``, ``chunks``, ``detector``, ``keep_from`` (first input seq it may still read), ``error``, ``taken_through`` (the last seq its owner took into a batch: what a new owner processes again is a redelivery) |
 | ``cusp:{s}:{m}:res`` | string | reservoir rows, float64, slot i at byte offset i * row_bytes (SETRANGE) |

@@ -11,10 +11,11 @@ stream's keys (all tagged ``{stream}``) or one global key; never both (see keys.
 # Backpressure: with max_backlog > 0, a new chunk is refused ({'busy', backlog}) while the slowest
 # model (lowest last_seq in the state hashes) has max_backlog or more accepted chunks to apply;
 # checked in the same step as the append, so concurrent writers cannot pass it together.
-# Time: the clock key holds the stream's last time. A chunk with its rows' times (field ``t``) must
-# start after it ({'late', last time}); one without gets its arrival time (field ``t0``): ``now``,
-# or the stream's last time if that is later (a clock behind, or times given in the future), so
-# that a stream's times never go back. Times travel as decimal strings and are compared with
+# Time: the clock hash holds the stream's first and last time and its row count. A chunk with its
+# rows' times (field ``t``) must start after the last ({'late', last time}); one without gets its
+# arrival time (field ``t0``): ``now``, or the stream's last time if that is later (a clock
+# behind, or times given in the future), so that a stream's times never go back. Field ``i0``:
+# the stream's rows before this chunk (the index of its first row). Times travel as decimal strings and are compared with
 # tonumber (exact for doubles); Lua's tostring would round them to 14 digits, so none is made here.
 # Publishes the stream's seq key name (``cusp:{s}:seq``, so the stream's name) on ``cusp:wake``
 # (keys.WAKE): idle workers wake at once and look at that stream only, not at every stream.
@@ -41,18 +42,22 @@ if limit > 0 and #KEYS > 6 then
   end
   if last - low >= limit then return {'busy', tostring(last - low)} end
 end
-local last_t = redis.call('GET', KEYS[6])
-local id
+local last_t = redis.call('HGET', KEYS[6], 'last')
+local i0 = redis.call('HGET', KEYS[6], 'rows') or '0'
+local id, first_t, end_t
 if ARGV[8] ~= '' then
   if last_t and tonumber(ARGV[9]) <= tonumber(last_t) then return {'late', last_t} end
-  id = redis.call('XADD', KEYS[2], (s + 1) .. '-0', 'rows', ARGV[2], 'n', ARGV[3], 't', ARGV[8])
-  redis.call('SET', KEYS[6], ARGV[10])
+  id = redis.call('XADD', KEYS[2], (s + 1) .. '-0', 'rows', ARGV[2], 'n', ARGV[3], 'i0', i0, 't', ARGV[8])
+  first_t, end_t = ARGV[9], ARGV[10]
 else
   local t0 = ARGV[11]
   if last_t and tonumber(last_t) > tonumber(t0) then t0 = last_t end
-  id = redis.call('XADD', KEYS[2], (s + 1) .. '-0', 'rows', ARGV[2], 'n', ARGV[3], 't0', t0)
-  redis.call('SET', KEYS[6], t0)
+  id = redis.call('XADD', KEYS[2], (s + 1) .. '-0', 'rows', ARGV[2], 'n', ARGV[3], 'i0', i0, 't0', t0)
+  first_t, end_t = t0, t0
 end
+redis.call('HSETNX', KEYS[6], 'first', first_t)
+redis.call('HSET', KEYS[6], 'last', end_t)
+redis.call('HINCRBY', KEYS[6], 'rows', ARGV[3])
 redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[5], (s + 1) .. '-0', 'd', ARGV[4])
 redis.call('SET', KEYS[1], s)
 redis.call('PUBLISH', 'cusp:wake', KEYS[1])

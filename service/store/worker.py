@@ -106,6 +106,11 @@ class WorkerStore:
         raw = self.r.get(keys.seq(s))
         return None if raw is None else int(raw)
 
+    def first_time(self, s: str) -> float | None:
+        """The time of the stream's first row (epoch seconds), None before its first chunk."""
+        raw = self.r.hget(keys.clock(s), "first")
+        return None if raw is None else float(raw)
+
     # --- leases -------------------------------------------------------------------------------
     def keep_alive(self, worker_id: str, ttl_ms: int) -> bool:
         """Renew this worker's life key (one command); False if it had lapsed (or never existed):
