@@ -205,6 +205,22 @@ def red_columns(page, chart: str) -> list[float]:
     }})()""")
 
 
+def tick_colors(page, chart: str, x: float) -> list[str]:
+    """The colors (#rrggbb) of the model-event ticks at ``x``: opaque pixels in the bottom 16 CSS
+    px of the plot, in the canvas column where the chart draws ``x``, from the bottom up."""
+    rendered(page)
+    return page.eval(f"""(() => {{
+        const u = cusp.charts.{chart}, c = u.ctx.canvas, dpr = c.width / c.getBoundingClientRect().width;
+        const X = Math.round(u.valToPos({x!r}, 'x', true)), bottom = u.bbox.top + u.bbox.height;
+        const d = u.ctx.getImageData(X, bottom - 16 * dpr, 1, 16 * dpr).data, out = [];
+        for (let i = d.length - 4; i >= 0; i -= 4) {{
+            const hex = '#' + [d[i], d[i + 1], d[i + 2]].map((v) => v.toString(16).padStart(2, '0')).join('');
+            if (d[i + 3] === 255 && hex !== '#ffffff' && out.at(-1) !== hex) out.push(hex);
+        }}
+        return out;
+    }})()""")
+
+
 def chart_x(page, chart: str, x: float) -> float:
     """CSS px, from the chart's canvas' left edge, where the chart draws ``x``."""
     return page.eval(f"(() => {{ const u = cusp.charts.{chart}; return u.valToPos({x!r}, 'x') + u.over.offsetLeft; }})()")
@@ -443,6 +459,8 @@ def test_live_page_time_axis_hover_zoom_and_narrow_layout(chromium, live, redis_
     # the stream's change: a red dashed line at its time (17:46:40) on both charts, listed with its time and delay
     for chart in ("evidence", "steps"):
         assert red_columns(page, chart) == [pytest.approx(chart_x(page, chart, T0 + STEP * CHANGE), abs=1.5)]
+    # each model's event at the change: a tick in its color, stacked by model (gaussian, then level), both seen
+    assert [c for c in tick_colors(page, "evidence", T0 + STEP * CHANGE) if c in ("#2563eb", "#dc2626")] == ["#2563eb", "#dc2626"]
     delay = found["delay_seconds"]
     assert delay == pytest.approx(seconds(found["detected_time"]) - seconds(found["location_time"]))
     minutes = f"{delay / 60:.3g} min" if delay >= 120 else f"{delay:.3g} s"
