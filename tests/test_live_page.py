@@ -544,17 +544,29 @@ def test_live_page_time_axis_hover_zoom_and_narrow_layout(chromium, live, redis_
     assert page.errors == []
 
 
-def test_live_page_assets_are_served_locally_behind_the_key(redis_url):
-    """The charting library comes from the service (/assets/, vendored in service/api/static),
-    behind the API key like the page, which passes its ?token= on to it."""
-    server = LiveServer(redis_url, api_keys="page-key-1:read")
+def test_live_page_with_an_api_key(chromium, redis_url):
+    """Behind API keys the page, opened with ?token=, loads its charting library (from /assets/,
+    vendored in service/api/static) with the same token, and follows its stream; the library
+    answers 401 without a key, and /assets/ serves nothing but the page's files."""
+    page = chromium
+    page.errors.clear()
+    server = LiveServer(redis_url, api_keys="writer-key-9,page-key-1:read")
     try:
         for name, kind in (("uPlot.iife.min.js", "text/javascript"), ("uPlot.min.css", "text/css")):
             assert server.client.get(f"/assets/{name}").status_code == 401
             r = server.client.get(f"/assets/{name}", params={"token": "page-key-1"})
             assert r.status_code == 200 and r.headers["content-type"].startswith(kind) and len(r.content) > 1000
-        assert server.client.get("/assets/index.html", params={"token": "page-key-1"}).status_code == 404  # only the page's files
-        assert server.client.get("/assets/swagger-ui.css", params={"token": "page-key-1"}).status_code == 404
+        for name in ("index.html", "swagger-ui.css", "..%2Fapp.py"):
+            assert server.client.get(f"/assets/{name}", params={"token": "page-key-1"}).status_code == 404
+        s = "keyed" + uuid.uuid4().hex[:8]
+        r = server.client.post("/v1/streams", json={"name": s, "columns": ["a"], "models": ["gaussian"]},
+                               headers={"Authorization": "Bearer writer-key-9"})
+        assert r.status_code == 201, r.text
+        page.call("Page.navigate", url=f"{server.url}/?stream={s}&token=page-key-1")
+        page.wait_for(f"document.getElementById('status').textContent === 'live: {s}' && Object.keys(cusp.charts).length === 2")
+        resources = page.eval("performance.getEntriesByType('resource').map((e) => e.name)")
+        assert f"{server.url}/assets/uPlot.iife.min.js?token=page-key-1" in resources
+        assert page.errors == []
     finally:
         server.stop()
 
