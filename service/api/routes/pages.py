@@ -1,8 +1,9 @@
 """Pages for a browser: the live page and the API documentation, behind the API key like
-everything but the probes (``?token=KEY`` works too). The documentation pages (Swagger UI at
-/docs, ReDoc at /redoc) load their scripts and styles from this server, never from a CDN, so
-they work offline: the files are vendored in service/api/static (swagger-ui-dist, Apache-2.0;
-redoc, MIT; versions and licences beside them, static/VENDORED.md)."""
+everything but the probes (``?token=KEY`` works too). The pages load their scripts and styles
+from this server, never from a CDN, so they work offline: the documentation pages (Swagger UI at
+/docs, ReDoc at /redoc) from /docs/assets/, the live page (/) its charting library from
+/assets/. The files are vendored in service/api/static (swagger-ui-dist, Apache-2.0; redoc, MIT;
+uplot, MIT; versions and licences beside them, static/VENDORED.md)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,8 @@ router = APIRouter(include_in_schema=False, dependencies=[Page])
 #: the documentation pages' files (in STATIC) and their media types
 DOC_ASSETS = {"swagger-ui-bundle.js": "text/javascript", "swagger-ui.css": "text/css", "redoc.standalone.js": "text/javascript",
               "docs-favicon.png": "image/png"}
+#: the live page's files (in STATIC): uPlot, its charts
+PAGE_ASSETS = {"uPlot.iife.min.js": "text/javascript", "uPlot.min.css": "text/css"}
 
 
 def with_token(request: Request, url: str) -> str:
@@ -67,3 +70,10 @@ async def doc_asset(name: str):
     if name not in DOC_ASSETS:
         raise ApiError(404, "not_found", f"no documentation asset named {name!r}")
     return FileResponse(STATIC / name, media_type=DOC_ASSETS[name], headers={"Cache-Control": "private, max-age=86400"})
+
+
+@router.get("/assets/{name}")
+async def page_asset(name: str):
+    if name not in PAGE_ASSETS:
+        raise ApiError(404, "not_found", f"no live page asset named {name!r}")
+    return FileResponse(STATIC / name, media_type=PAGE_ASSETS[name], headers={"Cache-Control": "private, max-age=86400"})
