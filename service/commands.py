@@ -206,20 +206,29 @@ def feed_demo(args: argparse.Namespace) -> int:
     max_lag = getattr(args, "max_lag", DEMO_MAX_LAG)
     per_round = (args.observations + args.chunk_size - 1) // args.chunk_size
     rnd = start_seq // per_round
+    # the rows' times: a chunk's rows spread evenly since the previous chunk was sent, as a sensor's
+    # readings that arrive in batches (never ahead of the clock; resumed after the stream's last)
+    clock = _epoch(info.get("last_time")) or time.time() - 1.0
     while True:  # one round of the paper's data per seed: 3 -> 5 -> 7 clusters, then 3 again
         data, changes = distribution_shift_data(args.observations, seed=rnd)
         first = rnd * per_round
         at = [first * args.chunk_size + c for c in ([0] if rnd else []) + list(changes)]
         print(f"feed-demo: stream {args.stream!r}, round {rnd}: change points at observations {at}, posting from seq "
               f"{max(start_seq, first)}", flush=True)
-        code = _post_round(args, data, first, max(start_seq, first), per_round, pace, max_lag)
+        code, clock = _post_round(args, data, first, max(start_seq, first), per_round, pace, max_lag, clock)
         rnd += 1
         if code or not getattr(args, "loop", False) or rnd == getattr(args, "rounds", 0):
             return code
 
 
+def _epoch(text: str | None) -> float | None:
+    from datetime import datetime
+
+    return datetime.fromisoformat(text).timestamp() if text else None
+
+
 def _post_round(args: argparse.Namespace, data, first: int, start_seq: int, per_round: int, pace: float,
-                max_lag: int) -> int:
+                max_lag: int, clock: float) -> tuple[int, float]:
     done, next_at, told = -1, time.monotonic(), 0.0
     for seq in range(start_seq, first + per_round):
         while max_lag > 0 and seq - done > max_lag:  # back-pressure: wait for the slowest model
@@ -231,14 +240,18 @@ def _post_round(args: argparse.Namespace, data, first: int, start_seq: int, per_
                           f"--max-lag {max_lag})", flush=True)
                 time.sleep(0.2)
         rows = data[(seq - first) * args.chunk_size : (seq - first + 1) * args.chunk_size].tolist()
+        now = max(time.time(), clock + 1e-5 * len(rows))  # 10 µs a row at least: strictly increasing
+        stamps = [clock + (now - clock) * (i + 1) / len(rows) for i in range(len(rows))]
+        clock = stamps[-1]
         for attempt in range(30):
-            code, body = _request("POST", f"{args.url}/v1/streams/{args.stream}/chunks", {"seq": seq, "rows": rows}, args.api_key)
+            code, body = _request("POST", f"{args.url}/v1/streams/{args.stream}/chunks", {"seq": seq, "rows": rows, "time": stamps},
+                                  args.api_key)
             if code in (200, 202):
                 break
             time.sleep(min(2.0, 0.1 * 2**attempt))
         else:
             print(f"feed-demo: giving up at seq {seq}: {code} {body}", file=sys.stderr)
-            return 1
+            return 1, clock
         if pace:  # a cap, not a schedule: no burst to catch up after waiting for the workers
             next_at += pace
             delay = next_at - time.monotonic()
@@ -247,7 +260,7 @@ def _post_round(args: argparse.Namespace, data, first: int, start_seq: int, per_
             else:
                 next_at = time.monotonic()
     print(f"feed-demo: sent {data.shape[0]} observations (seq {first} to {first + per_round - 1})", flush=True)
-    return 0
+    return 0, clock
 
 
 def _slowest_done(args: argparse.Namespace, known: int) -> int:

@@ -122,6 +122,8 @@ def test_every_format_carries_times(live):
     assert got == want
     # the CSV's columns were reordered by name: the values are a = 1, 3 and b = 2, 4 as in the other chunks
     assert [e["n"] for e in results(live, "fmt")] == [2, 4, 6, 8, 10]
+    info = live.client.get("/v1/streams/fmt").json()
+    assert (info["rows"], info["first_time"], info["last_time"]) == (10, T.format(days[0].timestamp()), T.format(days[9].timestamp()))
 
 
 def test_without_times_rows_get_the_arrival_time(live):

@@ -185,13 +185,15 @@ def effective(settings) -> dict | None:
 
 
 async def stream_out(store: ApiStore, cfg: StreamConfig) -> StreamOut:
-    last_seq, dead, models = await model_rows(store, cfg)
+    p = await store.progress(cfg)
+    last_seq, dead, models = await model_rows(store, cfg, p)
     for row, entry in zip(models, cfg.models):
         row.frame = await model_frame(store, cfg, entry)
     return StreamOut(name=cfg.name, columns=cfg.columns, sampler=cfg.sampler, detector=cfg.detector, seed=cfg.seed,
                      sampler_settings=effective(lambda: dataclasses.asdict(sampler_config(cfg))),
                      detector_settings=effective(lambda: DetectorConfig.from_dict(cfg.detector).to_dict()),
-                     max_backlog=cfg.max_backlog, last_seq=last_seq, next_seq=last_seq + 1, dead_letters=dead, models=models)
+                     max_backlog=cfg.max_backlog, last_seq=last_seq, next_seq=last_seq + 1, dead_letters=dead, models=models,
+                     rows=p.rows, first_time=T.format(p.first_time), last_time=T.format(p.last_time))
 
 
 #: stream name -> (its incarnation id, its config): a config never changes within an incarnation

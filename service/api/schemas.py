@@ -94,6 +94,9 @@ class StreamOut(BaseModel):
     next_seq: int
     dead_letters: int
     models: list[ModelOut]
+    rows: int = Field(0, description="rows accepted")
+    first_time: str | None = Field(None, description="the first row's time (RFC 3339, UTC; null before the first chunk)")
+    last_time: str | None = Field(None, description="the last row's time: a chunk's own times must start after it")
 
 
 TIMES_DOC = ("the rows' times, one per row, strictly increasing and after the stream's last time: RFC 3339 strings with "

@@ -39,6 +39,9 @@ class StreamProgress:
     last_seq: int  # last accepted input seq, -1 before the first chunk
     dead_letters: int
     models: list[ModelProgress]  # in the config's order
+    rows: int = 0  # rows accepted
+    first_time: float | None = None  # the first and last row's times (epoch seconds); None before the first chunk
+    last_time: float | None = None
 
 
 def entry(eid: bytes, fields: dict) -> dict:
@@ -162,17 +165,20 @@ class ApiStore:
         for cfg in cfgs:
             pipe.get(keys.seq(cfg.name))
             pipe.xlen(keys.dead(cfg.name))
+            pipe.hmget(keys.clock(cfg.name), "rows", "first", "last")
             for m in cfg.models:
                 pipe.hmget(keys.state(cfg.name, m.name), "n", "chunks", "last_seq", "log_evidence", "error")
         got = await pipe.execute() if cfgs else []
         out, i = [], 0
         for cfg in cfgs:
-            last_in, dead, rows = got[i], got[i + 1], got[i + 2 : i + 2 + len(cfg.models)]
-            i += 2 + len(cfg.models)
+            last_in, dead, (n_rows, first, last), rows = got[i], got[i + 1], got[i + 2], got[i + 3 : i + 3 + len(cfg.models)]
+            i += 3 + len(cfg.models)
             models = [ModelProgress(observations=int(n or 0), chunks=int(chunks or 0), last_seq=int(last if last is not None else -1),
                                     log_evidence=float(le or 0.0), error=(err or b"").decode() or None)
                       for n, chunks, last, le, err in rows]
-            out.append(StreamProgress(last_seq=int(last_in) if last_in is not None else -1, dead_letters=int(dead), models=models))
+            out.append(StreamProgress(last_seq=int(last_in) if last_in is not None else -1, dead_letters=int(dead), models=models,
+                                      rows=int(n_rows or 0), first_time=None if first is None else float(first),
+                                      last_time=None if last is None else float(last)))
         return out
 
     async def uids(self, names: Sequence[str]) -> list[bytes | None]:
