@@ -263,8 +263,9 @@ def test_bad_arguments_and_refusals_raise_exceptions_naming_the_problem(client, 
         (lambda: client.post(s, [[1.0, 2.0]], seq=4), cusp.ConflictError, "out of order: expected seq 0"),
         (lambda: cusp.Client("localhost:8000"), cusp.InputError, "url must be an http"),
         (lambda: cusp.Client(live.url, retries=-1), cusp.InputError, "retries must be an integer >= 0"),
-        (lambda: client.detect([1.0, 2.0], times=["2024-01-01T00:00:00Z", "2023-01-01T00:00:00Z"]), cusp.InvalidRequestError,
-         "times\\[1\\] is not after times\\[0\\]"),
+        (lambda: client.detect([1.0, 2.0], times=["2024-01-01T00:00:00Z", "2023-01-01T00:00:00Z"]), cusp.InputError,
+         "times\\[1\\] is before times\\[0\\]"),
+        (lambda: client.detect([1.0, 2.0], times=[0, 60, 120]), cusp.InputError, "times has 3 entries for 2 rows"),
     ]:
         with pytest.raises(kind, match=message):
             call()
