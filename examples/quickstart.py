@@ -2,6 +2,8 @@
 service. Run: python examples/quickstart.py [URL]  (a service with a worker: `cusp serve`).
 tests/test_quickstart.py runs it against a live API and worker."""
 
+import asyncio
+import contextlib
 import sys
 import uuid
 
@@ -42,3 +44,26 @@ with cusp.Client(url) as client:
     # 3. one shot: a whole series in, its change points out, nothing stored
     one = client.detect(ms, chunk_size=20, seed=1)
     print("one-shot change points:", [c["index"] for c in one["changepoints"]])
+
+
+# 4. asyncio: the same methods, awaited; results followed live over the WebSocket while posting
+async def watch_live(url: str) -> None:
+    async with cusp.AsyncClient(url) as client:
+        name = "quickstart-" + uuid.uuid4().hex[:6]
+        await client.create_stream(name, ["ms"], models=["level"], seed=1)
+
+        async def first_change() -> dict:
+            feed = client.results(name, follow=True, transport="ws", kind="stream_changepoint")
+            async with contextlib.aclosing(feed):          # closes the WebSocket when we leave
+                async for entry in feed:
+                    return entry
+
+        watcher = asyncio.create_task(first_change())
+        for lo in range(0, len(ms), 20):
+            await client.post(name, ms[lo : lo + 20])
+        change = await asyncio.wait_for(watcher, 120)
+        print("live change point:", change["location"])
+        await client.delete_stream(name)
+
+
+asyncio.run(watch_live(url))
