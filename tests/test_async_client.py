@@ -138,9 +138,13 @@ def test_async_client_create_post_results_changepoints_delete(live, worker):  # 
             info = await c.create_stream(s, ["ms"], models=["level", "ar"])
             assert info["name"] == s and info["next_seq"] == 0
             # gathered posts to one stream go one at a time, in the order they were called
-            acks = await asyncio.gather(*(c.post(s, x[lo : lo + 20]) for lo in range(0, 400, 20)))
+            stamps = np.datetime64("2026-11-26T08:00:00") + np.arange(400) * np.timedelta64(15, "s")  # UTC
+            acks = await asyncio.gather(*(c.post(s, x[lo : lo + 20], times=stamps[lo : lo + 20]) for lo in range(0, 400, 20)))
             assert [a["seq"] for a in acks] == list(range(20)) and {a["status"] for a in acks} == {"accepted"}
-            assert (await c.post(s, x[:20], seq=0))["status"] == "duplicate"
+            assert (await c.post(s, x[:20], seq=0, times=stamps[:20]))["status"] == "duplicate"
+            with pytest.raises(cusp.ConflictError) as err:  # the same rows without their times are other data
+                await c.post(s, x[:20], seq=0)
+            assert err.value.code == "seq_conflict"
             assert await c.next_seq(s) == 20
             # a live feed opened before the results exist gets them as the worker makes them
             live_feed = asyncio.create_task(take(c.results(s, follow=True, transport="ws", kind="result"), 40))
@@ -156,6 +160,9 @@ def test_async_client_create_post_results_changepoints_delete(live, worker):  # 
             assert over_sse == stored
             cps = await c.changepoints(s)
             assert [p["location"] for p in cps["stream"]] == [200]
+            assert cps["stream"][0]["location_time"] == "2026-11-26T08:50:00.000000Z"  # row 200: 50 minutes in
+            assert [(e["time_start"], e["time_end"]) for e in got if e["seq"] == 1] == [
+                ("2026-11-26T08:05:00.000000Z", "2026-11-26T08:09:45.000000Z")] * 2  # chunk 1, both models
             assert [e["location"] for e in stored if e["kind"] == "stream_changepoint"] == [200]
             assert (await c.wait(s))["models"][0]["observations"] == 400
             assert s in await c.streams()
@@ -207,9 +214,10 @@ def test_async_client_retries_lost_answers_with_the_same_seq(live, proxy, worker
         async with cusp.AsyncClient(proxy.url, backoff=0.01) as c:
             proxy.drop["/v1/streams"] = 1  # created, the answer lost: the retry finds it there
             assert (await c.create_stream(s, ["a"], models=["level"]))["name"] == s
-            proxy.drop["/chunks"] = 1  # stored, the answer lost: the resend is a duplicate
+            proxy.drop["/chunks"] = 1  # stored, the answer lost: the resend (same times) is a duplicate
             proxy.busy["/chunks"] = 1
-            assert await c.post(s, [1.0, 2.0, 3.0]) == {"seq": 0, "status": "duplicate", "id": "chunk-0"}
+            assert await c.post(s, [1.0, 2.0, 3.0], times=[T0, "2026-11-26T09:00:01+01:00", T0.timestamp() + 2]) == \
+                   {"seq": 0, "status": "duplicate", "id": "chunk-0"}
             assert (await c.post(s, [4.0, 5.0]))["seq"] == 1
             burst(worker)
             stored = [e async for e in c.results(s)]
@@ -385,3 +393,50 @@ def test_bad_times_raise_before_anything_is_sent(live, proxy):  # noqa: F811
         run(main())
     assert proxy.seen == []  # not a request went out
     assert live.client.get(f"/v1/streams/{s}").json()["next_seq"] == 0
+
+
+# --- row times, end to end ----------------------------------------------------------------------
+def test_times_round_trip_in_every_form(live, worker):  # noqa: F811
+    """Times sent as datetimes, RFC 3339 strings with offsets, epoch seconds, datetime64 and (if
+    installed) a pandas DatetimeIndex come back as the same instants: each result's first and last
+    row, each change point's location and detection; the service's own refusal of times before the
+    stream's last is a ConflictError with its code, and the count goes on after it."""
+    rng = np.random.default_rng(5)
+    x = np.concatenate([rng.normal(0, 1, 200), rng.normal(4, 1, 200)]).round(4)
+    stamps = [T0 + timedelta(minutes=i, microseconds=7) for i in range(400)]
+    try:
+        import pandas as pd
+    except ImportError:
+        pd = None
+    forms = [
+        lambda t: t,
+        lambda t: [d.astimezone(timezone(timedelta(hours=-5))).isoformat() for d in t],
+        lambda t: [d.timestamp() for d in t],
+        lambda t: np.array([d.replace(tzinfo=None) for d in t], dtype="datetime64[us]"),
+        lambda t: pd.DatetimeIndex(t).tz_convert("Asia/Kolkata") if pd is not None else t,
+    ]
+    s = name()
+    with cusp.Client(live.url) as c:
+        c.create_stream(s, ["ms"], models=["level", "ar"])
+        for q, lo in enumerate(range(0, 400, 20)):
+            c.post(s, x[lo : lo + 20], times=forms[q % len(forms)](stamps[lo : lo + 20]))
+        burst(worker)
+        results = [e for e in c.results(s) if e["kind"] == "result"]
+        assert [(cusp.parse_time(e["time_start"]), cusp.parse_time(e["time_end"])) for e in results] == \
+               [(stamps[e["seq"] * 20], stamps[e["seq"] * 20 + 19]) for e in results]
+        cps = c.changepoints(s)
+        assert [p["location"] for p in cps["stream"]] == [200]
+        for p in cps["stream"] + cps["changepoints"]:
+            where, when = cusp.parse_time(p["location_time"]), cusp.parse_time(p["detected_time"])
+            assert (where, when) == (stamps[p["location"]], stamps[p["detected_at"] - 1])
+            assert p["delay_seconds"] == pytest.approx((when - where).total_seconds(), abs=1e-6)
+        with pytest.raises(cusp.ConflictError, match="time") as err:
+            c.post(s, [1.0], times=[stamps[-1]])  # not after the stream's last time
+        assert err.value.code == "time_order"
+        assert c.post(s, [1.0], times=[stamps[-1] + timedelta(seconds=1)])["seq"] == 20
+        assert c.post(s, [2.0])["seq"] == 21  # no times: the service stamps the arrival, after the last
+        burst(worker)
+        last = [e for e in c.results(s, model="level", kind="result")][-1]
+        # its arrival time, but not before the stream's last time, which is in this machine's future here
+        assert cusp.parse_time(last["time_start"]) == cusp.parse_time(last["time_end"]) >= stamps[-1] + timedelta(seconds=1)
+        c.delete_stream(s)
