@@ -44,6 +44,16 @@ def parse_time(value: str | None) -> datetime | None:
 def wire_times(times: Any, rows: int, what: str = "times") -> list:
     """``times`` as the JSON list the service takes: one per row (``rows`` of them), each valid and
     each after the one before, else ``InputError`` naming the first at fault."""
+    return [wire for wire, _ in _checked(times, rows, what)]
+
+
+def epoch_seconds(times: Any, rows: int, what: str = "times") -> list[float]:
+    """``times`` as epoch seconds, checked as ``wire_times`` checks them (``cusp.Detector``)."""
+    return [seconds for _, seconds in _checked(times, rows, what)]
+
+
+def _checked(times: Any, rows: int, what: str) -> list[tuple[Any, float]]:
+    """(what to send, epoch seconds) per time, or InputError."""
     values = _items(times, what)
     if len(values) != rows:
         raise InputError(f"{what} has {len(values)} entries for {rows} rows: give one time per row")
@@ -54,7 +64,7 @@ def wire_times(times: Any, rows: int, what: str = "times") -> list:
             how = "repeats" if seconds == previous else "is before"
             raise InputError(f"{what}[{i}] {how} {what}[{i - 1}] ({_show(values[i])} after {_show(values[i - 1])}): "
                              "times must be strictly increasing")
-        out.append(wire)
+        out.append((wire, seconds))
         previous = seconds
     return out
 

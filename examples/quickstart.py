@@ -6,14 +6,16 @@ import asyncio
 import contextlib
 import sys
 import uuid
+from datetime import datetime, timedelta, timezone
 
 import numpy as np
 
 import cusp
 
-# a latency metric that jumps from 250 ms to 280 ms at observation 300
+# a latency metric, one value a minute, that jumps from 250 ms to 280 ms at observation 300
 rng = np.random.default_rng(0)
 ms = np.concatenate([rng.normal(250, 10, 300), rng.normal(280, 10, 300)]).round(2)
+minutes = [datetime(2026, 11, 26, tzinfo=timezone.utc) + timedelta(minutes=i) for i in range(len(ms))]
 
 # 1. in this process, river-style: feed values (here 20 at a time), read the answer
 det = cusp.Detector(chunk_size=20, seed=1)
@@ -47,6 +49,7 @@ with cusp.Client(url) as client:
 
 
 # 4. asyncio: the same methods, awaited; results followed live over the WebSocket while posting
+#    rows with their times (without times the service stamps their arrival)
 async def watch_live(url: str) -> None:
     async with cusp.AsyncClient(url) as client:
         name = "quickstart-" + uuid.uuid4().hex[:6]
@@ -60,9 +63,10 @@ async def watch_live(url: str) -> None:
 
         watcher = asyncio.create_task(first_change())
         for lo in range(0, len(ms), 20):
-            await client.post(name, ms[lo : lo + 20])
+            await client.post(name, ms[lo : lo + 20], times=minutes[lo : lo + 20])
         change = await asyncio.wait_for(watcher, 120)
-        print("live change point:", change["location"])
+        print("live change point:", change["location"], "at", cusp.parse_time(change["location_time"]),
+              "found", change["delay_seconds"] / 60, "minutes later")
         await client.delete_stream(name)
 
 
