@@ -34,6 +34,7 @@ from service.detect import DetectorConfig, Event, OfflineRun, StreamAnswer, Stre
 from service.runtime import build, model_seed, sampler_config
 from service.sgais import ChunkResult, ConfigError, EngineError
 from service.store import ModelEntry, StreamConfig
+from service.times import seconds_per_row
 
 #: the largest seed the service accepts (``POST /v1/streams``)
 MAX_SEED = 2**62
@@ -161,8 +162,10 @@ class Detector:
 
         times: the rows' times, one per row (a list even for one row), strictly increasing and
         after the last update's, in any form ``cusp.Client.post`` takes (``cusp.times``): then
-        events and change points carry ``location_time`` (epoch seconds), as the service's do.
-        Give times with every update or with none."""
+        events and change points carry ``location_time`` (epoch seconds), as the service's do,
+        and an ``expected_run_length`` given as a duration ('30d') counts the rows' mean interval
+        as the service's workers do (without times: ``DEFAULT_RUN_LENGTH`` observations, as for
+        rows that span no time). Give times with every update or with none."""
         rows = self._rows(x)
         stamps = self._times_of(times, rows.shape[0])
         if self._cfg is None:
@@ -239,9 +242,12 @@ class Detector:
     def _step(self, chunk: np.ndarray) -> None:
         t = torch.from_numpy(np.ascontiguousarray(chunk))
         evidence, new = {}, {}
+        # the mean time between rows through this chunk, for an expected_run_length given as a duration
+        through = self.n + int(chunk.shape[0])
+        interval = seconds_per_row(self._stamps[0], self._stamps[through - 1], through) if self._timed else None
         for name, run in self._runs.items():
             try:
-                result, new[name] = run.step(t)
+                result, new[name] = run.step(t, interval)
             except EngineError as exc:
                 raise EngineError(f"model {name!r}: {exc}") from None
             if self._timed:  # the time of each event's first new observation, as the service gives it

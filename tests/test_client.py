@@ -180,14 +180,16 @@ def test_create_post_read_and_delete(client, live, worker):
 def test_detector_gives_the_service_numbers(client, live, worker):
     """Same data, times, seed and chunks: the worker's per-chunk evidence and change points, the
     API's model-averaged change points and POST /v1/detect's answer equal cusp.Detector's, bit for
-    bit, and the change points carry the same times."""
+    bit, and the change points carry the same times; expected_run_length is a duration, which
+    both turn into observations by the rows' mean interval (250 minutes of a row every 30 s: 500)."""
     s, x = name(), shifted(seed=4)
     stamps = [datetime(2026, 3, 1, tzinfo=timezone.utc) + timedelta(seconds=30 * i) for i in range(600)]
-    client.create_stream(s, ["ms"], models=["level", "ar", "trend"], seed=7, detector={"threshold": 0.995})
+    settings = {"threshold": 0.995, "expected_run_length": "250m"}
+    client.create_stream(s, ["ms"], models=["level", "ar", "trend"], seed=7, detector=settings)
     for lo in range(0, 600, 20):
         client.post(s, x[lo : lo + 20], times=stamps[lo : lo + 20])
     burst(worker)
-    det = cusp.Detector(models=["level", "ar", "trend"], chunk_size=20, seed=7, threshold=0.995).update(x, times=stamps)
+    det = cusp.Detector(models=["level", "ar", "trend"], chunk_size=20, seed=7, **settings).update(x, times=stamps)
     entries = list(client.results(s))
     for m in det.names:
         assert [e["log_evidence"] for e in entries if e["model"] == m and e["kind"] == "result"] == \
@@ -199,7 +201,11 @@ def test_detector_gives_the_service_numbers(client, live, worker):
         {**c.to_dict(), "support": {m: list(v) for m, v in c.support.items()}, "location_time": T.format(c.location_time)}
         for c in det.changepoints]
     assert [c.location_time for c in det.changepoints] == [stamps[300].timestamp()]
-    one = client.detect(x, models=["level", "ar", "trend"], chunk_size=20, seed=7, detector={"threshold": 0.995})
+    in_rows = cusp.Detector(models=["level", "ar", "trend"], chunk_size=20, seed=7, threshold=0.995, expected_run_length=500)
+    assert [(e.location, e.confidence) for e in in_rows.update(x).events["level"]] == \
+           [(e.location, e.confidence) for e in det.events["level"]]
+    one = client.detect(x, models=["level", "ar", "trend"], chunk_size=20, seed=7,
+                        detector={"threshold": 0.995, "expected_run_length": 500})
     assert [c["index"] for c in one["changepoints"]] == [c.location for c in det.changepoints] == [300]
     assert [m["log_evidence"] for m in one["models"]] == list(det.evidence.values())
     client.delete_stream(s)
