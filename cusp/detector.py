@@ -2,7 +2,7 @@
 
     det = cusp.Detector()                  # the default portfolio of models for the data's width
     for x in series:
-        det.update(x)                      # a value, a row, or a chunk of rows
+        det.update(x)                      # a value, a row, or a chunk of rows (times=...: theirs)
     det.changepoints                       # the stream's model-averaged change points
     det.evidence, det.probabilities        # each model's log-evidence and posterior probability
 
@@ -19,12 +19,14 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 import torch
 
 from cusp.errors import InputError
+from cusp.times import epoch_seconds
 from models import ModelError
 from models.registry import default_portfolio, parse_spec
 from service.data import log_model_probabilities
@@ -32,6 +34,7 @@ from service.detect import DetectorConfig, Event, OfflineRun, StreamAnswer, Stre
 from service.runtime import build, model_seed, sampler_config
 from service.sgais import ChunkResult, ConfigError, EngineError
 from service.store import ModelEntry, StreamConfig
+from service.times import seconds_per_row
 
 #: the largest seed the service accepts (``POST /v1/streams``)
 MAX_SEED = 2**62
@@ -122,6 +125,8 @@ class Detector:
         self._answer: StreamAnswer | None = None
         self._changes: list[StreamChange] = []
         self._width: int | None = self.columns
+        self._stamps: list[float] = []  # each row's time (epoch seconds), pending rows included
+        self._timed: bool | None = None  # whether the updates give times (None: no update yet)
 
     def _stream_config(self, width: int) -> StreamConfig:
         specs = self.models or default_portfolio(width)
@@ -150,14 +155,25 @@ class Detector:
         self._pending = np.zeros((0, self._width))
 
     # --- input --------------------------------------------------------------------------------
-    def update(self, x: Any) -> "Detector":
+    def update(self, x: Any, times: Any = None) -> "Detector":
         """Take a value (one observation of a one-column series), a row (one observation of
         several columns: a 1-D sequence once the width is above 1), or a chunk (a 2-D array of
-        rows; a 1-D sequence of a one-column series' values). Returns the detector."""
+        rows; a 1-D sequence of a one-column series' values). Returns the detector.
+
+        times: the rows' times, one per row (a list even for one row), strictly increasing and
+        after the last update's, in any form ``cusp.Client.post`` takes (``cusp.times``): then
+        events and change points carry ``location_time`` (epoch seconds), as the service's do,
+        and an ``expected_run_length`` given as a duration ('30d') counts the rows' mean interval
+        as the service's workers do (without times: ``DEFAULT_RUN_LENGTH`` observations, as for
+        rows that span no time). Give times with every update or with none."""
         rows = self._rows(x)
+        stamps = self._times_of(times, rows.shape[0])
         if self._cfg is None:
             self._start(self._stream_config(rows.shape[1]))
         self._check(rows)
+        if stamps is not None:
+            self._stamps += stamps
+        self._timed = stamps is not None
         if self.chunk_size is None:
             self._step(rows)
             return self
@@ -198,6 +214,20 @@ class Detector:
             raise InputError(f"update(x): row {r}, column {c} is {a[r, c]}; values must be finite numbers")
         return np.ascontiguousarray(a)
 
+    def _times_of(self, times: Any, rows: int) -> list[float] | None:
+        """The rows' times as epoch seconds (None without), checked against the earlier updates'."""
+        if times is None:
+            if self._timed:
+                raise InputError("update(x, times): this detector's earlier rows came with times; give times with every update")
+            return None
+        if self._timed is False:
+            raise InputError("update(x, times): this detector's earlier rows came without times; give times with every update or none")
+        stamps = epoch_seconds(times, rows)
+        if self._stamps and not stamps[0] > self._stamps[-1]:
+            raise InputError(f"update(x, times): times[0] ({stamps[0]} epoch seconds) is not after the last update's last "
+                             f"time ({self._stamps[-1]})")
+        return stamps
+
     def _check(self, rows: np.ndarray) -> None:
         """Every model can take the rows (before any model is fed them)."""
         t = torch.from_numpy(rows)
@@ -212,11 +242,16 @@ class Detector:
     def _step(self, chunk: np.ndarray) -> None:
         t = torch.from_numpy(np.ascontiguousarray(chunk))
         evidence, new = {}, {}
+        # the mean time between rows through this chunk, for an expected_run_length given as a duration
+        through = self.n + int(chunk.shape[0])
+        interval = seconds_per_row(self._stamps[0], self._stamps[through - 1], through) if self._timed else None
         for name, run in self._runs.items():
             try:
-                result, new[name] = run.step(t)
+                result, new[name] = run.step(t, interval)
             except EngineError as exc:
                 raise EngineError(f"model {name!r}: {exc}") from None
+            if self._timed:  # the time of each event's first new observation, as the service gives it
+                new[name] = [replace(e, location_time=self._stamps[e.location]) for e in new[name]]
             self._results[name].append(result)
             self._events[name] += new[name]
             evidence[name] = (result.n, result.log_evidence)
@@ -269,7 +304,8 @@ class Detector:
         """The stream's change points: each model's events weighted by its posterior probability
         (``service.detect.StreamAnswer``; with one model, its own events). Each has
         ``location`` (index of the first observation of the new regime), ``detected_at``,
-        ``confidence`` and ``support`` (model -> [posterior probability, event confidence])."""
+        ``confidence``, ``support`` (model -> [posterior probability, event confidence]) and
+        ``location_time`` (epoch seconds, where ``update`` was given times; else None)."""
         return sorted(self._changes, key=lambda c: c.location)
 
     def __repr__(self) -> str:

@@ -6,12 +6,14 @@ the service's numbers for the same data, seed and chunking."""
 import http.server
 import threading
 import uuid
+from datetime import datetime, timedelta, timezone
 
 import httpx
 import numpy as np
 import pytest
 
 import cusp
+from service import times as T
 from service.worker import Worker
 from tests.service_fixtures import LiveServer
 
@@ -176,26 +178,54 @@ def test_create_post_read_and_delete(client, live, worker):
 
 
 def test_detector_gives_the_service_numbers(client, live, worker):
-    """Same data, seed and chunks: the worker's per-chunk evidence and change points, the API's
-    model-averaged change points and POST /v1/detect's answer equal cusp.Detector's, bit for bit."""
+    """Same data, times, seed and chunks: the worker's per-chunk evidence and change points, the
+    API's model-averaged change points and POST /v1/detect's answer equal cusp.Detector's, bit for
+    bit, and the change points carry the same times; expected_run_length is a duration, which
+    both turn into observations by the rows' mean interval (250 minutes of a row every 30 s: 500)."""
     s, x = name(), shifted(seed=4)
-    client.create_stream(s, ["ms"], models=["level", "ar", "trend"], seed=7, detector={"threshold": 0.995})
+    stamps = [datetime(2026, 3, 1, tzinfo=timezone.utc) + timedelta(seconds=30 * i) for i in range(600)]
+    settings = {"threshold": 0.995, "expected_run_length": "250m"}
+    client.create_stream(s, ["ms"], models=["level", "ar", "trend"], seed=7, detector=settings)
     for lo in range(0, 600, 20):
-        client.post(s, x[lo : lo + 20])
+        client.post(s, x[lo : lo + 20], times=stamps[lo : lo + 20])
     burst(worker)
-    det = cusp.Detector(models=["level", "ar", "trend"], chunk_size=20, seed=7, threshold=0.995).update(x)
+    det = cusp.Detector(models=["level", "ar", "trend"], chunk_size=20, seed=7, **settings).update(x, times=stamps)
     entries = list(client.results(s))
     for m in det.names:
         assert [e["log_evidence"] for e in entries if e["model"] == m and e["kind"] == "result"] == \
                [r.log_evidence for r in det.results[m]]
-        assert [(e["location"], e["confidence"]) for e in entries if e["model"] == m and e["kind"] == "changepoint"] == \
-               [(e.location, e.confidence) for e in det.events[m]]
-    assert [{k: v for k, v in c.items() if k not in ("id", "model", "kind", "seq")} for c in client.changepoints(s)["stream"]] == [
-        {**c.to_dict(), "support": {m: list(v) for m, v in c.support.items()}} for c in det.changepoints]
-    one = client.detect(x, models=["level", "ar", "trend"], chunk_size=20, seed=7, detector={"threshold": 0.995})
+        assert [(e["location"], e["confidence"], e["location_time"]) for e in entries if e["model"] == m and e["kind"] == "changepoint"] == \
+               [(e.location, e.confidence, T.format(e.location_time)) for e in det.events[m]]
+    assert [{k: v for k, v in c.items() if k not in ("id", "model", "kind", "seq", "detected_time", "delay_seconds")}
+            for c in client.changepoints(s)["stream"]] == [
+        {**c.to_dict(), "support": {m: list(v) for m, v in c.support.items()}, "location_time": T.format(c.location_time)}
+        for c in det.changepoints]
+    assert [c.location_time for c in det.changepoints] == [stamps[300].timestamp()]
+    in_rows = cusp.Detector(models=["level", "ar", "trend"], chunk_size=20, seed=7, threshold=0.995, expected_run_length=500)
+    assert [(e.location, e.confidence) for e in in_rows.update(x).events["level"]] == \
+           [(e.location, e.confidence) for e in det.events["level"]]
+    one = client.detect(x, models=["level", "ar", "trend"], chunk_size=20, seed=7,
+                        detector={"threshold": 0.995, "expected_run_length": 500})
     assert [c["index"] for c in one["changepoints"]] == [c.location for c in det.changepoints] == [300]
     assert [m["log_evidence"] for m in one["models"]] == list(det.evidence.values())
     client.delete_stream(s)
+
+
+def test_detector_times_are_checked_before_anything_is_processed():
+    t0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    det = cusp.Detector(models=["level"]).update([1.0, 2.0], times=[t0, t0 + timedelta(days=1)])
+    for call, message in [
+        (lambda: det.update([3.0]), "earlier rows came with times; give times with every update"),
+        (lambda: det.update([3.0], times=[t0 + timedelta(days=1)]), "times\\[0\\] .* is not after the last update's last time"),
+        (lambda: det.update([3.0], times=[datetime(2027, 1, 1)]), "times\\[0\\]: .* is a naive datetime"),
+        (lambda: det.update([3.0, 4.0], times=["2027-01-01"]), "times has 1 entries for 2 rows"),
+    ]:
+        with pytest.raises(cusp.InputError, match=message):
+            call()
+    assert det.n == 2 and det.update([3.0], times=["2026-01-03"]).n == 3
+    untimed = cusp.Detector(models=["level"]).update([1.0])
+    with pytest.raises(cusp.InputError, match="came without times"):
+        untimed.update([2.0], times=[t0])
 
 
 def test_lost_answers_and_busy_server_are_retried_with_the_same_seq(live, proxy, worker):
@@ -263,8 +293,9 @@ def test_bad_arguments_and_refusals_raise_exceptions_naming_the_problem(client, 
         (lambda: client.post(s, [[1.0, 2.0]], seq=4), cusp.ConflictError, "out of order: expected seq 0"),
         (lambda: cusp.Client("localhost:8000"), cusp.InputError, "url must be an http"),
         (lambda: cusp.Client(live.url, retries=-1), cusp.InputError, "retries must be an integer >= 0"),
-        (lambda: client.detect([1.0, 2.0], times=["2024-01-01T00:00:00Z", "2023-01-01T00:00:00Z"]), cusp.InvalidRequestError,
-         "times\\[1\\] is not after times\\[0\\]"),
+        (lambda: client.detect([1.0, 2.0], times=["2024-01-01T00:00:00Z", "2023-01-01T00:00:00Z"]), cusp.InputError,
+         "times\\[1\\] is before times\\[0\\]"),
+        (lambda: client.detect([1.0, 2.0], times=[0, 60, 120]), cusp.InputError, "times has 3 entries for 2 rows"),
     ]:
         with pytest.raises(kind, match=message):
             call()

@@ -29,3 +29,4 @@ def test_quickstart_runs(redis_url):
     assert "in-process change points: [300]" in r.stdout
     assert "service change points: [300]" in r.stdout
     assert "one-shot change points: [300]" in r.stdout
+    assert "live change point: 300 at 2026-11-26 05:00:00+00:00 found" in r.stdout
