@@ -82,3 +82,20 @@ def test_bad_input_answers_4xx_naming_it_and_stores_nothing(live, redis_url, bod
     assert r.status_code == status, r.text
     assert re.search(message, r.json()["detail"]), r.json()["detail"]
     assert connect(redis_url).dbsize() == before
+
+
+def test_a_duration_run_length_counts_the_times_interval(live):
+    """expected_run_length '100m' over rows a minute apart is 100 observations (the workers' and
+    cusp.Detector's rule); without times a duration cannot be turned into observations: 422."""
+    values = shifted()
+    times = [1.6e9 + 60.0 * i for i in range(len(values))]
+    ask = {"values": values, "times": times, "chunk_size": 10, "models": ["gaussian"]}
+    by_time = live.client.post("/v1/detect", json={**ask, "detector": {"expected_run_length": "100m"}}).json()
+    by_rows = live.client.post("/v1/detect", json={**ask, "detector": {"expected_run_length": 100}}).json()
+    other = live.client.post("/v1/detect", json={**ask, "detector": {"expected_run_length": 100_000}}).json()
+    assert by_time["changepoints"], by_time
+    assert by_time["models"][0]["changepoints"] == by_rows["models"][0]["changepoints"]
+    assert [e["log_prior_odds"] for e in other["models"][0]["changepoints"]] != \
+        [e["log_prior_odds"] for e in by_time["models"][0]["changepoints"]]
+    r = live.client.post("/v1/detect", json={"values": values, "detector": {"expected_run_length": "100m"}})
+    assert r.status_code == 422 and "needs the rows' times" in r.json()["detail"], r.text

@@ -22,6 +22,7 @@ from service.api.deps import Read, SettingsDep
 from service.api.errors import ApiError, errors
 from service.api.schemas import (DETECT_DEFAULT_CHUNKS, MAX_DETECT_CHUNKS, MAX_DETECT_ROWS, DetectChange, DetectChunk,
                                  DetectEvent, DetectIn, DetectModel, DetectOut, StreamIn)
+from service.detect import DetectorConfig
 from service.settings import Settings
 from service.sgais import EngineError
 
@@ -37,8 +38,12 @@ async def detect(body: DetectIn, request: Request, settings: SettingsDep) -> Det
     cfg = crud.config_from_request(stream_request(body, data.shape[1]))
     crud.initial_states(cfg)  # the sampler settings and the particle limit, checked as at create (the states are not kept)
     chunk = chunk_size(body.chunk_size, data.shape[0], settings)
+    if times is None and DetectorConfig.from_dict(cfg.detector).run_length_seconds is not None:
+        raise ApiError(422, "invalid_series", f"detector expected_run_length={cfg.detector['expected_run_length']!r} is a "
+                                              "duration: it needs the rows' times ('times', or 'series' with timestamps); "
+                                              "or give it in observations")
     async with gate(request):
-        det = await asyncio.to_thread(run, cfg, data, chunk)
+        det = await asyncio.to_thread(run, cfg, data, chunk, times)
     return answer(det, times)
 
 
@@ -121,11 +126,12 @@ def chunk_size(asked: int | None, rows: int, settings: Settings) -> int:
     return chunk
 
 
-def run(cfg, data: np.ndarray, chunk: int) -> Detector:
-    """The stream's models over the series (in a worker thread)."""
+def run(cfg, data: np.ndarray, chunk: int, times: list | None = None) -> Detector:
+    """The stream's models over the series (in a worker thread); with the rows' times, a duration
+    expected_run_length counts their mean interval, as the workers do."""
     det = Detector.for_stream(cfg, chunk)
     try:
-        det.update(data).flush()
+        det.update(data, times).flush()
     except (InputError, ModelError, EngineError) as exc:
         raise ApiError(422, "invalid_model", str(exc)) from None
     return det

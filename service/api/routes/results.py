@@ -102,5 +102,9 @@ async def evidence_ws(ws: WebSocket, stream: str, store: StoreDep, settings: Set
     except (WebSocketDisconnect, RuntimeError):
         return
     finally:
+        left = closed.done()
         closed.cancel()
-    await ws.close(code=1000, reason="stream deleted")
+    if left:  # the client left while the feed ended: nobody to say goodbye to
+        return
+    with contextlib.suppress(WebSocketDisconnect, RuntimeError):  # it may leave meanwhile; not an error of ours
+        await ws.close(code=1000, reason="stream deleted")
