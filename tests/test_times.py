@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
 from datetime import datetime, timedelta, timezone
 
 import numpy as np
@@ -13,7 +14,6 @@ import pytest
 from websockets.sync.client import connect as ws_connect
 
 from service import times as T
-from service.store import EmbeddedRedis
 from service.worker import Worker
 from tests.service_fixtures import LiveServer
 
@@ -70,14 +70,12 @@ def test_parse_all_names_the_row_at_fault():
 
 
 # --- the service ------------------------------------------------------------------------------
-@pytest.fixture()
-def live(tmp_path):
-    r = EmbeddedRedis(tmp_path / "redis")
-    server = LiveServer(r.url)
-    server.redis_url = r.url
+@pytest.fixture(scope="module")
+def live(redis_url):
+    server = LiveServer(redis_url)
+    server.redis_url = redis_url
     yield server
     server.stop()
-    r.close()
 
 
 def burst(url: str) -> None:
@@ -88,9 +86,12 @@ def burst(url: str) -> None:
         w.release_all()
 
 
-def create(live, name: str, columns=("v",), models=("gaussian",)) -> None:
+def create(live, name: str, columns=("v",), models=("gaussian",)) -> str:
+    """A new stream named ``name`` plus a unique suffix (the module shares one Redis); its name."""
+    name = f"{name}-{uuid.uuid4().hex[:8]}"
     r = live.client.post("/v1/streams", json={"name": name, "columns": list(columns), "models": list(models), "seed": 3})
     assert r.status_code == 201, r.text
+    return name
 
 
 def results(live, name: str) -> list[dict]:
@@ -101,38 +102,38 @@ def test_every_format_carries_times(live):
     """JSON rows (field time), JSON columns (columns['time']), NDJSON (a time key), CSV (a time
     column, anywhere in the header) and raw float64 (?times=first): each chunk's result carries
     the times of its first and last rows as given."""
-    create(live, "fmt", columns=("a", "b"))
+    fmt = create(live, "fmt", columns=("a", "b"))
     days = [START + timedelta(days=i) for i in range(10)]
     post = live.client.post
-    assert post("/v1/streams/fmt/chunks", json={"seq": 0, "rows": [[1, 2], [3, 4]], "time": [iso(days[0]), iso(days[1])]}).status_code == 202
-    r = post("/v1/streams/fmt/chunks", json={"seq": 1, "columns": {"a": [1, 2], "b": [3, 4], "time": [iso(days[2]), days[3].timestamp()]}})
+    assert post(f"/v1/streams/{fmt}/chunks", json={"seq": 0, "rows": [[1, 2], [3, 4]], "time": [iso(days[0]), iso(days[1])]}).status_code == 202
+    r = post(f"/v1/streams/{fmt}/chunks", json={"seq": 1, "columns": {"a": [1, 2], "b": [3, 4], "time": [iso(days[2]), days[3].timestamp()]}})
     assert r.status_code == 202, r.text
     nd = "\n".join(json.dumps({"time": iso(d), "a": 1.0, "b": 2.0}) for d in days[4:6])
-    r = post("/v1/streams/fmt/chunks?seq=2", content=nd, headers={"content-type": "application/x-ndjson"})
+    r = post(f"/v1/streams/{fmt}/chunks?seq=2", content=nd, headers={"content-type": "application/x-ndjson"})
     assert r.status_code == 202, r.text
     csv = f"b,time,a\n2,{iso(days[6])},1\n4,{days[7].date().isoformat()},3\n"
-    r = post("/v1/streams/fmt/chunks?seq=3", content=csv, headers={"content-type": "text/csv"})
+    r = post(f"/v1/streams/{fmt}/chunks?seq=3", content=csv, headers={"content-type": "text/csv"})
     assert r.status_code == 202, r.text
     raw = np.array([[days[8].timestamp(), 1.0, 2.0], [days[9].timestamp(), 3.0, 4.0]]).astype("<f8").tobytes()
-    r = post("/v1/streams/fmt/chunks?seq=4&times=first", content=raw, headers={"content-type": "application/octet-stream"})
+    r = post(f"/v1/streams/{fmt}/chunks?seq=4&times=first", content=raw, headers={"content-type": "application/octet-stream"})
     assert r.status_code == 202, r.text
     burst(live.redis_url)
-    got = [(e["seq"], e["time_start"], e["time_end"]) for e in results(live, "fmt")]
+    got = [(e["seq"], e["time_start"], e["time_end"]) for e in results(live, fmt)]
     want = [(q, T.format(days[2 * q].timestamp()), T.format(days[2 * q + 1].timestamp())) for q in range(5)]
     assert got == want
     # the CSV's columns were reordered by name: the values are a = 1, 3 and b = 2, 4 as in the other chunks
-    assert [e["n"] for e in results(live, "fmt")] == [2, 4, 6, 8, 10]
-    info = live.client.get("/v1/streams/fmt").json()
+    assert [e["n"] for e in results(live, fmt)] == [2, 4, 6, 8, 10]
+    info = live.client.get(f"/v1/streams/{fmt}").json()
     assert (info["rows"], info["first_time"], info["last_time"]) == (10, T.format(days[0].timestamp()), T.format(days[9].timestamp()))
 
 
 def test_without_times_rows_get_the_arrival_time(live):
-    create(live, "arrive")
+    arrive = create(live, "arrive")
     before = time.time()
-    assert live.client.post("/v1/streams/arrive/chunks", json={"seq": 0, "rows": [[1.0], [2.0]]}).status_code == 202
+    assert live.client.post(f"/v1/streams/{arrive}/chunks", json={"seq": 0, "rows": [[1.0], [2.0]]}).status_code == 202
     after = time.time()
     burst(live.redis_url)
-    (e,) = results(live, "arrive")
+    (e,) = results(live, arrive)
     t = datetime.fromisoformat(e["time_start"]).timestamp()
     assert e["time_start"] == e["time_end"] and before - 1e-3 <= t <= after + 1e-3
 
@@ -140,12 +141,12 @@ def test_without_times_rows_get_the_arrival_time(live):
 def test_arrival_time_never_goes_back(live):
     """Times given in the future, then a chunk without: its rows get the stream's last time, not
     the (earlier) clock, so the stream's times never decrease."""
-    create(live, "future")
+    future = create(live, "future")
     ahead = time.time() + 10 * DAY
-    assert live.client.post("/v1/streams/future/chunks", json={"seq": 0, "rows": [[1.0]], "time": [ahead]}).status_code == 202
-    assert live.client.post("/v1/streams/future/chunks", json={"seq": 1, "rows": [[2.0]]}).status_code == 202
+    assert live.client.post(f"/v1/streams/{future}/chunks", json={"seq": 0, "rows": [[1.0]], "time": [ahead]}).status_code == 202
+    assert live.client.post(f"/v1/streams/{future}/chunks", json={"seq": 1, "rows": [[2.0]]}).status_code == 202
     burst(live.redis_url)
-    assert [e["time_end"] for e in results(live, "future")] == [T.format(ahead)] * 2
+    assert [e["time_end"] for e in results(live, future)] == [T.format(ahead)] * 2
 
 
 @pytest.mark.parametrize("body, status, code, says", [
@@ -157,62 +158,62 @@ def test_arrival_time_never_goes_back(live):
     ({"seq": 0, "columns": {"v": [1.0], "time": [1.0]}, "time": [1.0]}, 422, "invalid_time", "given twice"),
 ])
 def test_bad_times_are_refused_and_store_nothing(live, body, status, code, says):
-    create(live, "bad")
-    r = live.client.post("/v1/streams/bad/chunks", json=body)
+    bad = create(live, "bad")
+    r = live.client.post(f"/v1/streams/{bad}/chunks", json=body)
     assert r.status_code == status and r.json()["code"] == code, r.text
     assert __import__("re").search(says, r.json()["detail"]), r.json()["detail"]
     # nothing stored: seq 0 is still the next one, and its time may be anything
-    r = live.client.post("/v1/streams/bad/chunks", json={"seq": 0, "rows": [[1.0]], "time": ["1999-01-01"]})
+    r = live.client.post(f"/v1/streams/{bad}/chunks", json={"seq": 0, "rows": [[1.0]], "time": ["1999-01-01"]})
     assert r.status_code == 202, r.text
 
 
 def test_other_formats_refuse_bad_times(live):
-    create(live, "badfmt")
+    badfmt = create(live, "badfmt")
     post = live.client.post
     nd = json.dumps({"time": 1.0, "v": 1.0}) + "\n" + json.dumps({"v": 2.0}) + "\n"
-    r = post("/v1/streams/badfmt/chunks?seq=0", content=nd, headers={"content-type": "application/x-ndjson"})
+    r = post(f"/v1/streams/{badfmt}/chunks?seq=0", content=nd, headers={"content-type": "application/x-ndjson"})
     assert (r.status_code, r.json()["code"]) == (422, "invalid_time") and "line 2" in r.json()["detail"], r.text
-    r = post("/v1/streams/badfmt/chunks?seq=0", content="time,v\n2021-03-01,1\nyesterday,2\n", headers={"content-type": "text/csv"})
+    r = post(f"/v1/streams/{badfmt}/chunks?seq=0", content="time,v\n2021-03-01,1\nyesterday,2\n", headers={"content-type": "text/csv"})
     assert (r.status_code, r.json()["code"]) == (422, "invalid_time") and "time[1]" in r.json()["detail"], r.text
     raw = np.array([[5.0, 1.0], [4.0, 2.0]]).astype("<f8").tobytes()
-    r = post("/v1/streams/badfmt/chunks?seq=0&times=first", content=raw, headers={"content-type": "application/octet-stream"})
+    r = post(f"/v1/streams/{badfmt}/chunks?seq=0&times=first", content=raw, headers={"content-type": "application/octet-stream"})
     assert (r.status_code, r.json()["code"]) == (422, "invalid_time"), r.text
-    r = post("/v1/streams/badfmt/chunks?seq=0&times=first", content="v\n1\n", headers={"content-type": "text/csv"})
+    r = post(f"/v1/streams/{badfmt}/chunks?seq=0&times=first", content="v\n1\n", headers={"content-type": "text/csv"})
     assert (r.status_code, r.json()["code"]) == (422, "invalid_time") and "octet-stream" in r.json()["detail"], r.text
-    r = post("/v1/streams/badfmt/chunks?seq=0&times=last", content=raw, headers={"content-type": "application/octet-stream"})
+    r = post(f"/v1/streams/{badfmt}/chunks?seq=0&times=last", content=raw, headers={"content-type": "application/octet-stream"})
     assert r.status_code == 422, r.text
-    assert post("/v1/streams/badfmt/chunks", json={"seq": 0, "rows": [[1.0]]}).status_code == 202
+    assert post(f"/v1/streams/{badfmt}/chunks", json={"seq": 0, "rows": [[1.0]]}).status_code == 202
 
 
 def test_times_must_follow_the_streams_last(live):
     """A chunk whose first time is not after the stream's last time: 409 time_order, naming both;
     nothing stored (the same seq with later times is then accepted). A resend with the same times
     is a duplicate; with other times, a conflict."""
-    create(live, "order")
+    order = create(live, "order")
     post = live.client.post
     first = {"seq": 0, "rows": [[1.0], [2.0]], "time": ["2021-03-01T00:00:00Z", "2021-03-02T00:00:00Z"]}
-    assert post("/v1/streams/order/chunks", json=first).status_code == 202
-    r = post("/v1/streams/order/chunks", json={"seq": 1, "rows": [[3.0]], "time": ["2021-03-02T00:00:00Z"]})
+    assert post(f"/v1/streams/{order}/chunks", json=first).status_code == 202
+    r = post(f"/v1/streams/{order}/chunks", json={"seq": 1, "rows": [[3.0]], "time": ["2021-03-02T00:00:00Z"]})
     assert (r.status_code, r.json()["code"]) == (409, "time_order"), r.text
     assert "2021-03-02T00:00:00.000000Z" in r.json()["detail"]
-    assert post("/v1/streams/order/chunks", json={"seq": 1, "rows": [[3.0]], "time": ["2021-03-03"]}).status_code == 202
-    assert post("/v1/streams/order/chunks", json=first).status_code == 200  # the same chunk again: duplicate
-    r = post("/v1/streams/order/chunks", json={**first, "time": ["2021-03-01T00:00:00Z", "2021-03-02T00:00:01Z"]})
+    assert post(f"/v1/streams/{order}/chunks", json={"seq": 1, "rows": [[3.0]], "time": ["2021-03-03"]}).status_code == 202
+    assert post(f"/v1/streams/{order}/chunks", json=first).status_code == 200  # the same chunk again: duplicate
+    r = post(f"/v1/streams/{order}/chunks", json={**first, "time": ["2021-03-01T00:00:00Z", "2021-03-02T00:00:01Z"]})
     assert (r.status_code, r.json()["code"]) == (409, "seq_conflict"), r.text
-    r = post("/v1/streams/order/chunks", json={"seq": 0, "rows": [[1.0], [2.0]]})
+    r = post(f"/v1/streams/{order}/chunks", json={"seq": 0, "rows": [[1.0], [2.0]]})
     assert (r.status_code, r.json()["code"]) == (409, "seq_conflict"), r.text
 
 
 def test_websocket_ingest_takes_times(live):
-    create(live, "wsin")
-    with ws_connect(f"{live.ws_url}/v1/streams/wsin/ingest") as ws:
+    wsin = create(live, "wsin")
+    with ws_connect(f"{live.ws_url}/v1/streams/{wsin}/ingest") as ws:
         ws.send(json.dumps({"seq": 0, "rows": [[1.0]], "time": ["2021-03-01"]}))
         assert json.loads(ws.recv(timeout=10))["status"] == "accepted"
         ws.send(json.dumps({"seq": 1, "rows": [[1.0]], "time": ["2021-02-01"]}))
         err = json.loads(ws.recv(timeout=10))
         assert (err["code"], err["error"]) == (409, "time_order"), err
     burst(live.redis_url)
-    assert [e["time_end"] for e in results(live, "wsin")] == ["2021-03-01T00:00:00.000000Z"]
+    assert [e["time_end"] for e in results(live, wsin)] == ["2021-03-01T00:00:00.000000Z"]
 
 
 def test_change_points_carry_times(live):
@@ -220,15 +221,15 @@ def test_change_points_carry_times(live):
     stream's change point carry location_time (the day of the row at location), detected_time (the
     last day of the chunk that reported it) and their difference as delay_seconds; the indices
     are as before."""
-    create(live, "jump")
+    jump = create(live, "jump")
     g = np.random.default_rng(5)
     x = g.normal(0.0, 1.0, 600) + np.where(np.arange(600) >= 300, 6.0, 0.0)
     day = [START.timestamp() + i * DAY for i in range(600)]
     for seq, lo in enumerate(range(0, 600, 25)):
-        r = live.client.post("/v1/streams/jump/chunks", json={"seq": seq, "rows": x[lo:lo + 25, None].tolist(), "time": day[lo:lo + 25]})
+        r = live.client.post(f"/v1/streams/{jump}/chunks", json={"seq": seq, "rows": x[lo:lo + 25, None].tolist(), "time": day[lo:lo + 25]})
         assert r.status_code == 202, r.text
     burst(live.redis_url)
-    got = live.client.get("/v1/streams/jump/changepoints").json()
+    got = live.client.get(f"/v1/streams/{jump}/changepoints").json()
     assert got["changepoints"] and got["stream"], got
     for c in got["changepoints"] + got["stream"]:
         assert abs(c["location"] - 300) <= 25, c
@@ -298,17 +299,19 @@ def test_service_turns_a_duration_into_observations_by_the_rows_times(live):
     g = np.random.default_rng(5)
     x = np.r_[g.normal(0, 1, 200), g.normal(2.0, 1, 200)]
     stamps = 1.6e9 + 60.0 * np.arange(400)
-    for name, erl in (("dur", "300m"), ("obs", 300)):
+    names = {"dur": f"dur-{uuid.uuid4().hex[:8]}", "obs": f"obs-{uuid.uuid4().hex[:8]}"}
+    for key, erl in (("dur", "300m"), ("obs", 300)):
+        name = names[key]
         r = live.client.post("/v1/streams", json={"name": name, "columns": ["v"], "models": ["gaussian"], "seed": 3,
                                                    "detector": {"expected_run_length": erl}})
         assert r.status_code == 201, r.text
         for seq, lo in enumerate(range(0, 400, 20)):
             body = {"seq": seq, "rows": x[lo:lo + 20, None].tolist(), "time": stamps[lo:lo + 20].tolist()}
             assert live.client.post(f"/v1/streams/{name}/chunks", json=body).status_code == 202
-    assert live.client.get("/v1/streams/dur").json()["detector"]["expected_run_length"] == "300m"
+    assert live.client.get(f"/v1/streams/{names['dur']}").json()["detector"]["expected_run_length"] == "300m"
     burst(live.redis_url)
-    got = {n: live.client.get(f"/v1/streams/{n}/changepoints").json()["changepoints"] for n in ("dur", "obs")}
+    got = {k: live.client.get(f"/v1/streams/{n}/changepoints").json()["changepoints"] for k, n in names.items()}
     keep = ("location", "confidence", "log_prior_odds", "location_time")
     assert got["dur"] and [{k: c[k] for k in keep} for c in got["dur"]] == [{k: c[k] for k in keep} for c in got["obs"]]
-    r = live.client.post("/v1/streams", json={"name": "bad", "columns": ["v"], "detector": {"expected_run_length": "soon"}})
+    r = live.client.post("/v1/streams", json={"name": "soon", "columns": ["v"], "detector": {"expected_run_length": "soon"}})
     assert r.status_code == 422 and "expected_run_length" in r.json()["detail"], r.text
