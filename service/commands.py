@@ -111,7 +111,8 @@ def worker(args: argparse.Namespace) -> int:
         raise SystemExit("cusp worker: set CUSP_REDIS_URL (a worker process shares the Redis of a running cusp)")
     w = Worker(settings.redis_url, lease_seconds=settings.lease_seconds, max_attempts=settings.max_attempts,
                result_maxlen=settings.result_maxlen, stall_seconds=settings.worker_stall_seconds,
-               changepoint_maxlen=settings.changepoint_maxlen, worker_id=settings.worker_id)
+               changepoint_maxlen=settings.changepoint_maxlen, worker_id=settings.worker_id,
+               warm_bytes=settings.worker_warm_bytes)
     if args.metrics_port:
         _serve_metrics(args.metrics_port, args.metrics_host, w.health.problem, settings.scope_of if settings.keys else None)
     if args.burst:

@@ -84,6 +84,10 @@ REDELIVERIES = Counter("cusp_redeliveries", "Chunks processed again after a fail
 FENCED_WRITES = Counter("cusp_fenced_writes", "Writes refused because the worker's lease had been taken over.", SM, registry=REGISTRY)
 DEAD_LETTERS = Counter("cusp_dead_letters", "Chunks parked in the dead-letter stream after repeated failures.", SM, registry=REGISTRY)
 WORKER_LEASES = Gauge("cusp_worker_leases", "Stream x model leases this process holds.", registry=REGISTRY)
+WORKER_WARM_BYTES = Gauge("cusp_worker_warm_bytes", "Memory of the pairs this process keeps warm (states, reservoirs, detector data), "
+                          "bytes; CUSP_WORKER_WARM_BYTES caps it between chunks.", registry=REGISTRY)
+WORKER_RELOADS = Counter("cusp_worker_reloads", "Pairs reloaded from Redis after they were let cool to keep within "
+                         "CUSP_WORKER_WARM_BYTES.", registry=REGISTRY)
 WORKERS = Gauge("cusp_workers", "Worker loops running in this process.", registry=REGISTRY)
 INGESTED_CHUNKS = Counter("cusp_ingested_chunks", "Chunks accepted (202) by the API.", ("stream",), registry=REGISTRY)
 INGESTED_ROWS = Counter("cusp_ingested_observations", "Observations accepted by the API.", ("stream",), registry=REGISTRY)

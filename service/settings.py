@@ -60,6 +60,9 @@ class Settings(BaseSettings):
                           "ingest is durable, and the workers' own /healthz reports them).")
     worker_id: str | None = Field(None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$",
                                   description="This worker's name in the registry and on its leases (default: host:pid:random).")
+    worker_warm_bytes: int = Field(2**31, ge=0, le=2**50, description=(
+        "Most memory, bytes, a worker keeps its pairs' states, reservoirs and detector data in between chunks: beyond it the "
+        "least recently used pairs are let cool (their lease kept) and reloaded from Redis when they next have work. 0: no limit."))
     max_attempts: int = Field(3, ge=1, le=100, description="Attempts at a chunk that makes a model fail before it is dead-lettered.")
     result_maxlen: int = Field(200_000, ge=100, description="Approximate cap on each result stream's length (XADD MAXLEN ~).")
     changepoint_maxlen: int = Field(10_000, ge=100, description="Approximate cap on each stream's change-point store "

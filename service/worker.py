@@ -79,6 +79,30 @@ class Hot:
     redelivered_through: int = -1  # chunks up to this seq were taken by a previous owner that did not apply them
     reliable: bool = True  # the last result had no reliability warning (a warning is logged on the change)
     first_time: float | None = None  # the stream's first row's time (read once, when a duration needs it)
+    used: float = 0.0  # monotonic time it last processed a chunk
+    cold: bool = False  # its state, reservoir and detector were let go (CUSP_WORKER_WARM_BYTES); reloaded for its next chunk
+
+    def nbytes(self) -> int:
+        """Memory of what it keeps: its state's tensors, reservoir and detector data (0 when cold)."""
+        return 0 if self.cold else _nbytes(self.state) + self.reservoir.nbytes + _nbytes(self.dstate)
+
+
+def _nbytes(obj, depth: int = 0) -> int:
+    """Bytes of the tensors and arrays in a (nested) dataclass, list or dict."""
+    if isinstance(obj, torch.Tensor):
+        return obj.element_size() * obj.nelement()
+    if isinstance(obj, np.ndarray):
+        return obj.nbytes
+    if isinstance(obj, Reservoir):
+        return obj.nbytes
+    if depth > 4 or obj is None or isinstance(obj, (str, bytes, int, float, bool)):
+        return 0
+    if isinstance(obj, (list, tuple)):
+        return sum(_nbytes(x, depth + 1) for x in obj)
+    if isinstance(obj, dict):
+        return sum(_nbytes(x, depth + 1) for x in obj.values())
+    fields = getattr(obj, "__dataclass_fields__", None)
+    return sum(_nbytes(getattr(obj, f), depth + 1) for f in fields) if fields else 0
 
 
 #: consecutive failed polls after which a worker's /healthz answers 503 (about as many seconds:
@@ -144,7 +168,7 @@ class LoopHealth:
 class Worker:
     def __init__(self, redis_url: str, *, lease_seconds: float = 10.0, max_attempts: int = 3,
                  result_maxlen: int = 200_000, worker_id: str | None = None, batch: int = 16,
-                 stall_seconds: float = 120.0, changepoint_maxlen: int = 10_000):
+                 stall_seconds: float = 120.0, changepoint_maxlen: int = 10_000, warm_bytes: int = 0):
         torch.set_num_threads(1)
         self.store = WorkerStore(redis_url)
         self.health = LoopHealth(stall_seconds)
@@ -161,6 +185,7 @@ class Worker:
         self.result_maxlen = result_maxlen
         self.changepoint_maxlen = changepoint_maxlen
         self.batch = batch
+        self.warm_bytes = warm_bytes  # 0: no limit
         self.hot: dict[tuple[str, str], Hot] = {}
         self._configs: dict[str, tuple[bytes, StreamConfig]] = {}  # stream -> (its uid, its config)
         self._hot_lock = threading.Lock()  # self.hot is read by the lease keeper thread
@@ -348,6 +373,7 @@ class Worker:
             if n >= self.batch:
                 self._backlog.add(key)
         M.WORKER_LEASES.set(len(self.hot))
+        self._cool()
         self._forget_series()
         self._progress(force=True)
         return done
@@ -512,7 +538,43 @@ class Worker:
                     M.forget(key[0])
 
     # --- processing -------------------------------------------------------------------------
+    def _cool(self) -> None:
+        """Let the least recently used pairs cool until the warm ones fit in ``warm_bytes``: their
+        state, reservoir and detector go (all in Redis already), their lease stays; ``_warm``
+        reloads one when it next has a chunk. Bounds a worker's memory however many pairs it holds
+        (each mature pair keeps up to reservoir_capacity rows)."""
+        sizes = {key: hot.nbytes() for key, hot in list(self.hot.items())}
+        total = sum(sizes.values())
+        if self.warm_bytes and total > self.warm_bytes:
+            for key in sorted((k for k in sizes if sizes[k]), key=lambda k: self.hot[k].used):
+                hot = self.hot[key]
+                hot.cold, hot.state, hot.reservoir, hot.dstate, hot.sampler, hot.detector = True, None, None, None, None, None
+                total -= sizes[key]
+                if total <= self.warm_bytes:
+                    break
+        M.WORKER_WARM_BYTES.set(total)
+
+    def _warm(self, hot: Hot) -> Hot | None:
+        """A cooled pair loaded again from Redis under the lease it kept (None: it is gone)."""
+        fresh = self._load(hot.stream, hot.model, hot.token)
+        key = (hot.stream, hot.model)
+        if fresh is None:
+            self._drop(key)
+            return None
+        # what the worker knew of it: not redeliveries because it took them itself
+        fresh.redelivered_through, fresh.reliable, fresh.first_time = hot.redelivered_through, hot.reliable, hot.first_time
+        with self._hot_lock:
+            if self.hot.get(key) is hot:
+                self.hot[key] = fresh
+        M.WORKER_RELOADS.inc()
+        return fresh
+
     def _process(self, hot: Hot) -> int:
+        if hot.cold:
+            hot = self._warm(hot)
+            if hot is None:
+                return 0
+        hot.used = time.monotonic()
         s, m = hot.stream, hot.model
         entries = self.store.inputs(s, hot.last_seq + 1, count=self.batch)
         last_in = self.store.last_ingested(s)

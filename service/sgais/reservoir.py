@@ -78,6 +78,11 @@ class Reservoir:
         self._buf[writes.slots] = writes.rows
         self.size = max(self.size, top)
 
+    @property
+    def nbytes(self) -> int:
+        """Memory it holds (its buffer, which grows by doubling up to the capacity)."""
+        return self._buf.element_size() * self._buf.nelement()
+
     def copy(self) -> "Reservoir":
         return Reservoir(self.capacity, self.width, self.data.clone())
 
