@@ -473,6 +473,29 @@ def build() -> dict:
     panels.append(
         timeseries(
             lay,
+            "Worker memory: warm pairs",
+            [target("sum by (instance) (cusp_worker_warm_bytes)", "{{instance}}")],
+            unit="bytes",
+            w=8,
+            description="Memory of the pairs each worker keeps warm (states, reservoirs, detector data), capped by "
+                        "CUSP_WORKER_WARM_BYTES; beyond it the least recently used pairs cool and are reloaded from Redis "
+                        "for their next chunk.",
+        )
+    )
+    panels.append(
+        timeseries(
+            lay,
+            "Pairs reloaded after cooling",
+            [target("sum by (instance) (rate(cusp_worker_reloads_total[$__rate_interval]))", "{{instance}}")],
+            unit="ops",
+            w=8,
+            description="Pairs per second a worker reloads from Redis because CUSP_WORKER_WARM_BYTES made it let them cool. "
+                        "Steadily many: raise the cap or add workers.",
+        )
+    )
+    panels.append(
+        timeseries(
+            lay,
             "Redeliveries, fenced writes, dead letters",
             [
                 target(f"sum by (stream, model) (increase(cusp_redeliveries_total{SEL}[$__rate_interval]))", "redelivered " + SM, "A"),
