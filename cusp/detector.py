@@ -164,8 +164,7 @@ class Detector:
         after the last update's, in any form ``cusp.Client.post`` takes (``cusp.times``): then
         events and change points carry ``location_time`` (epoch seconds), as the service's do,
         and an ``expected_run_length`` given as a duration ('30d') counts the rows' mean interval
-        as the service's workers do (without times: ``DEFAULT_RUN_LENGTH`` observations, as for
-        rows that span no time). Give times with every update or with none."""
+        as the service's workers do (it needs times then: InputError without). Give times with every update or with none."""
         rows = self._rows(x)
         stamps = self._times_of(times, rows.shape[0])
         if self._cfg is None:
@@ -219,6 +218,9 @@ class Detector:
         if times is None:
             if self._timed:
                 raise InputError("update(x, times): this detector's earlier rows came with times; give times with every update")
+            if self.config.run_length_seconds is not None:  # as cusp replay and POST /v1/detect: not silently 1000 rows
+                raise InputError(f"update(x, times): expected_run_length={self.config.expected_run_length!r} is a duration; "
+                                 "it needs the rows' times (or give it in observations)")
             return None
         if self._timed is False:
             raise InputError("update(x, times): this detector's earlier rows came without times; give times with every update or none")

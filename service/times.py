@@ -17,7 +17,10 @@ import numpy as np
 
 #: the epoch seconds of 0001-01-01T00:00:00Z and 9999-12-31T23:59:59Z: what a datetime can hold
 EARLIEST, LATEST = -62135596800.0, 253402300799.0
-_DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
+_DATE = re.compile(r"^[0-9]{4}-[0-9]{2}-[0-9]{2}$")
+#: RFC 3339's date-time (section 5.6): T or a space, seconds, an optional fraction, Z or +hh:mm;
+#: any case. Not ISO 8601's other forms (week dates, basic format, +hhmm) that fromisoformat takes.
+_RFC3339 = re.compile(r"^([0-9]{4}-[0-9]{2}-[0-9]{2})[Tt ]([0-9]{2}:[0-9]{2}:[0-9]{2})(\.[0-9]+)?([Zz]|[+-][0-9]{2}:[0-9]{2})?$")
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
 
@@ -29,17 +32,22 @@ def parse(value: object, where: str) -> float:
     """One time (RFC 3339 string with an offset, a date, or epoch seconds) as epoch seconds."""
     if isinstance(value, str):
         text = value.strip()
-        try:
-            if _DATE.match(text):
-                d = datetime.fromisoformat(text).replace(tzinfo=timezone.utc)
-            else:
-                d = datetime.fromisoformat(text)
-        except ValueError:
-            raise TimeError(f"{where}: {value[:40]!r} is not an RFC 3339 time like '2026-05-01T12:00:00Z' "
-                            "(or a date like '2026-05-01', or epoch seconds)") from None
-        if d.tzinfo is None:
+        bad = TimeError(f"{where}: {value[:40]!r} is not an RFC 3339 time like '2026-05-01T12:00:00Z' "
+                        "(or a date like '2026-05-01', or epoch seconds)")
+        m = _RFC3339.match(text)
+        if m is None and not _DATE.match(text):
+            raise bad
+        if m is not None and m.group(4) is None:
             raise TimeError(f"{where}: {value[:40]!r} has no UTC offset; RFC 3339 needs one, e.g. 'Z' or '+02:00'")
-        return d.timestamp()
+        try:
+            if m is None:  # a date: midnight UTC
+                return datetime.fromisoformat(text).replace(tzinfo=timezone.utc).timestamp()
+            day, clock, fraction, zone = m.groups()
+            # microseconds: the fraction is rounded to them (the service keeps float64 epoch seconds)
+            d = datetime.fromisoformat(f"{day}T{clock}{'+00:00' if zone in 'Zz' else zone}")
+            return d.timestamp() + round(float(fraction or 0.0), 6)
+        except (ValueError, OverflowError):  # Feb 30, hour 25, +25:00
+            raise bad from None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TimeError(f"{where}: {str(value)[:40]!r} is not a time (an RFC 3339 string or epoch seconds)")
     try:
@@ -86,8 +94,9 @@ def format(t: float | None) -> str | None:  # noqa: A001 - the module's verb: ti
 
 
 _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0, "y": 31557600.0}
-_SHORT = re.compile(r"^(\d+(?:\.\d+)?)\s*([smhdwy])$")
-_ISO = re.compile(r"^P(?:(\d+(?:\.\d+)?)W)?(?:(\d+(?:\.\d+)?)D)?(?:T(?:(\d+(?:\.\d+)?)H)?(?:(\d+(?:\.\d+)?)M)?(?:(\d+(?:\.\d+)?)S)?)?$")
+_N = r"([0-9]+(?:\.[0-9]+)?)"  # ASCII digits only (\d would take other scripts' digits too)
+_SHORT = re.compile(rf"^{_N}\s*([smhdwy])$")
+_ISO = re.compile(rf"^P(?:{_N}W)?(?:{_N}D)?(?:T(?:{_N}H)?(?:{_N}M)?(?:{_N}S)?)?$")
 
 
 def parse_duration(text: object, where: str = "duration") -> float:

@@ -346,8 +346,15 @@ class Worker:
                 if key[0] not in configs:
                     self._drop(key)
             self._pairs_total = sum(len(c.models) for c in configs.values())
-        # the pairs that exist: as counted at the last scan, plus those of streams created since
-        pairs_total = self._pairs_total + sum(len(c.models) for s, c in configs.items() if s not in self._stream_set)
+        # the pairs that exist: as counted at the last scan, plus those of streams created since. A new
+        # stream is counted from the poll that first sees it until the next full scan (counted in
+        # this poll only, a worker's share dropped again at the next poll that did not look at it,
+        # and it gave back pairs "above its share" with no worker joining: seen in a new user's log)
+        for s, c in configs.items():
+            if s not in self._stream_set:
+                self._stream_set.add(s)
+                self._pairs_total += len(c.models)
+        pairs_total = self._pairs_total
         share = math.ceil(max(pairs_total, 1) / alive)
         pairs = [(s, e.name) for s in looked if s in configs for e in configs[s].models]
         if pairs:

@@ -62,8 +62,9 @@ def test_azure_shaped_series_models_and_default_chunks(live):
     ({"values": [1.0, "x"]}, 422, "values"),
     ({"values": [True, False]}, 422, "values"),  # a boolean is not a number (pydantic's lax float took it)
     ({"values": [1.0, "2"]}, 422, "values"),
-    ({"values": [1.0, 2.0], "times": [0]}, 422, "times has 1 entries for 2 rows"),
-    ({"values": [1.0, 2.0], "times": [5, 5]}, 422, "times\\[1\\] is not after times\\[0\\]"),
+    ({"values": [1.0, 2.0], "times": [0]}, 422, "'times' has 1 entries for 2 rows"),
+    ({"values": [1.0, 2.0], "times": [5, 5]}, 422, "times\\[1\\] repeats times\\[0\\]"),
+    ({"values": [1.0, 2.0], "times": [1e300, 2e300]}, 422, "times\\[0\\]: 1e\\+300 epoch seconds is not a time between the years 1 and 9999"),
     ({"values": [1.0, 2.0], "times": ["2024-01-01T00:00:00Z", "yesterday"]}, 422, "times\\[1\\]: 'yesterday' is not an RFC 3339"),
     ({"values": [1.0, 2.0], "times": ["2024-01-01T00:00:00", "2024-01-01T00:01:00"]}, 422, "has no UTC offset"),
     ({"values": [1.0, 2.0], "models": ["nope"]}, 422, "model 'nope': unknown model 'nope'"),

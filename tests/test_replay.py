@@ -70,7 +70,7 @@ def test_replay_reads_npy(tmp_path):
         ("a,b\n1,2\n", ["--model", "linear-regression", "--target", "zz"], "target column 'zz'"),
         ("a,b\n1,2\n", ["--model", "logistic-regression"], "class label"),
         ("ts,v\n2021-01-02,1\n2021-01-01,2\n", ["--model", "gaussian"], "ts[1] is before ts[0]"),
-        ("ts,v\n2021-01-01T00:00,1\n", ["--model", "gaussian"], "line 2 column 'ts': '2021-01-01T00:00' has no UTC offset"),
+        ("ts,v\n2021-01-01T00:00:00,1\n", ["--model", "gaussian"], "line 2 column 'ts': '2021-01-01T00:00:00' has no UTC offset"),
         ("when,v\n2021-01-01,1\n", ["--model", "gaussian", "--time-column", "at"], "no column 'at'"),
         ("time\n2021-01-01\n", ["--model", "gaussian"], "the only column is the times"),
         ("v\n1\n", ["--model", "gaussian", "--detect", "--detector", "expected_run_length=30d"], "needs the rows' times"),

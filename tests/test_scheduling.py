@@ -241,3 +241,29 @@ def test_a_worker_exports_series_only_for_pairs_it_holds(env):
         assert len(series_of(b)) == kept  # held: untouched
     finally:
         w.release_all()
+
+
+def test_a_stream_created_since_the_last_scan_stays_counted_in_the_share(env):
+    """One worker: streams a and b exist at its full scan; c is created after it and woken. The
+    worker holds all three pairs. A later poll woken by a alone must still count c's pair: before,
+    c was counted only in the poll that looked at it, so the share fell from 3 to 2 and the worker
+    gave back a pair "above its share" with no other worker (a new user saw 17 such releases in
+    25 minutes, each followed by a re-take that reloads the pair)."""
+    url, live = env
+    a, b = make(live, 2, "ab")
+    w = Worker(url)
+    try:
+        w.poll_once()  # the full scan: a and b
+        (c,) = make(live, 1, "c")
+        post(live, c, 0)
+        w.poll_once(woken={c})
+        assert len(w.hot) == 1 and (c, "gaussian") in w.hot  # a and b had nothing to do: only c taken
+        post(live, a, 0)
+        post(live, b, 0)
+        w.poll_once(woken={a, b})
+        assert len(w.hot) == 3
+        post(live, a, 1)
+        w.poll_once(woken={a})
+        assert len(w.hot) == 3, f"a pair was given back: {sorted(w.hot)}"
+    finally:
+        w.release_all()

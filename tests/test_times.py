@@ -152,9 +152,9 @@ def test_arrival_time_never_goes_back(live):
 @pytest.mark.parametrize("body, status, code, says", [
     ({"seq": 0, "rows": [[1.0], [2.0]], "time": ["2021-03-02T00:00:00Z", "2021-03-01T00:00:00Z"]}, 422, "invalid_time", r"time\[1\] is before"),
     ({"seq": 0, "rows": [[1.0], [2.0]], "time": ["2021-03-02T00:00:00Z"]}, 422, "invalid_time", "1 entries for 2 rows"),
-    ({"seq": 0, "rows": [[1.0]], "time": ["2021-03-02 00:00"]}, 422, "invalid_time", "no UTC offset"),
+    ({"seq": 0, "rows": [[1.0]], "time": ["2021-03-02 00:00:00"]}, 422, "invalid_time", "no UTC offset"),
+    ({"seq": 0, "rows": [[1.0]], "time": ["2021-03-02 00:00Z"]}, 422, "invalid_time", "not an RFC 3339 time"),
     ({"seq": 0, "rows": [[1.0]], "time": "2021-03-02T00:00:00Z"}, 422, "invalid_time", "one time per row"),
-    ({"seq": 0, "rows": [[1.0]], "time": None}, 422, "invalid_time", "one time per row"),
     ({"seq": 0, "columns": {"v": [1.0], "time": [1.0]}, "time": [1.0]}, 422, "invalid_time", "given twice"),
 ])
 def test_bad_times_are_refused_and_store_nothing(live, body, status, code, says):
@@ -315,3 +315,22 @@ def test_service_turns_a_duration_into_observations_by_the_rows_times(live):
     assert got["dur"] and [{k: c[k] for k in keep} for c in got["dur"]] == [{k: c[k] for k in keep} for c in got["obs"]]
     r = live.client.post("/v1/streams", json={"name": "soon", "columns": ["v"], "detector": {"expected_run_length": "soon"}})
     assert r.status_code == 422 and "expected_run_length" in r.json()["detail"], r.text
+
+
+def test_what_a_new_user_tried(live):
+    """Found trying the time support from outside: "time": null is no times (the schema allows
+    it); a CSV time column named otherwise says where times go; a CSV row short of a value is
+    not read as its time; RFC 3339 in any case, not ISO 8601's other forms."""
+    s = create(live, "user")
+    post = live.client.post
+    assert post(f"/v1/streams/{s}/chunks", json={"seq": 0, "rows": [[1.0]], "time": None}).status_code == 202
+    r = post(f"/v1/streams/{s}/chunks?seq=1", content="ts,v\n2026-11-06T00:00:00Z,1\n", headers={"content-type": "text/csv"})
+    assert (r.status_code, r.json()["code"]) == (422, "invalid_time") and "column named 'time'" in r.json()["detail"], r.text
+    r = post(f"/v1/streams/{s}/chunks?seq=1", content="time,v\n2036-11-05T00:00:00Z,1\n2036-11-05T00:00:01Z\n",
+             headers={"content-type": "text/csv"})
+    assert r.status_code == 422 and "row 1: has 1 values, the header has 2" in r.json()["detail"], r.text
+    r = post(f"/v1/streams/{s}/chunks", json={"seq": 1, "rows": [[1.0], [2.0]], "time": ["2036-11-01t00:00:10z", "2036-11-01 00:00:11+00:00"]})
+    assert r.status_code == 202, r.text
+    for bad in ("2036-W45-1T00:00:10Z", "20361102T000013Z", "2036-11-02T00:00:13+0000"):
+        r = post(f"/v1/streams/{s}/chunks", json={"seq": 2, "rows": [[1.0]], "time": [bad]})
+        assert (r.status_code, r.json()["code"]) == (422, "invalid_time") and "not an RFC 3339 time" in r.json()["detail"], r.text

@@ -168,7 +168,7 @@ def parse_json_chunk(body: bytes, columns: list[str]) -> tuple[int, np.ndarray, 
             cols = dict(cols)
             given = cols.pop(TIME)
         data = matrix_from_columns(cols, columns)
-    return seq, data, None if given is None and TIME not in doc else _times(given, data.shape[0])
+    return seq, data, None if given is None else _times(given, data.shape[0])  # "time": null is no times
 
 
 def parse_body(content_type: str, body: bytes, seq: int | None, columns: list[str],
@@ -247,11 +247,17 @@ def parse_csv(body: bytes, columns: list[str]) -> tuple[np.ndarray, np.ndarray |
             and len(header) == len(columns) + 1:
         at = header.index(TIME)
         order = [header.index(c) for c in columns]
-        stamps = [r[at].strip() if at < len(r) else "" for r in reader[1:]]
-        stamps = [_csv_time(v) for v in stamps]
-        reader = [[r[k] for k in order] if len(r) == len(header) else r for r in reader[1:]]
+        for i, r in enumerate(reader[1:]):
+            if len(r) != len(header):
+                raise ChunkError(f"row {i}: has {len(r)} values, the header has {len(header)} (time and columns {columns})")
+        stamps = [_csv_time(r[at].strip()) for r in reader[1:]]
+        reader = [[r[k] for k in order] for r in reader[1:]]
     elif header == columns:
         reader = reader[1:]
+    elif header and len(header) == len(columns) + 1 and not all(_is_number(c) for c in header):
+        extra = [c for c in header if c not in columns]
+        raise ChunkError(f"the header {header} has column(s) {extra} beside the stream's {columns}; the rows' times go in a "
+                         f"column named {TIME!r}", 422, "invalid_time" if len(extra) == 1 else "invalid_rows")
     out = np.empty((len(reader), len(columns)), dtype=np.float64)
     for i, row in enumerate(reader):
         if len(row) != len(columns):
@@ -267,6 +273,14 @@ def parse_csv(body: bytes, columns: list[str]) -> tuple[np.ndarray, np.ndarray |
                 raise ChunkError(f"row {i} column {columns[j]!r}: {cell.strip()!r} is not finite")
             out[i, j] = v
     return out, None if stamps is None else _times(stamps, out.shape[0])
+
+
+def _is_number(cell: str) -> bool:
+    try:
+        float(cell)
+    except ValueError:
+        return False
+    return True
 
 
 def _csv_time(cell: str) -> object:

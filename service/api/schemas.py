@@ -119,8 +119,9 @@ class ChunkColumns(BaseModel):
 
     model_config = ConfigDict(extra="forbid", title="ChunkColumns")
     seq: int = Field(..., ge=0, le=2**53, description="per-stream sequence number: 0, then up by 1")
-    columns: dict[str, list[float]] = Field(..., description="column name -> values (finite numbers), all of one length; "
-                                                              "may hold the rows' times as 'time' instead of the field time")
+    columns: dict[str, list[float] | list[float | str]] = Field(
+        ..., description="column name -> values (finite numbers), all of one length; may hold the rows' times as 'time' "
+                         "(RFC 3339 strings or epoch seconds) instead of the field time")
     time: list[str | float] | None = Field(None, description=TIMES_DOC)
 
 
@@ -228,7 +229,9 @@ class ChangepointEntry(BaseModel):
     row: int = Field(None, description="the row of chunk seq at location (0-based)")
     location_time: str | None = Field(None, description="the time of the observation at location (RFC 3339, UTC); null when unknown")
     detected_time: str | None = Field(None, description="the time of the last observation when it was reported (RFC 3339, UTC)")
-    delay_seconds: float | None = Field(None, description="detected_time - location_time, in seconds")
+    delay_seconds: float | None = Field(None, description="detected_time - location_time, in seconds. detected_time is the "
+                                                              "last observation's time (index detected_at - 1), so with rows a "
+                                                              "time unit apart it is delay - 1 units")
 
 
 class StreamChangepointEntry(BaseModel):
@@ -249,7 +252,9 @@ class StreamChangepointEntry(BaseModel):
     support: dict[str, tuple[float, float]] = Field(None, description="model -> [posterior probability, event confidence]")
     location_time: str | None = Field(None, description="the time of the observation at location (RFC 3339, UTC); null when unknown")
     detected_time: str | None = Field(None, description="the time of the last observation when it was reported (RFC 3339, UTC)")
-    delay_seconds: float | None = Field(None, description="detected_time - location_time, in seconds")
+    delay_seconds: float | None = Field(None, description="detected_time - location_time, in seconds. detected_time is the "
+                                                              "last observation's time (index detected_at - 1), so with rows a "
+                                                              "time unit apart it is delay - 1 units")
 
 
 class DeadLetterEntry(BaseModel):

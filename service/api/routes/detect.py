@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-from datetime import datetime
 
 import numpy as np
 from fastapi import APIRouter, Request
@@ -17,6 +16,7 @@ from cusp.detector import Detector
 from cusp.errors import InputError
 from models import ModelError
 from models.registry import default_portfolio
+from service import times as T
 from service.api import crud
 from service.api.deps import Read, SettingsDep
 from service.api.errors import ApiError, errors
@@ -86,24 +86,12 @@ def series_of(body: DetectIn) -> tuple[np.ndarray, list | None]:
 
 
 def check_times(times: list, rows: int, what: str) -> None:
-    """One time per row, each RFC 3339 (with an offset) or epoch seconds, strictly increasing."""
-    if len(times) != rows:
-        raise ApiError(422, "invalid_series", f"{what} has {len(times)} entries for {rows} rows")
-    prev = -math.inf
-    for i, t in enumerate(times):
-        if isinstance(t, str):
-            try:
-                d = datetime.fromisoformat(t)
-                x = d.timestamp()
-            except (ValueError, OverflowError, OSError):
-                raise ApiError(422, "invalid_series", f"{what}[{i}]: {t[:40]!r} is not an RFC 3339 time like '2024-05-01T12:00:00Z'") from None
-            if d.tzinfo is None:
-                raise ApiError(422, "invalid_series", f"{what}[{i}]: {t[:40]!r} has no UTC offset; RFC 3339 needs one, e.g. 'Z' or '+02:00'")
-        else:
-            x = float(t)
-        if not x > prev:
-            raise ApiError(422, "invalid_series", f"{what}[{i}] is not after {what}[{i - 1}]: times must be strictly increasing")
-        prev = x
+    """One time per row, each as stream ingest reads times (``service.times``: RFC 3339 with an
+    offset, a date, or epoch seconds in the years 1 to 9999), strictly increasing."""
+    try:
+        T.parse_all(times, rows, what)
+    except T.TimeError as exc:
+        raise ApiError(422, "invalid_series", str(exc)) from None
 
 
 def stream_request(body: DetectIn, width: int) -> StreamIn:
