@@ -745,7 +745,9 @@ class Worker:
         status = self.store.commit_answer(s, uid, cursor, seq - 1, json.dumps(answer.to_dict()), taken,
                                           [json.dumps({"seq": q, **c.to_dict(), **T.timed(c.location_time, end)})
                                            for q, c, end in found],
-                                          self.changepoint_maxlen, self.result_maxlen)
+                                          self.changepoint_maxlen, self.result_maxlen,
+                                          "" if answer.probabilities is None else
+                                          json.dumps({"n": answer.compared_n, "p": answer.probabilities}))
         if status != "ok":  # another worker took these chunks (it computed the same), or the stream is gone
             return
         M.STREAM_CHANGEPOINTS.labels(s).inc(0)  # the series exists from the stream's first answer on

@@ -177,3 +177,35 @@ def test_a_model_that_missed_a_chunk_leaves_the_comparison():
     # nobody applied the chunk: n moves on, nothing is compared
     b = StreamAnswer(["a"], window=10)
     assert b.chunk(7, {"a": None}) == [] and b.n == 7
+
+
+def test_model_probabilities_while_a_model_is_behind(redis):
+    """GET /v1/streams/{s} gave no posterior model probabilities while the models had seen
+    different numbers of observations, which on a busy stream is nearly always (the live demo's
+    P(model) column stayed empty). They now come from the stream's answer at the last chunk every
+    model applied: the probabilities computed when all were level."""
+    live = LiveServer(redis.url)
+    try:
+        r = live.client.post("/v1/streams", json={"name": "behind", "columns": ["v"], "seed": 2,
+                                                   "models": [{"name": "a", "spec": "gaussian"}, {"name": "b", "spec": "level"}]})
+        assert r.status_code == 201, r.text
+        x = shifted(300, 150, 3.0, seed=8) * 20 + 1000
+        post_all(live, "behind", x[:200], 20)
+        burst(redis.url)
+        level = {m["name"]: (m["posterior_probability"], m["probability_observations"])
+                 for m in live.client.get("/v1/streams/behind").json()["models"]}
+        assert {n for _, n in level.values()} == {200} and sum(p for p, _ in level.values()) == pytest.approx(1.0)
+        for seq, lo in enumerate(range(200, 300, 20), start=10):
+            r = live.client.post("/v1/streams/behind/chunks", json={"seq": seq, "rows": x[lo:lo + 20, None].tolist()})
+            assert r.status_code == 202, r.text
+        w = Worker(redis.url)
+        try:
+            assert w._take("behind", "a")
+            assert w._process(w.hot[("behind", "a")]) == 5  # model a only: b stays at 200 observations
+        finally:
+            w.release_all()
+        models = {m["name"]: m for m in live.client.get("/v1/streams/behind").json()["models"]}
+        assert (models["a"]["observations"], models["b"]["observations"]) == (300, 200)
+        assert {k: (m["posterior_probability"], m["probability_observations"]) for k, m in models.items()} == level
+    finally:
+        live.stop()

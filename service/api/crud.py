@@ -156,12 +156,16 @@ async def model_rows(store: ApiStore, cfg: StreamConfig, p=None) -> tuple[int, i
                     log_evidence_per_observation=r.log_evidence / r.observations if r.observations else None,
                     posterior_probability=None, lag_chunks=max(0, p.last_seq - r.last_seq), error=r.error)
            for m, r in zip(cfg.models, p.models)]
-    # posterior model probabilities among models that have seen the same observations
+    # posterior model probabilities among models that have seen the same observations; while some
+    # model is behind, those the stream's answer computed at the last chunk every model applied
     ns = {r.observations for r in out}
     if len(ns) == 1 and ns != {0}:
         probs = log_model_probabilities({r.name: r.log_evidence for r in out}, log_model_priors(cfg))
         for r in out:
-            r.posterior_probability = probs[r.name]
+            r.posterior_probability, r.probability_observations = probs[r.name], r.observations
+    elif p.probabilities and set(p.probabilities) == {r.name for r in out}:
+        for r in out:
+            r.posterior_probability, r.probability_observations = p.probabilities[r.name], p.compared_n
     return p.last_seq, p.dead_letters, out
 
 

@@ -73,6 +73,9 @@ class ModelOut(BaseModel):
     log_evidence: float
     log_evidence_per_observation: float | None
     posterior_probability: float | None
+    probability_observations: int | None = Field(
+        None, description="the observations posterior_probability compares the models on: all they have seen when they have "
+                          "seen the same; while one is behind, the last chunk every model applied (the stream's answer's)")
     lag_chunks: int
     error: str | None
     frame: ModelFrame | None = Field(None, description="metric-series models only (level, ar, trend, seasonal, poisson, negbin, student-t): the "

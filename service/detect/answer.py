@@ -68,6 +68,9 @@ class StreamAnswer:
         self.events: list[tuple[int, int, str, float, float | None]] = []
         self.changes: list[int] = []  # locations of the changes found (the last MAX_CHANGES)
         self.n = 0
+        # the posterior model probabilities at the last chunk compared, and the observations then
+        self.probabilities: dict[str, float] | None = None
+        self.compared_n: int | None = None
 
     def step(self, n: int, rows: int, log_evidence: dict[str, float] | None,
              events: dict[str, list[Event]] | None = None) -> list["StreamChange"]:
@@ -90,6 +93,7 @@ class StreamAnswer:
         from service.data import log_model_probabilities
 
         probs = log_model_probabilities({m: float(log_evidence[m]) for m in self.models}, self.log_prior)
+        self.probabilities, self.compared_n = dict(probs), int(n)
         found: list[StreamChange] = []
         for _, loc, *_ in sorted(self.events, key=lambda e: e[:4]):  # candidates in the order they were first reported
             if any(abs(loc - c) <= self.window for c in self.changes):
@@ -120,7 +124,8 @@ class StreamAnswer:
         return self.step(n, rows, {m: got[m][1] if m in got and got[m][0] == n else -math.inf for m in evidence}, events)
 
     def to_dict(self) -> dict:
-        return {"v": self.VERSION, "n": self.n, "window": self.window, "events": [list(e) for e in self.events], "changes": list(self.changes)}
+        return {"v": self.VERSION, "n": self.n, "window": self.window, "events": [list(e) for e in self.events],
+                "changes": list(self.changes), "probabilities": self.probabilities, "compared_n": self.compared_n}
 
     def load(self, d: dict | None) -> "StreamAnswer":
         """This answer's state from ``to_dict`` (None: a new stream)."""
@@ -133,6 +138,7 @@ class StreamAnswer:
         self.events = [(int(e[0]), int(e[1]), str(e[2]), float(e[3]), None if len(e) < 5 or e[4] is None else float(e[4]))
                        for e in d["events"]]
         self.changes = [int(c) for c in d["changes"]]
+        self.probabilities, self.compared_n = d.get("probabilities"), d.get("compared_n")  # absent in states before them
         return self
 
 

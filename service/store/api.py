@@ -40,6 +40,9 @@ class StreamProgress:
     dead_letters: int
     models: list[ModelProgress]  # in the config's order
     rows: int = 0  # rows accepted
+    # the stream answer's posterior model probabilities and the observations they were computed at
+    probabilities: dict[str, float] | None = None
+    compared_n: int | None = None
     first_time: float | None = None  # the first and last row's times (epoch seconds); None before the first chunk
     last_time: float | None = None
 
@@ -166,19 +169,23 @@ class ApiStore:
             pipe.get(keys.seq(cfg.name))
             pipe.xlen(keys.dead(cfg.name))
             pipe.hmget(keys.clock(cfg.name), "rows", "first", "last")
+            pipe.hget(keys.answer(cfg.name), "probabilities")
             for m in cfg.models:
                 pipe.hmget(keys.state(cfg.name, m.name), "n", "chunks", "last_seq", "log_evidence", "error")
         got = await pipe.execute() if cfgs else []
         out, i = [], 0
         for cfg in cfgs:
-            last_in, dead, (n_rows, first, last), rows = got[i], got[i + 1], got[i + 2], got[i + 3 : i + 3 + len(cfg.models)]
-            i += 3 + len(cfg.models)
+            last_in, dead, (n_rows, first, last), probs = got[i], got[i + 1], got[i + 2], got[i + 3]
+            rows = got[i + 4 : i + 4 + len(cfg.models)]
+            i += 4 + len(cfg.models)
+            probs = json.loads(probs) if probs else {}
             models = [ModelProgress(observations=int(n or 0), chunks=int(chunks or 0), last_seq=int(last if last is not None else -1),
                                     log_evidence=float(le or 0.0), error=(err or b"").decode() or None)
                       for n, chunks, last, le, err in rows]
             out.append(StreamProgress(last_seq=int(last_in) if last_in is not None else -1, dead_letters=int(dead), models=models,
                                       rows=int(n_rows or 0), first_time=None if first is None else float(first),
-                                      last_time=None if last is None else float(last)))
+                                      last_time=None if last is None else float(last), probabilities=probs.get("p"),
+                                      compared_n=probs.get("n")))
         return out
 
     async def uids(self, names: Sequence[str]) -> list[bytes | None]:

@@ -119,15 +119,19 @@ return 'ok'
 # stream must still be the incarnation it read (a stream deleted and created again meanwhile gets
 # nothing). KEYS: answer, tally, changes, out, config, uid.
 # ARGV: uid, expected_cursor ('' when the answer has none yet), new_cursor, state_json,
-#       changes_maxlen, out_maxlen, n_fields, tally fields taken * n_fields, then stream change JSONs.
+#       changes_maxlen, out_maxlen, probabilities_json ('' for none), n_fields, tally fields taken
+#       * n_fields, then stream change JSONs.
+# The probabilities (JSON {"n": observations compared, "p": {model: posterior probability}}, small,
+# for GET /v1/streams) are the answer's at its last compared chunk, kept beside its state.
 # Returns 'ok' | 'stale' (another worker took them) | 'gone'
 ANSWER = """
 if redis.call('EXISTS', KEYS[5]) == 0 or (redis.call('GET', KEYS[6]) or '') ~= ARGV[1] then return 'gone' end
 if (redis.call('HGET', KEYS[1], 'cursor') or '') ~= ARGV[2] then return 'stale' end
 redis.call('HSET', KEYS[1], 'cursor', ARGV[3], 'state', ARGV[4])
-local nf = tonumber(ARGV[7])
-for i = 8, 7 + nf do redis.call('HDEL', KEYS[2], ARGV[i]) end
-for i = 8 + nf, #ARGV do
+if ARGV[7] ~= '' then redis.call('HSET', KEYS[1], 'probabilities', ARGV[7]) end
+local nf = tonumber(ARGV[8])
+for i = 9, 8 + nf do redis.call('HDEL', KEYS[2], ARGV[i]) end
+for i = 9 + nf, #ARGV do
   redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[5], '*', 'model', '*', 'kind', 'stream_changepoint', 'data', ARGV[i])
   redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[6], '*', 'model', '*', 'kind', 'stream_changepoint', 'data', ARGV[i])
 end
