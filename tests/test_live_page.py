@@ -390,7 +390,8 @@ def test_live_page_plots_results_probabilities_and_changepoints(chromium, live, 
     assert [c["location"] for c in page.eval("window.cusp.changepoints")] == [421, 560]  # from results, then the store
     assert [c["location"] for c in page.eval("window.cusp.events")] == [420, 550]  # each once, though in both
 
-    # one model ahead of the other: the API has no P(model) then, the page keeps the last one, marked
+    # one model ahead of the other: P(model) compares them on the 600 rows both have seen (the API's
+    # probability_observations, from the stream's answer), marked with that n
     assert live.client.post(f"/v1/streams/{s}/chunks", json={"seq": 6, "rows": rows(100, 6)}).status_code == 202
     w = Worker(redis_url)
     try:
