@@ -204,12 +204,18 @@ class Detector:
             # as false alarms a few chunks after changes of regression coefficients). Mixtures
             # keep it: a restart from the prior may land in a poor mode.
             memory = best.memory > 0 and self.multimodal
-            earlier = best.memory > 0 and not self.multimodal and at == 0 and i is not None and i > 0 \
-                and self._earlier(g, new.recent, i, best, before)
-            if earlier:
-                i -= 1
+            earlier, placed = False, None
+            if self.exact or self.multimodal:
+                earlier = best.memory > 0 and not self.multimodal and at == 0 and i is not None and i > 0 \
+                    and self._earlier(g, new.recent, i, best, before)
+                if earlier:
+                    i -= 1
+            elif i is not None:
+                # a sampled model's rows cannot be scored one by one (``_refine``): the chunk is placed
+                j, placed = self._place(g, new.recent, i, best, before)
+                earlier, i = j != i, j
             if i is not None and cfg.adapt and (at or earlier or (best.memory > 0 and not memory)):
-                winner = self._challenger(g, new.recent, i, memory, frame=before)
+                winner = placed if placed is not None else self._challenger(g, new.recent, i, memory, frame=before)
                 if winner is None or winner.seqs[winner.memory:] != [r.seq for r in new.recent[i:]]:
                     winner = best  # the restart failed on some chunk: keep the one that did not
             where = new.recent[i] if i is not None else None
@@ -304,6 +310,41 @@ class Detector:
         chunk = lo + next(k for k, e in enumerate(ends) if recent[lo].start + j < e)
         return Refined(location=recent[lo].start + j, chunk=chunk, base=recent[lo].base + before,
                        post=new_post, log_evidence=lp_new, rows=rows[j:])
+
+    def _place(self, g: torch.Generator, recent: list[Recent], i: int, best: Challenger,
+               frame: SGAISState) -> tuple[int, Challenger | None]:
+        """Which chunk starts the new regime, for a sampled model with one mode (``_refine`` places
+        the exact method's changes at a row; a sampled model's rows cannot be scored one by one):
+        chunk ``i`` (where ``_where`` put it), the one before or the one after, whichever has the
+        highest evidence of a change there, log p(chunks before j | incumbent) + log p(chunks from
+        j on | a restart from the prior at j), as ``_refine`` scores rows (the same prior of a
+        change for every chunk). ``_where`` reads the place off one restart's running comparison,
+        and a restart from the prior started chunks early blurs it: its own first chunks, still
+        learning, lose to the incumbent about as much as a chunk of the old regime does. A short
+        memory that wins at once sits where it was nominated, late when the change's first chunk
+        did not stand out. The restarts here are all from the prior: restarts from a short memory
+        would condition each place on other rows (the one after the change on rows of the new
+        regime), which is no comparison of places. Mixtures keep ``_where``'s place (a restart
+        from the prior may land in a poor mode, by more than the places differ). Returns (the
+        chunk, its restart when it is not ``i``; else None)."""
+        now = [r.seq for r in recent]
+        scores: dict[int, float] = {}
+        restarts: dict[int, Challenger] = {}
+        for j in (i - 1, i, i + 1):
+            if j < 0 or j >= len(recent):
+                continue
+            if j == i and not best.memory and best.start == recent[i].start and best.seqs == now[i:]:
+                c = best  # the winner itself starts there
+            else:
+                c = self._challenger(g, recent, j, False, frame=frame)
+                if c is None or c.seqs != now[j:]:
+                    continue
+            restarts[j] = c
+            scores[j] = c.state.log_evidence + sum(r.lp for r in recent[max(i - 1, 0):j])
+        if i not in scores or len(scores) < 2:
+            return i, None
+        j = max(scores, key=lambda k: (scores[k], -abs(k - i)))
+        return (i, None) if j == i else (j, restarts[j])
 
     def _fit(self, state: SGAISState, rows: torch.Tensor) -> float:
         """Mean over raw ``rows`` of the log posterior predictive of each row under ``state``."""
