@@ -371,11 +371,12 @@ class Detector:
         kind saw) as well as the incumbent does, allowing for how many rows each saw
         (``_fit_allowance``). After a change, a model of the new regime explains the old one
         worse: a restart from the prior saw only the new regime, and a short-memory restart,
-        which also saw old-regime rows, gives the new rows their share of its weights. Either
-        restart at the candidate may be the judge (a short memory and its sibling from the
-        prior, among ``others``, while it lives): sampler noise puts one or the other in a
-        poorer mode, and one restart that fits as well says the incumbent's mode, not the
-        data, is behind the advantage. (No earlier rows kept: True.)"""
+        which also saw old-regime rows, gives the new rows their share of its weights. A short
+        memory's sibling from the prior (same start, among ``others``, while it lives) judges
+        too: sampler noise puts one or the other in a poorer mode, and one restart that fits as
+        well says the incumbent's mode, not the data, is behind the advantage. (A short memory
+        does not judge its sibling: its memory is the sibling's earlier rows.) (No earlier rows
+        kept: True.)"""
         if not self.multimodal:
             return True  # one mode (log-concave or conjugate posteriors): nothing to escape
         rows = {r.seq: r.rows for r in recent}
@@ -388,7 +389,7 @@ class Detector:
         if c.spread > 0.0 and old_shift * new_shift > 0 and abs(old_shift) >= 0.5 * abs(new_shift):
             return False  # (not during warm-up, when a model still learning improves on every row)
         judges = [c] + [o for o in others if o is not c and o.start == c.start and o.memory != c.memory
-                        and o.train_log_z is not None]
+                        and o.train_log_z is not None and not set(o.seqs) & set(c.old_seqs)]
         return all(self._fit(j.state, old) + self._fit_allowance(j.state.n, incumbent.n) < now for j in judges)
 
     def _fit_allowance(self, n_restart: int, n_incumbent: int) -> float:
