@@ -39,10 +39,15 @@ began (``_where``), and every challenger is judged against the running level fro
 first chunk (kept with the recent chunks), not the level since, which follows the change. A
 short memory that wins at once sits at its nomination, one chunk late when the change's
 first chunk did not stand out; ``_earlier`` moves it back when a change one chunk earlier
-has the higher evidence.
+has the higher evidence. The exact method then places the change at a row (``_refine``); a
+sampled model with one mode (logistic regression) instead compares the chunk found with the
+ones before and after it, each by the evidence of a change there from a restart from the
+prior (``_place``).
 
 For models whose posterior has poor local modes (``model.multimodal``: mixtures) a winning
-restart must also show that the data moved, not the incumbent: ``_data_moved``.
+restart must also show that the data moved, not the incumbent: ``_data_moved`` (the incumbent's
+fit of the rows before the candidate moved with it, or a restart at the candidate fits those
+rows, which it never saw, as well as the incumbent, allowing for the rows each saw).
 
 A challenger retires when it is clearly losing (log BF < ``retire_log_bf``) or older than
 ``max_age`` observations. Everything random comes from the detector's own generator, saved
