@@ -200,6 +200,7 @@ class Worker:
         self._alive = 0  # live workers at the last poll
         self._backlog: set[tuple[str, str]] = set()  # held pairs that had more chunks than one batch
         self._turn = 0  # rotating start over the pairs of a poll
+        self._unreleased: set[tuple[str, str]] = set()  # pairs dropped on a Redis error, their leases still ours
         self._let_go: dict[tuple[str, str], float] = {}  # pairs dropped -> when (their series go after a grace)
 
     # --- loop -------------------------------------------------------------------------------
@@ -286,6 +287,9 @@ class Worker:
 
     def _reset_after_error(self) -> None:
         with self._hot_lock:
+            # their leases still name this worker in Redis (it could not release them): the next poll
+            # that gets through takes them again within its share and releases the rest
+            self._unreleased.update(self.hot)
             self.hot.clear()
         self._close_wake()
 
@@ -379,6 +383,12 @@ class Worker:
             done += n
             if n >= self.batch:
                 self._backlog.add(key)
+        for key in sorted(self._unreleased - set(self.hot)):
+            # a pair held before a Redis error and not taken again: without this its lease would name
+            # a live worker that does not work on it, and no other worker could take it (found with
+            # a worker's share kept right across polls: the pair stalled after an embedded Redis restart)
+            self.store.release(key[0], key[1], self.id)
+        self._unreleased.clear()
         M.WORKER_LEASES.set(len(self.hot))
         self._cool()
         self._forget_series()

@@ -80,7 +80,8 @@ PAGE_FIELD_METRIC = {
 #: Fields the page reads that are identity or bookkeeping, not numbers with a metric.
 PAGE_FIELD_STRUCTURAL = {"id", "kind", "model", "name", "seq",
                          # where on the time axis (Prometheus has its own time) and a chunk's size
-                         "time_start", "time_end", "location_time", "delay_seconds", "rows"}
+                         "time_start", "time_end", "location_time", "delay_seconds", "rows",
+                         "probability_observations"}  # the n P(model) compares the models on
 #: Fields the page reads of the stream's change points (``sc.X``) -> the per-stream metric.
 PAGE_STREAM_FIELD_METRIC = {
     "location": "cusp_stream_changepoint_last_observation",
