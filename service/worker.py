@@ -81,10 +81,16 @@ class Hot:
     first_time: float | None = None  # the stream's first row's time (read once, when a duration needs it)
     used: float = 0.0  # monotonic time it last processed a chunk
     cold: bool = False  # its state, reservoir and detector were let go (CUSP_WORKER_WARM_BYTES); reloaded for its next chunk
+    size: int | None = None  # nbytes as last measured; None: to measure again (it processed chunks since)
 
     def nbytes(self) -> int:
-        """Memory of what it keeps: its state's tensors, reservoir and detector data (0 when cold)."""
-        return 0 if self.cold else _nbytes(self.state) + self.reservoir.nbytes + _nbytes(self.dstate)
+        """Memory of what it keeps: its state's tensors, reservoir and detector data (0 when cold).
+        Measured once after each batch it processes, not at every poll of every held pair."""
+        if self.cold:
+            return 0
+        if self.size is None:
+            self.size = _nbytes(self.state) + self.reservoir.nbytes + _nbytes(self.dstate)
+        return self.size
 
 
 def _nbytes(obj, depth: int = 0) -> int:
@@ -591,7 +597,7 @@ class Worker:
             hot = self._warm(hot)
             if hot is None:
                 return 0
-        hot.used = time.monotonic()
+        hot.used, hot.size = time.monotonic(), None
         s, m = hot.stream, hot.model
         entries = self.store.inputs(s, hot.last_seq + 1, count=self.batch)
         last_in = self.store.last_ingested(s)
