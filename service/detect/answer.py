@@ -68,7 +68,8 @@ class StreamAnswer:
         self.events: list[tuple[int, int, str, float, float | None]] = []
         self.changes: list[int] = []  # locations of the changes found (the last MAX_CHANGES)
         self.n = 0
-        # the posterior model probabilities at the last chunk compared, and the observations then
+        # the posterior model probabilities at the last chunk this object compared, and the
+        # observations then (not part of the state: the service keeps the last ones beside it)
         self.probabilities: dict[str, float] | None = None
         self.compared_n: int | None = None
 
@@ -125,7 +126,7 @@ class StreamAnswer:
 
     def to_dict(self) -> dict:
         return {"v": self.VERSION, "n": self.n, "window": self.window, "events": [list(e) for e in self.events],
-                "changes": list(self.changes), "probabilities": self.probabilities, "compared_n": self.compared_n}
+                "changes": list(self.changes)}
 
     def load(self, d: dict | None) -> "StreamAnswer":
         """This answer's state from ``to_dict`` (None: a new stream)."""
@@ -138,7 +139,6 @@ class StreamAnswer:
         self.events = [(int(e[0]), int(e[1]), str(e[2]), float(e[3]), None if len(e) < 5 or e[4] is None else float(e[4]))
                        for e in d["events"]]
         self.changes = [int(c) for c in d["changes"]]
-        self.probabilities, self.compared_n = d.get("probabilities"), d.get("compared_n")  # absent in states before them
         return self
 
 
