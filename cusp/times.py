@@ -19,26 +19,22 @@ strings and numbers are sent as given. pandas is never imported here.
 
 from __future__ import annotations
 
-import math
 import numbers
-import re
 from collections.abc import Sequence
-from datetime import date, datetime, timezone
+from datetime import date, datetime, timedelta, timezone
 from typing import Any
 
 from cusp.errors import InputError
 
-#: epoch seconds of 0001-01-01T00:00:00Z and 9999-12-31T23:59:59Z, the service's bounds
-EARLIEST, LATEST = -62135596800.0, 253402300799.0
-_DATE = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}")
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
 
 def parse_time(value: str | None) -> datetime | None:
     """A time from the service (``time_start``, ``location_time``, ``detected_time``...: RFC 3339
-    UTC strings) as a timezone-aware ``datetime``; None (a result without time) stays None."""
+    UTC strings) as a timezone-aware ``datetime`` in UTC; None (a result without time) stays None."""
     if value is None:
         return None
-    return _read_string(value, "time")[0]
+    return _EPOCH + timedelta(microseconds=round(_service_seconds(value, "time") * 1e6))
 
 
 def wire_times(times: Any, rows: int, what: str = "times") -> list:
@@ -107,7 +103,7 @@ def _utc_strings(a: Any, what: str) -> list[str]:
 def _one(v: Any, where: str) -> tuple[Any, float]:
     """What to send for one time, and its epoch seconds (for the order check)."""
     if isinstance(v, str):
-        return v, _read_string(v, where)[1]
+        return v, _service_seconds(v, where)
     if isinstance(v, datetime):
         if v.tzinfo is None or v.utcoffset() is None:
             raise InputError(f"{where}: {v!r} is a naive datetime; give it a time zone "
@@ -120,25 +116,20 @@ def _one(v: Any, where: str) -> tuple[Any, float]:
         return _one(_utc_strings([v], where)[0], where)
     if isinstance(v, bool) or not isinstance(v, numbers.Real):
         raise InputError(f"{where}: {v!r} is not a time (a timezone-aware datetime, an RFC 3339 string or epoch seconds)")
-    x = float(v)
-    if not math.isfinite(x) or not EARLIEST <= x <= LATEST:
-        raise InputError(f"{where}: {v!r} epoch seconds is not a time between the years 1 and 9999")
+    x = _service_seconds(float(v), where)
     return (int(v) if isinstance(v, numbers.Integral) else x), x
 
 
-def _read_string(text: str, where: str) -> tuple[datetime, float]:
-    """An RFC 3339 time with an offset or a date (UTC midnight), as the service reads it."""
-    s = text.strip()
+def _service_seconds(v: str | float, where: str) -> float:
+    """An RFC 3339 string, a date or epoch seconds read exactly as the service reads them
+    (``service.times.parse``: the same forms, the same bounds, the same messages), so that what
+    passes here is never refused there."""
+    from service.times import TimeError, parse  # here: ``import cusp`` stays light
+
     try:
-        d = datetime.fromisoformat(s)
-    except ValueError:
-        raise InputError(f"{where}: {text[:40]!r} is not an RFC 3339 time like '2026-05-01T12:00:00Z' "
-                         "(or a date like '2026-05-01', or epoch seconds)") from None
-    if _DATE.fullmatch(s):
-        d = d.replace(tzinfo=timezone.utc)
-    elif d.tzinfo is None:
-        raise InputError(f"{where}: {text[:40]!r} has no UTC offset; RFC 3339 needs one, e.g. 'Z' or '+02:00'")
-    return d, _seconds(d, where)
+        return parse(v, where)
+    except TimeError as exc:
+        raise InputError(str(exc)) from None
 
 
 def _seconds(d: datetime, where: str) -> float:
