@@ -193,6 +193,7 @@ def _demo_when_up(args: argparse.Namespace) -> None:
 
 def feed_demo(args: argparse.Namespace) -> int:
     """Create the demo stream (GMMs with 3, 5, 7 components) and post the paper's data."""
+    from service import times as T
     from service.demo import distribution_shift_data
 
     spec = {"name": args.stream, "columns": ["x", "y"],
@@ -209,7 +210,7 @@ def feed_demo(args: argparse.Namespace) -> int:
     rnd = start_seq // per_round
     # the rows' times: a chunk's rows spread evenly since the previous chunk was sent, as a sensor's
     # readings that arrive in batches (never ahead of the clock; resumed after the stream's last)
-    clock = _epoch(info.get("last_time")) or time.time() - 1.0
+    clock = T.parse(info["last_time"], "the stream's last_time") if info.get("last_time") else time.time() - 1.0
     while True:  # one round of the paper's data per seed: 3 -> 5 -> 7 clusters, then 3 again
         data, changes = distribution_shift_data(args.observations, seed=rnd)
         first = rnd * per_round
@@ -220,12 +221,6 @@ def feed_demo(args: argparse.Namespace) -> int:
         rnd += 1
         if code or not getattr(args, "loop", False) or rnd == getattr(args, "rounds", 0):
             return code
-
-
-def _epoch(text: str | None) -> float | None:
-    from datetime import datetime
-
-    return datetime.fromisoformat(text).timestamp() if text else None
 
 
 def _post_round(args: argparse.Namespace, data, first: int, start_seq: int, per_round: int, pace: float,
