@@ -258,7 +258,8 @@ class Detector:
             self._events[name] += new[name]
             evidence[name] = (result.n, result.log_evidence)
         self._chunks.append((self.n, int(chunk.shape[0])))
-        self._changes += self._answer.chunk(int(chunk.shape[0]), evidence, new)
+        self._changes += self._answer.chunk(int(chunk.shape[0]), evidence, new,
+                                            {name: run.pending for name, run in self._runs.items()})
 
     # --- answers ------------------------------------------------------------------------------
     @property

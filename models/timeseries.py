@@ -155,6 +155,30 @@ class TimeSeriesRegression(_Exact):
             new[0], new[1], new[2] = float(self.warmup), post[1], post[2]
         return new
 
+    def exact_shift(self, post: torch.Tensor) -> torch.Tensor | None:
+        """A restart at a level shift: the series' level jumps to a new value and everything else
+        holds. The posterior ``post`` (the incumbent's, given the rows before the change) with the
+        intercept's information replaced by its prior, N(0, s2 coef_scale^2) in the frame, drawn
+        afresh: the slope, the seasonal terms, the lags' coefficients and the noise variance keep
+        what the old regime taught, and the lags and the time index go on. Exact: the intercept
+        is the first coefficient, so the marginal posterior of the others is the lower-right block
+        of the square-root information R (and of z), and (a, b) of the noise variance are those of
+        the joint posterior. Scored from its first row with nothing to train: the prior of the one
+        new parameter is proper, its cost (about log(coef_scale sqrt(n)) nats) is part of the
+        evidence. None during the warm-up (no frame yet)."""
+        if int(post[0]) < self.warmup:
+            return None
+        parts = self._parts(post)
+        new = post.clone()
+        d = self.n_coef
+        shifted = self._parts(new)
+        r = torch.zeros(d, d, dtype=torch.float64)
+        r[0, 0] = 1.0 / self.coef_scale
+        r[1:, 1:] = parts["r"][1:, 1:]
+        shifted["r"].copy_(r)
+        shifted["z"][0] = 0.0
+        return new
+
     def frame(self, post: torch.Tensor) -> tuple[float, float] | None:
         """(centre, scale) of the reference frame, None during the warm-up."""
         return (float(post[1]), float(post[2])) if int(post[0]) >= self.warmup else None

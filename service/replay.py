@@ -108,7 +108,8 @@ def run(args: argparse.Namespace) -> int:
                     print(f"{label}: change point at observation {ev.location}{at(timed)} (chunk {ev.chunk}), confidence "
                           f"{ev.confidence:.4f}, log Bayes factor {ev.log_bayes_factor:.1f}, detected at {ev.detected_at}",
                           file=sys.stderr)
-            for c in answer.chunk(rows.shape[0], evidence, new) if args.detect else ():
+            pending = {label: run.pending for label, run in runs.items()}
+            for c in answer.chunk(rows.shape[0], evidence, new, pending) if args.detect else ():
                 timed = T.timed(c.location_time, end) if stamps is not None else {}
                 out.write(json.dumps({"model": "*", "kind": "stream_changepoint", **c.to_dict(), **timed}) + "\n")
                 support = ", ".join(f"{m} p={p:.3g}" for m, (p, _) in sorted(c.support.items()))

@@ -633,10 +633,10 @@ class Worker:
             state, result, writes = hot.sampler.update(hot.state, rows, hot.reservoir)
         except (ModelError, EngineError, ValueError, FloatingPointError) as exc:
             return self._failed(hot, seq, exc, int(rows.shape[0]))
-        reservoir, events, dstate, det_bytes = None, [], None, b""
+        reservoir, events, dstate, det_bytes, pending = None, [], None, b"", []
         if hot.detector is not None:
             step = hot.detector.update(hot.dstate, seq, rows, hot.state, state, result, self._interval(hot, fields, stamps))
-            dstate, result, events = step.state, step.result, step.events
+            dstate, result, events, pending = step.state, step.result, step.events, step.pending
             if step.promoted is not None:  # the model restarts at the change: its state and history
                 state, writes, reservoir = step.promoted, step.writes, step.reservoir
             det_bytes = dstate.to_bytes()
@@ -651,7 +651,8 @@ class Worker:
             outs += [m, "changepoint", json.dumps({"seq": seq, **ev.to_dict(), **T.timed(ev.location_time, end)})]
         # what this chunk adds to the stream's answer (taken by _answer once every model applied it)
         tally = json.dumps({"rows": int(rows.shape[0]), "n": result.n, "log_evidence": result.log_evidence,
-                            "events": [ev.to_dict() for ev in events], "time_end": end})
+                            "events": [ev.to_dict() for ev in events], "time_end": end,
+                            **({"pending": [[int(a), float(q)] for a, q in pending]} if pending else {})})
         row_bytes = hot.reservoir.width * 8
         slot_args = self._slot_runs(writes)
         status = self.store.apply(s, m, hot.token, seq, state.to_bytes(), result.n, result.log_evidence, chunks, det_bytes,
@@ -750,7 +751,8 @@ class Worker:
                 recs = [json.loads(r) for r in recs]
                 evidence = {m: None if r.get("dead") else (r["n"], r["log_evidence"]) for m, r in zip(names, recs)}
                 events = {m: [Event(**e) for e in r.get("events", ())] for m, r in zip(names, recs)}
-                found += [(q, c, recs[0].get("time_end")) for c in answer.chunk(recs[0]["rows"], evidence, events)]
+                pending = {m: [(int(a), float(p)) for a, p in r.get("pending", ())] for m, r in zip(names, recs)}
+                found += [(q, c, recs[0].get("time_end")) for c in answer.chunk(recs[0]["rows"], evidence, events, pending)]
                 taken += [tally_field(q, m) for m in names]
                 seq = q + 1
             else:

@@ -140,6 +140,31 @@ def test_model_averaged_changes_weigh_each_models_event_by_its_posterior_probabi
         model_averaged_changes({"a": []}, {"b": [(500, -1.0)]}, window=500)
 
 
+def test_a_model_yet_to_report_counts_with_its_open_challengers():
+    """Equal evidence: a's event alone is worth half its confidence (no change, as above); b has not
+    reported, but its open challenger at 1,010 (within the window) puts a change there at 0.99
+    (``Detector._pending``): 0.5 x 0.999 + 0.5 x 0.99 >= 0.99, a change, located where a, the model
+    that reported, put it. Pending probabilities are not kept: the next chunk without them drops
+    to a's half again, and one far off (2,000) or of a model that reported counts nothing extra."""
+    ns = [500, 1000, 1500, 2000]
+    eq = {"a": [(n, -float(n)) for n in ns], "b": [(n, -float(n)) for n in ns]}
+    events = {"a": [_event(1000, 1500, 0.999)], "b": []}
+    none = [[] for _ in ns]
+    at = [[], [], [(1010, 0.99)], []]
+    got = model_averaged_changes(events, eq, window=500, pending={"a": none, "b": at})
+    assert [(c.location, c.detected_at) for c in got] == [(1000, 1500)]
+    assert got[0].confidence == pytest.approx(0.5 * 0.999 + 0.5 * 0.99)
+    assert got[0].support == {"a": (0.5, 0.999), "b": (0.5, 0.99)}
+    late = [[], [], [], [(1010, 0.99)]]  # b's say comes a chunk later: the change with it
+    assert [c.detected_at for c in model_averaged_changes(events, eq, window=500, pending={"a": none, "b": late})] == [2000]
+    far = [[], [], [(2000, 0.99)], []]
+    assert model_averaged_changes(events, eq, window=500, pending={"a": none, "b": far}) == []
+    weak = [[], [], [(1010, 0.9)], []]
+    assert model_averaged_changes(events, eq, window=500, pending={"a": none, "b": weak}) == []
+    # a's own open challengers do not add to its event
+    assert model_averaged_changes(events, eq, window=500, pending={"a": [[], [], [(1000, 0.999)], []], "b": none}) == []
+
+
 def test_a_model_that_misses_a_change_does_not_hide_it_from_the_stream():
     """The paper's clusters, first 2,500 rows: 3 clusters become 5 at 1,000. The 5-component GMM
     finds it at once, and the data give it all the posterior weight, so the stream-level,
@@ -213,6 +238,48 @@ def test_deterministic_and_restores_bit_for_bit():
     full, alive = _restores(sampler, DetectorConfig(), x, 10, 90, (30, 31, 32, 35, 61, 62))
     assert sum(len(ev) for _, ev in full) >= 2
     assert alive > 0  # some cuts fell while challengers were alive
+
+
+@pytest.mark.parametrize("size,cuts", [(1, (251, 256)), (5, (56, 58))])
+def test_level_shift_challengers_restore_bit_for_bit(size, cuts):
+    """An autoregression's level-shift restarts (``exact_shift``) start from the incumbent's
+    posterior before their first chunk (point by point: the chunk in hand; in chunks: the state
+    saved with it) and carry it in their own state. Cut where they are alive (the ar-shift
+    latencies of ``cusp bench detect --metrics``, seed 0, change at 250; in chunks of 5 a candidate
+    at 275)."""
+    from bench.metrics_suite import simulations
+
+    s = next(x for x in simulations(0) if x.key == "sim:ar-shift")
+    x = torch.as_tensor(s.data)
+    sampler = build_sampler(build_model("ar", 1), SGAISConfig())
+    run = OfflineRun(sampler, 4, DetectorConfig())
+    for i in range(cuts[0]):
+        run.step(x[size * i : size * i + size])
+    assert any(c.shift for c in run.dstate.challengers)
+    full, alive = _restores(sampler, DetectorConfig(), x, size, 300 // size, cuts)
+    assert alive > 0 and sum(len(ev) for _, ev in full) >= 1
+
+
+def test_the_auto_run_length_prior_is_scale_free():
+    """expected_run_length='auto': P(a change in the next B rows | r rows since the regime began)
+    = 1 - ((1 + r) / (1 + r + B))^0.1, so a change within the next r rows is 1 - 2^-0.1 (7 %)
+    likely at any r (within 1 %: the offset of 1 row), the hazard about 1/1000 at r = 100 and
+    falling with r; a number keeps its fixed hazard whatever r."""
+    sampler = build_sampler(build_model("level", 1), SGAISConfig())
+    det = Detector(sampler, DetectorConfig(expected_run_length="auto"))
+
+    def p(rows, since, d=det):
+        return 1.0 / (1.0 + math.exp(-d.log_prior_odds(rows, since)))
+
+    for r in (100, 10_000, 1_000_000):
+        assert p(r, r) == pytest.approx(1 - 2**-0.1, rel=0.01)
+    assert p(1, 100) == pytest.approx(1 - (101 / 102) ** 0.1, rel=1e-12) and 0.9e-3 < p(1, 100) < 1.1e-3
+    assert p(1, 10) > p(1, 100) > p(1, 1000) > p(1, 100_000)
+    fixed = Detector(sampler, DetectorConfig(expected_run_length=1000))
+    assert p(1, 10, fixed) == p(1, 100_000, fixed) == pytest.approx(1e-3, rel=1e-12)
+    assert DetectorConfig.from_dict({"expected_run_length": "auto"}).run_length_seconds is None
+    with pytest.raises(ConfigError, match="expected_run_length.*'automatic' is not a duration"):
+        DetectorConfig(expected_run_length="automatic")
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])

@@ -37,11 +37,12 @@ class StreamAnswer:
         P(change near l | data) = sum_m p(m | data) P(change near l | data, m)
                                 >= sum over models m with an event within ``window`` of l of p(m | data) x its confidence
 
-    (a model with no such event counts 0: a lower bound). After each chunk every event reported
+    (a model with no such event counts with its open challengers' probability of a change within
+    ``window`` of l at this chunk, ``Detector._pending``, or 0: a lower bound). After each chunk every event reported
     so far (each model's events are candidates, in the order they were first reported) that is not
     within ``window`` of a change already found is checked; the first whose bound reaches
-    ``threshold`` becomes a stream change, located where the model that weighs most in its support
-    put it. A misspecified model that misses a change (a 3-component mixture when 3 clusters
+    ``threshold`` becomes a stream change, located where the reporting model that weighs most in
+    its support put it. A misspecified model that misses a change (a 3-component mixture when 3 clusters
     become 5) does not hide it, and one that fires alone while the data overwhelmingly favour the
     others (posterior probability near 0) does not raise one. With one model p = 1 and its events
     are the stream's (less those within ``window`` of an earlier one).
@@ -74,11 +75,13 @@ class StreamAnswer:
         self.compared_n: int | None = None
 
     def step(self, n: int, rows: int, log_evidence: dict[str, float] | None,
-             events: dict[str, list[Event]] | None = None) -> list["StreamChange"]:
+             events: dict[str, list[Event]] | None = None,
+             pending: dict[str, list[tuple[int, float]]] | None = None) -> list["StreamChange"]:
         """One chunk of ``rows`` observations: ``n`` observations seen after it, each model's
         running log-evidence (None when the models did not read the same data here: one
-        dead-lettered the chunk), the events each model reported on it. Returns the stream
-        changes found at this chunk."""
+        dead-lettered the chunk), the events each model reported on it, and each model's open
+        challengers after it (``Step.pending``: (location, probability); not kept). Returns the
+        stream changes found at this chunk."""
         self.window = max(self.window, int(rows))
         for m, evs in sorted((events or {}).items()):
             if m not in self.models:
@@ -103,16 +106,26 @@ class StreamAnswer:
             for at, where, m, conf, when in self.events:
                 if at <= n and abs(where - loc) <= self.window and conf > best.get(m, (0.0, 0.0, 0, None))[1]:
                     best[m] = (probs[m], conf, where, when)
+            reported = set(best)
+            if not reported:
+                continue
+            for m, places in sorted((pending or {}).items()):
+                if m in reported:
+                    continue  # a model that reported a change here speaks through its event
+                for where, conf in places:
+                    if m in probs and abs(where - loc) <= self.window and conf > best.get(m, (0.0, 0.0, 0, None))[1]:
+                        best[m] = (probs[m], float(conf), int(where), None)
             bound = sum(p * c for p, c, _, _ in best.values())
             if best and bound >= self.threshold:
-                top = max(best, key=lambda m: best[m][0] * best[m][1])
+                top = max(reported, key=lambda m: best[m][0] * best[m][1] if m in reported else -1.0)
                 found.append(StreamChange(location=best[top][2], detected_at=int(n), confidence=min(bound, 1.0),
                                           support={m: (p, c) for m, (p, c, _, _) in best.items()}, location_time=best[top][3]))
                 self.changes = (self.changes + [best[top][2]])[-self.MAX_CHANGES:]
         return found
 
     def chunk(self, rows: int, evidence: dict[str, tuple[int, float] | None],
-              events: dict[str, list[Event]] | None = None) -> list["StreamChange"]:
+              events: dict[str, list[Event]] | None = None,
+              pending: dict[str, list[tuple[int, float]]] | None = None) -> list["StreamChange"]:
         """``step`` from each model's (observations seen, running log-evidence) after the chunk,
         None for a model that did not apply it (dead-lettered). Models are compared on the data
         they read: a model that has seen fewer observations than the others (it dead-lettered a
@@ -122,7 +135,8 @@ class StreamAnswer:
         if not got:
             return self.step(self.n + int(rows), rows, None, events)
         n = max(v[0] for v in got.values())
-        return self.step(n, rows, {m: got[m][1] if m in got and got[m][0] == n else -math.inf for m in evidence}, events)
+        return self.step(n, rows, {m: got[m][1] if m in got and got[m][0] == n else -math.inf for m in evidence}, events,
+                         {m: v for m, v in (pending or {}).items() if m in got and got[m][0] == n})
 
     def to_dict(self) -> dict:
         return {"v": self.VERSION, "n": self.n, "window": self.window, "events": [list(e) for e in self.events],
@@ -144,10 +158,12 @@ class StreamAnswer:
 
 def model_averaged_changes(events: dict[str, list[Event]], log_evidence: dict[str, list[tuple[int, float]]],
                            window: int, threshold: float = 0.99,
-                           log_prior: dict[str, float] | None = None) -> list[StreamChange]:
+                           log_prior: dict[str, float] | None = None,
+                           pending: dict[str, list[list[tuple[int, float]]]] | None = None) -> list[StreamChange]:
     """``StreamAnswer`` over whole traces: ``log_evidence[m]``: (observations seen, running
     log-evidence) after each chunk, the same n for every model (they read the same chunks); an
-    event enters at the first chunk whose n reaches its ``detected_at``. Sorted by location."""
+    event enters at the first chunk whose n reaches its ``detected_at``; ``pending[m]``: each
+    chunk's ``Step.pending`` (None: none). Sorted by location."""
     names = sorted(events)
     if set(log_evidence) != set(names):
         raise ValueError(f"log_evidence covers {sorted(log_evidence)}, events {names}")
@@ -162,6 +178,7 @@ def model_averaged_changes(events: dict[str, list[Event]], log_evidence: dict[st
     prev = -1
     for i, n in enumerate(ns):
         new = {m: [e for e in events[m] if prev < e.detected_at <= n] for m in names}
-        out += answer.step(n, 0, {m: log_evidence[m][i][1] for m in names}, new)
+        out += answer.step(n, 0, {m: log_evidence[m][i][1] for m in names}, new,
+                           None if pending is None else {m: pending[m][i] for m in names if m in pending})
         prev = n
     return sorted(out, key=lambda c: c.location)

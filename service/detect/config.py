@@ -12,15 +12,28 @@ from service.times import TimeError, parse_duration
 #: observations between changes a duration stands for while a stream's rows span no time yet
 DEFAULT_RUN_LENGTH = 1000.0
 
+#: ``expected_run_length="auto"``: no time scale assumed. A regime's length L has the scale-free
+#: (Lomax) prior P(L > r) = (1 + r / AUTO_R0)^-AUTO_ALPHA, so a change within the next B rows,
+#: given r rows without one, has probability 1 - ((AUTO_R0 + r) / (AUTO_R0 + r + B))^AUTO_ALPHA:
+#: after r quiet rows a change within the next r is 1 - 2^-0.1 = 7 % likely whatever r is, so
+#: a series of 20 yearly values and a stream of 10^6 readings a second are judged alike. The
+#: hazard per row, about AUTO_ALPHA / r, is 1/1000 (a fixed 1000's) at r = 100: higher before,
+#: lower after (``Detector.log_prior_odds``)
+AUTO = "auto"
+AUTO_ALPHA = 0.1
+AUTO_R0 = 1.0
+
 
 @dataclass(frozen=True)
 class DetectorConfig:
     """expected_run_length: prior mean observations between changes (hazard = 1/this), or a
     duration ('30d', '12h', 'PT12H': ``service.times.parse_duration``), turned into observations
     by the stream's mean time between rows so far (``Detector.update``'s ``seconds_per_row``;
-    ``DEFAULT_RUN_LENGTH`` observations while its rows span no time);
+    ``DEFAULT_RUN_LENGTH`` observations while its rows span no time), or ``"auto"``: no time
+    scale, the prior probability of a change follows the rows seen since the last one (``AUTO``);
     threshold: posterior probability of a change needed to report it; max_challengers:
-    challengers alive at once; adapt: replace the incumbent by the winning challenger;
+    challengers alive at once (a model with level shifts, ``Model.exact_shift``: places, each
+    with its kinds of restart, ``Detector._kinds``); adapt: replace the incumbent by the winning challenger;
     surprise: |z| of a chunk's log predictive per observation, against its running level,
     that nominates a candidate at that chunk; cusum: threshold of a two-sided CUSUM of those
     z-scores (drift 0.5) that nominates the chunk where its excursion began (small
@@ -58,14 +71,17 @@ class DetectorConfig:
 
         need(isinstance(self.enabled, bool), "enabled must be true or false")
         need(isinstance(self.adapt, bool), "adapt must be true or false")
-        if isinstance(self.expected_run_length, str):
+        if self.expected_run_length == AUTO:
+            pass
+        elif isinstance(self.expected_run_length, str):
             try:
                 parse_duration(self.expected_run_length, "expected_run_length")
             except TimeError as exc:
                 raise ConfigError(f"detector: {exc}") from None
         else:
             need(_num(self.expected_run_length) and self.expected_run_length > 1,
-                 "expected_run_length must be a number > 1 (observations) or a duration such as '30d' or 'PT12H'")
+                 "expected_run_length must be a number > 1 (observations), a duration such as '30d' or 'PT12H', "
+                 "or 'auto'")
         need(_num(self.threshold) and 0.5 <= self.threshold < 1.0, "threshold must be a probability in [0.5, 1)")
         need(_int(self.max_challengers) and 1 <= self.max_challengers <= 16, "max_challengers must be an integer in [1, 16]")
         need(_num(self.surprise) and self.surprise > 0, "surprise must be a positive number")
@@ -81,7 +97,7 @@ class DetectorConfig:
     @property
     def run_length_seconds(self) -> float | None:
         """expected_run_length in seconds when it is a duration, else None (observations)."""
-        if isinstance(self.expected_run_length, str):
+        if isinstance(self.expected_run_length, str) and self.expected_run_length != AUTO:
             return parse_duration(self.expected_run_length, "expected_run_length")
         return None
 

@@ -8,11 +8,16 @@ from typing import Callable
 
 import torch
 
-from service.detect.config import DEFAULT_RUN_LENGTH, DetectorConfig
-from service.detect.decision import decide
+from service.detect.config import AUTO, AUTO_ALPHA, AUTO_R0, DEFAULT_RUN_LENGTH, DetectorConfig
+from service.detect.decision import decide, posterior
 from service.detect.signals import weight
 from service.detect.state import Challenger, DetectorState, Event, Recent, Refined, Step
 from service.sgais import ChunkResult, ExactState, Reservoir, ReservoirWrites, Sampler, SGAISState, load_state
+
+#: an open challenger whose posterior probability of a change is below this is not passed on to
+#: the stream's answer (``Detector._pending``): four models at this much each move the stream's
+#: bound by less than 0.01
+PENDING_FLOOR = 1e-3
 
 #: a change's location moves off the chunk boundary the detector found only when another row of
 #: that chunk or the one before is more probable by more than this (``Detector._refine``)
@@ -51,10 +56,18 @@ class Detector:
         self.max_age = self.config.max_age or 20 * self.train
         self.capacity = sampler.config.reservoir_capacity
         self.run_length_seconds = self.config.run_length_seconds
-        self.log_hazard = -math.log(DEFAULT_RUN_LENGTH if self.run_length_seconds is not None
+        self.scale_free = self.config.expected_run_length == AUTO
+        self.log_hazard = -math.log(DEFAULT_RUN_LENGTH if self.run_length_seconds is not None or self.scale_free
                                     else float(self.config.expected_run_length))
         self.multimodal = bool(getattr(model, "multimodal", False))
         self.exact = getattr(sampler, "method", "sgais") == "exact"
+        # a level shift (``Model.exact_shift``): a restart that keeps all but the level
+        self.shifts = self.exact and callable(getattr(model, "exact_shift", None))
+        # challengers alive at once: ``max_challengers``; with level shifts, that many places, each
+        # with all its kinds of restart, so that a level shift, compared at once, is not crowded
+        # out by the next place's restarts that are still training (exact restarts cost a few
+        # arithmetic operations a row)
+        self.max_restarts = self.config.max_challengers * (len(self._kinds(self.train)) if self.shifts else 1)
 
     def init(self, seed: int) -> DetectorState:
         g = torch.Generator().manual_seed(int(seed))
@@ -86,18 +99,26 @@ class Detector:
         rows late, and the restart from the prior, placed by its own comparison, does better."""
         return rows >= self.train
 
-    def _kinds(self, first: Recent) -> tuple[bool, ...]:
-        """The restarts a candidate at ``first`` gets: from the prior, and with a short memory."""
-        return (False, True) if self.with_memory(int(first.rows.shape[0])) else (False,)
+    def _kinds(self, rows: int) -> tuple[str, ...]:
+        """The restarts a candidate whose first chunk has ``rows`` rows gets: from the prior, with a
+        short memory (``with_memory``), and a level shift (``shifts``: the incumbent's posterior
+        with a new level, for models that have ``exact_shift``)."""
+        return ("prior",) + (("memory",) if self.with_memory(rows) else ()) + (("shift",) if self.shifts else ())
 
-    def restart_log_prior_odds(self, rows: int) -> float:
+    def restart_log_prior_odds(self, rows: int, since: int = 0) -> float:
         """The prior odds of one restart: a change at the candidate is split evenly between the
-        ways its new regime may start (from the prior, or from a short memory, when it has one)."""
-        return self.log_prior_odds(rows) - (math.log(2.0) if self.with_memory(rows) else 0.0)
+        ways its new regime may start (``_kinds``), whether or not each could be built there."""
+        return self.log_prior_odds(rows, since) - math.log(len(self._kinds(rows)))
 
-    def log_prior_odds(self, rows: int) -> float:
-        """log p/(1-p) with p = 1 - (1 - h)^rows: a change within the candidate's first chunk."""
-        log_none = rows * math.log1p(-math.exp(self.log_hazard))
+    def log_prior_odds(self, rows: int, since: int = 0) -> float:
+        """log p/(1-p), p the prior probability of a change within the candidate's first chunk of
+        ``rows`` rows, ``since`` rows after the regime began (the stream's start or the last change
+        the model restarted at): p = 1 - (1 - h)^rows with a fixed hazard h, or with ``"auto"``
+        p = 1 - ((AUTO_R0 + since) / (AUTO_R0 + since + rows))^AUTO_ALPHA (``config.AUTO``)."""
+        if self.scale_free:
+            log_none = -AUTO_ALPHA * math.log1p(rows / (AUTO_R0 + max(since, 0)))
+        else:
+            log_none = rows * math.log1p(-math.exp(self.log_hazard))
         return math.log(-math.expm1(log_none)) - log_none
 
     # ------------------------------------------------------------------------------------
@@ -151,7 +172,8 @@ class Detector:
         if scored:
             new.recent.append(Recent(seq=seq, chunk=new.chunks - 1, start=start, base=base, lp=lp, rows=chunk,
                                      level=new.level.mean, spread=new.level.spread if counted else 0.0,
-                                     state=before.to_bytes() if self.exact and b > 1 else None))
+                                     state=before.to_bytes() if self.exact and b > 1 else None,
+                                     before=before if self.shifts and b == 1 else None))
         x, steps = lp / max(scored, 1), float(result.annealing_steps)
         if not scored:
             pass  # a warm-up chunk, conditioned on: nothing to compare
@@ -174,13 +196,13 @@ class Detector:
             for i in sorted(set(starts)):
                 if new.recent[i].start in taken:
                     continue
-                for memory in self._kinds(new.recent[i]):
-                    if len(new.challengers) >= cfg.max_challengers:
+                for kind in self._kinds(int(new.recent[i].rows.shape[0])):
+                    if len(new.challengers) >= self.max_restarts:
                         weakest = self._weakest(new.challengers)
                         if not weakest.compared:
                             break  # all still training: keep the earlier candidates
                         new.challengers.remove(weakest)
-                    c = self._challenger(g, new.recent, i, memory, before, frame=before)
+                    c = self._challenger(g, new.recent, i, kind == "memory", before, frame=before, shift=kind == "shift")
                     if c is not None:
                         # the baseline is the level before the candidate: a CUSUM start lies
                         # chunks back, and the level since has followed the change part way
@@ -191,9 +213,10 @@ class Detector:
         elif new.level.count >= 1 and x < new.level.mean:
             # still learning: a stationary stream's log predictive per observation rises as the
             # posterior sharpens, so a chunk below the level so far is a candidate already
-            for memory in self._kinds(new.recent[-1]):
-                if len(new.challengers) < cfg.max_challengers:
-                    c = self._challenger(g, new.recent, len(new.recent) - 1, memory, before, frame=before)
+            for kind in self._kinds(int(new.recent[-1].rows.shape[0])):
+                if len(new.challengers) < self.max_restarts:
+                    c = self._challenger(g, new.recent, len(new.recent) - 1, kind == "memory", before, frame=before,
+                                         shift=kind == "shift")
                     if c is not None:
                         c.level = new.level.mean
                         new.challengers.append(c)
@@ -201,7 +224,8 @@ class Detector:
         # 3. did one win? (An earlier restart also beats an incumbent that a later change hurts,
         # so the winner's own comparison places the change: ``_where``.)
         events: list[Event] = []
-        best, confidence = decide(new.challengers, lambda c: self.restart_log_prior_odds(c.first_rows), cfg.threshold,
+        best, confidence = decide(new.challengers, lambda c: self.restart_log_prior_odds(c.first_rows, c.start - new.offset_n),
+                                  cfg.threshold,
                                   eligible=self._moved,
                                   data_moved=lambda c, others: self._data_moved(c, after, new.recent, others))
         step = Step(state=new, result=result, events=events)
@@ -228,19 +252,21 @@ class Detector:
                 j, placed = self._place(g, new.recent, i, best, before)
                 earlier, i = j != i, j
             if i is not None and cfg.adapt and (at or earlier or (best.memory > 0 and not memory)):
-                winner = placed if placed is not None else self._challenger(g, new.recent, i, memory, frame=before)
+                winner = placed if placed is not None else self._challenger(g, new.recent, i, memory, frame=before,
+                                                                            shift=best.shift)
                 if winner is None or winner.seqs[winner.memory:] != [r.seq for r in new.recent[i:]]:
                     winner = best  # the restart failed on some chunk: keep the one that did not
             where = new.recent[i] if i is not None else None
             location = where.start if where is not None else best.start
-            refined = self._refine(new.recent, i, before) if where is not None else None
+            refined = self._refine(new.recent, i, before, best.shift) if where is not None else None
             if refined is not None:
                 where, location = new.recent[refined.chunk], refined.location
             n_total = new.offset_n + after.n
             events.append(Event(location=location, chunk=where.chunk if where else best.chunk,
                                 seq=where.seq if where else fed[at], row=location - where.start if where else 0,
                                 detected_at=n_total, delay=n_total - location, confidence=confidence,
-                                log_bayes_factor=best.log_bf, log_prior_odds=self.restart_log_prior_odds(best.first_rows),
+                                log_bayes_factor=best.log_bf,
+                                log_prior_odds=self.restart_log_prior_odds(best.first_rows, best.start - new.offset_n),
                                 adapted=cfg.adapt))
             new.events += 1
             new.challengers = []
@@ -280,18 +306,43 @@ class Detector:
                 needed is None or new.recent[0].seq < needed):
             new.recent.pop(0)
             new.cusum.dropped_oldest()
+        new.recent = [replace(r, before=None) if r.before is not None else r for r in new.recent]
+        step.pending = self._pending(new)
         new.rng = g.get_state()
         step.result = replace(result, n=new.offset_n + after.n, log_evidence=new.offset_log_evidence + after.log_evidence)
         return step
 
-    def _refine(self, recent: list[Recent], i: int, frame) -> "Refined | None":
+    def _pending(self, s: DetectorState) -> list[tuple[int, float]]:
+        """The open challengers' say on a change: (location, posterior probability) for each place
+        where a compared challenger that passes ``_moved`` puts one (``_where``), the highest there,
+        below ``threshold`` (or it would have been reported) and at least ``PENDING_FLOOR``. The
+        stream's answer weighs them with the model's probability like reported events, so a model
+        that has not (yet) reported a change another model reports still counts with what its
+        evidence says, not 0. None for a model with poor modes (mixtures): there a restart's lead
+        may be an escape from a poor mode, which ``decide`` rules out only for the winner."""
+        if self.multimodal:
+            return []
+        places: dict[int, float] = {}
+        for c in s.challengers:
+            if not c.compared or not self._moved(c):
+                continue
+            q = posterior(c.log_bf, self.restart_log_prior_odds(c.first_rows, c.start - s.offset_n))
+            if q < PENDING_FLOOR:
+                continue
+            fed = c.seqs[c.memory:]
+            at = next((r.start for r in s.recent if r.seq == fed[self._where(c)]), c.start)
+            places[at] = max(places.get(at, 0.0), q)
+        return sorted(places.items())
+
+    def _refine(self, recent: list[Recent], i: int, frame, shift: bool = False) -> "Refined | None":
         """Where within a chunk the change began, for the exact method (chunks place a change at
         their first row otherwise): the row j of chunk i, or of the chunk before it, that maximises
         log p(rows before j | incumbent) + log p(rows from j to now | a restart at j), the change's
         most probable place (the prior of a change is the same for every row), or the chunk's own
         first row when that is within ``SUPPORT_NATS`` of it (a likelihood ratio of e^3, about the
         95% level of a chi-square with one degree of freedom, 2 x 3 = 6 > 3.84); with what a
-        restart there needs. None: nothing to refine (another method, rows of one, no saved state)."""
+        restart there needs; with ``shift`` the restart at j is a level shift from the incumbent's
+        posterior before row j. None: nothing to refine (another method, rows of one, no saved state)."""
         lo = i - 1 if i > 0 and recent[i - 1].state is not None else i
         if not self.exact or recent[lo].state is None or any(r.rows is None for r in recent[lo:]):
             return None
@@ -303,14 +354,18 @@ class Detector:
         with torch.inference_mode():
             post = load_state(recent[lo].state).post
             fresh = model.exact_restart(frame.post)
-            scores, befores = [], []
+            scores, befores, restarts = [], [], []
             before = 0.0
             for j in range(span):
                 if j:
                     post, lp = model.exact_update(post, rows[j - 1 : j])
                     before += lp
-                scores.append(before + model.exact_update(fresh, rows[j:])[1])
+                start = model.exact_shift(post) if shift else fresh
+                if start is None:
+                    return None
+                scores.append(before + model.exact_update(start, rows[j:])[1])
                 befores.append(before)
+                restarts.append(start)
             # the rows within SUPPORT_NATS of the best are the change's support set: of those, the
             # one nearest the chunk boundary the detector found (a boundary the data do not reject
             # stays where it was)
@@ -318,7 +373,7 @@ class Detector:
             at = sum(int(r.rows.shape[0]) for r in recent[lo:i])
             j = min((k for k, v in enumerate(scores) if v >= top - SUPPORT_NATS), key=lambda k: (abs(k - at), k))
             before = befores[j]
-            new_post, lp_new = model.exact_update(fresh, rows[j:])
+            new_post, lp_new = model.exact_update(restarts[j], rows[j:])
         ends = [r.start + int(r.rows.shape[0]) for r in recent[lo:]]
         chunk = lo + next(k for k, e in enumerate(ends) if recent[lo].start + j < e)
         return Refined(location=recent[lo].start + j, chunk=chunk, base=recent[lo].base + before,
@@ -436,7 +491,8 @@ class Detector:
         return min(chs, key=lambda c: (not c.compared, c.log_bf))
 
     def _challenger(self, g: torch.Generator, recent: list[Recent], i: int, memory: bool = False,
-                    incumbent: SGAISState | None = None, frame: SGAISState | None = None) -> Challenger | None:
+                    incumbent: SGAISState | None = None, frame: SGAISState | None = None,
+                    shift: bool = False) -> Challenger | None:
         """A restart at ``recent[i]``, fed ``recent[i:]`` (up to this chunk). From the prior, or
         with ``memory`` from the posterior given the last rows before the change (at least
         ``train`` of them, and as many as the restart's first chunk has): a change that adds to
@@ -444,12 +500,20 @@ class Detector:
         not charged for learning the old parameters again, while a model with the whole
         history is slow to give the new part weight. None: not enough rows before ``i``.
         With ``incumbent`` (its state at the candidate) the challenger keeps its fit of those
-        rows, for ``_data_moved``."""
+        rows, for ``_data_moved``. With ``shift``: a level shift, the incumbent's posterior given
+        the rows before ``recent[i]`` with a new level (``ExactSampler.shift``), compared from its
+        first chunk on; None where that posterior is not at hand (``_state_at``)."""
         if memory and not self.with_memory(int(recent[i].rows.shape[0])):
             return None
         seed = int(torch.randint(0, 2**62, (1,), generator=g))
         first = recent[i]
-        state = self.sampler.init(seed) if frame is None else self.sampler.restart(seed, frame)
+        if shift:
+            at = self._state_at(recent, i)
+            state = None if at is None else self.sampler.shift(seed, at)
+            if state is None:
+                return None
+        else:
+            state = self.sampler.init(seed) if frame is None else self.sampler.restart(seed, frame)
         c = Challenger(start=first.start, chunk=first.chunk, seqs=[], state=state,
                        base_log_evidence=first.base, first_rows=int(first.rows.shape[0]), reservoir=self._reservoir(None))
         mem_seqs: list[int] = []
@@ -465,10 +529,19 @@ class Detector:
                 if self._advance(c, r.rows, r.seq) is None:
                     return None
             c.memory, c.memory_rows, c.train_log_z = len(c.seqs), int(mem_rows.shape[0]), c.state.log_evidence
+        if shift:
+            c.train_log_z, c.shift = 0.0, True  # nothing to train: the new level's prior is proper
         for r in recent[i:]:
             if not self._feed(c, r.rows, r.seq, r.lp):
                 break
         return c if c.seqs[c.memory:] else None
+
+    @staticmethod
+    def _state_at(recent: list[Recent], i: int) -> SGAISState | None:
+        """The incumbent's exact state before ``recent[i]``: saved with the chunk (chunks of several
+        rows), or that of the chunk being processed (``Recent.before``); None otherwise."""
+        r = recent[i]
+        return load_state(r.state) if r.state is not None else r.before
 
     def _advance(self, c: Challenger, rows: torch.Tensor, seq: int) -> ChunkResult | None:
         """One chunk into a challenger's sampler, reservoir and seqs (modified in place, the

@@ -26,6 +26,7 @@ class OfflineRun:
         self.state, self.reservoir = sampler.init(seed), sampler.new_reservoir()
         self.dstate = self.detector.init(detector_seed(seed)) if self.detector else None
         self.chunks = 0
+        self.pending: list[tuple[int, float]] = []  # the last step's open challengers (``Step.pending``)
 
     def step(self, chunk: torch.Tensor, seconds_per_row: float | None = None) -> tuple[ChunkResult, list[Event]]:
         """One chunk; ``seconds_per_row``: the series' mean time between rows through it (for an
@@ -35,7 +36,7 @@ class OfflineRun:
         events: list[Event] = []
         if self.detector is not None:
             step = self.detector.update(self.dstate, self.chunks, chunk, self.state, new, result, seconds_per_row)
-            self.dstate, result, events = step.state, step.result, step.events
+            self.dstate, result, events, self.pending = step.state, step.result, step.events, step.pending
             if step.promoted is not None:
                 new, self.reservoir = step.promoted, step.reservoir.copy()
         self.state = new
@@ -91,5 +92,5 @@ def detect_stream(data, model_specs: Sequence[str] | None = None, chunk_size: in
             result, new[spec] = run.step(chunk)
             events[spec] += new[spec]
             evidence[spec] = (result.n, result.log_evidence)
-        changes += answer.chunk(chunk.shape[0], evidence, new)
+        changes += answer.chunk(chunk.shape[0], evidence, new, {spec: run.pending for spec, run in runs.items()})
     return events, sorted(changes, key=lambda c: c.location)

@@ -41,9 +41,10 @@ class Event:
         return asdict(self)
 
 
-@dataclass
+@dataclass(eq=False)
 class Challenger:
-    """A restart of the model at ``start`` (observation index), fed the chunks ``seqs``."""
+    """A restart of the model at ``start`` (observation index), fed the chunks ``seqs``. Compared
+    by identity: two restarts at one place (``Detector._kinds``) are different challengers."""
 
     start: int
     chunk: int
@@ -63,6 +64,7 @@ class Challenger:
     memory_rows: int = 0
     old_seqs: list[int] = field(default_factory=list)  # chunks just before ``start``, and the incumbent's
     old_fit: float = 0.0  # fit of them (mean log predictive per row) when the challenger started
+    shift: bool = False  # a level shift (``Detector._kinds``): the incumbent's posterior with a new level
     reservoir: Reservoir | None = None  # not saved: re-read from the stream's chunks
 
 
@@ -83,6 +85,9 @@ class Recent:
     # the incumbent's saved state before this chunk, for the exact method only (a few hundred
     # bytes): where within a chunk a change began (``Detector._refine``)
     state: bytes | None = None
+    # the incumbent's state before this chunk while the detector processes it (exact method, rows
+    # of one, for a level-shift restart here); never saved, cleared before ``Detector.update`` returns
+    before: SGAISState | None = None
 
 
 @dataclass
@@ -127,7 +132,7 @@ class DetectorState:
                  "first_rows": c.first_rows, "level": [c.level.hex(), c.spread.hex(), c.incumbent_all.hex()], "train": None if c.train_log_z is None else c.train_log_z.hex(),
                  "inc": c.incumbent_lp.hex(), "compared": c.compared, "bf": c.log_bf.hex(),
                  "diffs": [d.hex() for d in c.diffs], "memory": [c.memory, c.memory_rows],
-                 "old": [c.old_seqs, c.old_fit.hex()],
+                 "old": [c.old_seqs, c.old_fit.hex()], **({"shift": 1} if c.shift else {}),
                  "state": base64.b64encode(c.state.to_bytes()).decode()}
                 for c in self.challengers
             ],
@@ -159,7 +164,7 @@ def _decode_v1(h: dict) -> DetectorState:
                    incumbent_lp=f(c["inc"]), compared=c["compared"], log_bf=f(c["bf"]),
                    diffs=[f(d) for d in c["diffs"]], memory=c.get("memory", [0, 0])[0],
                    memory_rows=c.get("memory", [0, 0])[1], old_seqs=list(c.get("old", [[], ""])[0]),
-                   old_fit=f(c["old"][1]) if "old" in c else 0.0,
+                   old_fit=f(c["old"][1]) if "old" in c else 0.0, shift=bool(c.get("shift", 0)),
                    state=load_state(base64.b64decode(c["state"])))
         for c in h["challengers"]
     ]
@@ -196,7 +201,9 @@ class Refined:
 class Step:
     """What one chunk did to the detector. result: the incumbent's ChunkResult with ``n`` and
     ``log_evidence`` made stream-wide (changes included); promoted: the challenger state the
-    incumbent must become, with ``writes`` rewriting its reservoir (None: keep the incumbent)."""
+    incumbent must become, with ``writes`` rewriting its reservoir (None: keep the incumbent);
+    pending: (location, posterior probability of a change there) of the challengers still open
+    after this chunk (``Detector._pending``), for the stream's answer."""
 
     state: DetectorState
     result: ChunkResult
@@ -204,3 +211,4 @@ class Step:
     promoted: SGAISState | None = None
     reservoir: Reservoir | None = None
     writes: ReservoirWrites | None = None
+    pending: list[tuple[int, float]] = field(default_factory=list)

@@ -81,6 +81,16 @@ class ExactSampler(SamplerBase):
         g = torch.Generator().manual_seed(int(seed))
         return ExactState(post=self.model.exact_restart(incumbent.post), log_evidence=0.0, n=0, chunks=0, rng=g.get_state())
 
+    def shift(self, seed: int, incumbent: ExactState) -> ExactState | None:
+        """A restart at a level shift: the incumbent's posterior (given the rows before the change)
+        with a new level (``Model.exact_shift``); None where the model has none, or has no frame yet."""
+        hook = getattr(self.model, "exact_shift", None)
+        post = hook(incumbent.post) if hook is not None else None
+        if post is None:
+            return None
+        g = torch.Generator().manual_seed(int(seed))
+        return ExactState(post=post, log_evidence=0.0, n=0, chunks=0, rng=g.get_state())
+
     def log_fit(self, state: ExactState, rows: torch.Tensor) -> float:
         """Mean over featurized ``rows [B, F]`` of each row's log posterior predictive under ``state``."""
         with torch.inference_mode():
