@@ -163,9 +163,9 @@ class TimeSeriesRegression(_Exact):
         what the old regime taught, and the lags and the time index go on. Exact: the intercept
         is the first coefficient, so the marginal posterior of the others is the lower-right block
         of the square-root information R (and of z), and (a, b) of the noise variance are those of
-        the joint posterior. Scored from its first row with nothing to train: the prior of the one
-        new parameter is proper, its cost (about log(coef_scale sqrt(n)) nats) is part of the
-        evidence. None during the warm-up (no frame yet)."""
+        the joint posterior. The detector compares it after one training row, its one new
+        parameter (``service.detect.detector.SHIFT_TRAIN``). None during the warm-up (no frame
+        yet)."""
         if int(post[0]) < self.warmup:
             return None
         parts = self._parts(post)

@@ -12,9 +12,14 @@ comparison does not hinge on how vague the prior is: a partial / intrinsic Bayes
     log BF(t) = [log Z_challenger(t..now) - log Z_challenger(t..t+train)]
                 - sum of the incumbent's log predictives over the same chunks
 
-and with a prior probability p of a change at the candidate (hazard h = 1/expected run
-length per observation, p = 1 - (1-h)^B for a first chunk of B rows) the posterior
-probability of a change at t is sigmoid(log BF + log(p / (1-p))). When it reaches
+and with a prior probability p of a change at the candidate (by default scale-free: p = 1 -
+((1 + r) / (1 + r + B))^0.1 for a first chunk of B rows r rows after the regime began, so
+about 0.1 B / r; with a fixed expected run length E, p = 1 - (1 - 1/E)^B) the posterior
+probability of a change at t is sigmoid(log BF + log(p / (1-p))).
+
+The metric-series regressions also get a **level shift** at each candidate: the incumbent's
+posterior given the rows before t with the level alone drawn afresh from its prior
+(``Model.exact_shift``), exact, compared after one training row (its one new parameter). When it reaches
 ``threshold`` an Event is reported with that probability as its confidence. With ``adapt``
 the challenger replaces the incumbent (its posterior and its history since t), so later
 changes are measured against the new regime; the running log-evidence then continues as

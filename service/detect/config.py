@@ -26,11 +26,12 @@ AUTO_R0 = 1.0
 
 @dataclass(frozen=True)
 class DetectorConfig:
-    """expected_run_length: prior mean observations between changes (hazard = 1/this), or a
+    """expected_run_length: ``"auto"`` (the default): no time scale, the prior probability of a
+    change follows the rows seen since the last one (``AUTO``); or the prior mean observations
+    between changes (hazard = 1/this), or a
     duration ('30d', '12h', 'PT12H': ``service.times.parse_duration``), turned into observations
     by the stream's mean time between rows so far (``Detector.update``'s ``seconds_per_row``;
-    ``DEFAULT_RUN_LENGTH`` observations while its rows span no time), or ``"auto"``: no time
-    scale, the prior probability of a change follows the rows seen since the last one (``AUTO``);
+    ``DEFAULT_RUN_LENGTH`` observations while its rows span no time);
     threshold: posterior probability of a change needed to report it; max_challengers:
     challengers alive at once (a model with level shifts, ``Model.exact_shift``: places, each
     with its kinds of restart, ``Detector._kinds``); adapt: replace the incumbent by the winning challenger;
@@ -50,7 +51,7 @@ class DetectorConfig:
     observation falls below the mean so far is a candidate); enabled: run the detector at all."""
 
     enabled: bool = True
-    expected_run_length: float | str = 1000.0
+    expected_run_length: float | str = AUTO
     threshold: float = 0.99
     max_challengers: int = 3
     adapt: bool = True

@@ -19,6 +19,14 @@ from service.sgais import ChunkResult, ExactState, Reservoir, ReservoirWrites, S
 #: bound by less than 0.01
 PENDING_FLOOR = 1e-3
 
+#: the training sample of a level shift (``Model.exact_shift``): one row, as many as it has new
+#: parameters, the minimal training sample of an intrinsic Bayes factor as for other restarts
+#: (``training_rows``); so a single outlying row, which a level drawn from a vague prior
+#: explains far better than the incumbent, is no evidence of a shift on its own (measured with
+#: shifts compared from their first row, ``cusp bench detect --metrics``: a false alarm at the
+#: sunspots' record peak of 1957, a count series' change of mean and variance split in two)
+SHIFT_TRAIN = 1
+
 #: a change's location moves off the chunk boundary the detector found only when another row of
 #: that chunk or the one before is more probable by more than this (``Detector._refine``)
 SUPPORT_NATS = 3.0
@@ -501,8 +509,8 @@ class Detector:
         history is slow to give the new part weight. None: not enough rows before ``i``.
         With ``incumbent`` (its state at the candidate) the challenger keeps its fit of those
         rows, for ``_data_moved``. With ``shift``: a level shift, the incumbent's posterior given
-        the rows before ``recent[i]`` with a new level (``ExactSampler.shift``), compared from its
-        first chunk on; None where that posterior is not at hand (``_state_at``)."""
+        the rows before ``recent[i]`` with a new level (``ExactSampler.shift``), compared after its
+        first chunk (``SHIFT_TRAIN``); None where that posterior is not at hand (``_state_at``)."""
         if memory and not self.with_memory(int(recent[i].rows.shape[0])):
             return None
         seed = int(torch.randint(0, 2**62, (1,), generator=g))
@@ -529,8 +537,7 @@ class Detector:
                 if self._advance(c, r.rows, r.seq) is None:
                     return None
             c.memory, c.memory_rows, c.train_log_z = len(c.seqs), int(mem_rows.shape[0]), c.state.log_evidence
-        if shift:
-            c.train_log_z, c.shift = 0.0, True  # nothing to train: the new level's prior is proper
+        c.shift = shift
         for r in recent[i:]:
             if not self._feed(c, r.rows, r.seq, r.lp):
                 break
@@ -567,7 +574,7 @@ class Detector:
         c.diffs = [*c.diffs, res.log_predictive - incumbent_lp * (res.rows - res.conditioned) / res.rows]
         c.incumbent_all += incumbent_lp
         if c.train_log_z is None:
-            if st.n >= self.train:
+            if st.n >= (SHIFT_TRAIN if c.shift else self.train):
                 c.train_log_z = st.log_evidence
         else:
             c.incumbent_lp += incumbent_lp
