@@ -168,15 +168,11 @@ class TimeSeriesRegression(_Exact):
         yet)."""
         if int(post[0]) < self.warmup:
             return None
-        parts = self._parts(post)
         new = post.clone()
-        d = self.n_coef
-        shifted = self._parts(new)
-        r = torch.zeros(d, d, dtype=torch.float64)
-        r[0, 0] = 1.0 / self.coef_scale
-        r[1:, 1:] = parts["r"][1:, 1:]
-        shifted["r"].copy_(r)
-        shifted["z"][0] = 0.0
+        parts = self._parts(new)  # views into ``new``
+        parts["r"][0] = 0.0  # R is upper triangular: its first row is all the intercept's information
+        parts["r"][0, 0] = 1.0 / self.coef_scale
+        parts["z"][0] = 0.0
         return new
 
     def frame(self, post: torch.Tensor) -> tuple[float, float] | None:

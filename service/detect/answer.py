@@ -116,8 +116,8 @@ class StreamAnswer:
                     if m in probs and abs(where - loc) <= self.window and conf > best.get(m, (0.0, 0.0, 0, None))[1]:
                         best[m] = (probs[m], float(conf), int(where), None)
             bound = sum(p * c for p, c, _, _ in best.values())
-            if best and bound >= self.threshold:
-                top = max(reported, key=lambda m: best[m][0] * best[m][1] if m in reported else -1.0)
+            if bound >= self.threshold:
+                top = max(reported, key=lambda m: best[m][0] * best[m][1])
                 found.append(StreamChange(location=best[top][2], detected_at=int(n), confidence=min(bound, 1.0),
                                           support={m: (p, c) for m, (p, c, _, _) in best.items()}, location_time=best[top][3]))
                 self.changes = (self.changes + [best[top][2]])[-self.MAX_CHANGES:]

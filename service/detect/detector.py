@@ -361,7 +361,7 @@ class Detector:
         rows = model.featurize(torch.cat([r.rows for r in recent[lo:]]).to(torch.float64))
         with torch.inference_mode():
             post = load_state(recent[lo].state).post
-            fresh = model.exact_restart(frame.post)
+            fresh = None if shift else model.exact_restart(frame.post)
             scores, befores, restarts = [], [], []
             before = 0.0
             for j in range(span):
