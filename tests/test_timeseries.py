@@ -248,6 +248,28 @@ def test_a_level_shift_on_a_trend_is_placed_at_its_row():
         assert detect("trend", y, 1) == [200], seed
 
 
+def test_open_challengers_are_passed_on_before_their_model_reports():
+    """``Step.pending``: after a jump, while the `level` model's challengers build up evidence, each
+    chunk passes on their place and posterior probability, between ``PENDING_FLOOR`` and the
+    threshold, rising towards the report; after the report (challengers cleared) nothing."""
+    from service.detect.detector import PENDING_FLOOR
+
+    r = np.random.default_rng([0, 99])
+    y = 1e4 + 50 * r.standard_normal(40)
+    y[20:] += 200
+    run = OfflineRun(build_sampler(build_model("level", 1), SGAISConfig()), 0, DetectorConfig())
+    seen, reported = [], None
+    for i in range(40):
+        _, events = run.step(torch.from_numpy(y[i : i + 1, None]))
+        if events and reported is None:
+            reported = i
+            assert run.pending == [] and [e.location for e in events] == [20]
+        elif reported is None:
+            seen += [q for at, q in run.pending if abs(at - 20) <= 2]
+            assert all(PENDING_FLOOR <= q < 0.99 for _, q in run.pending), run.pending
+    assert reported is not None and seen and seen[-1] > seen[0], seen
+
+
 @pytest.mark.parametrize("seed", range(5))
 def test_the_default_portfolio_finds_a_jump_in_a_short_series(seed):
     """40 yearly values (1e4 +- 50) with a jump of 4 sd at 20, point by point: the stream's
