@@ -635,7 +635,8 @@ class Worker:
             return self._failed(hot, seq, exc, int(rows.shape[0]))
         reservoir, events, dstate, det_bytes, pending = None, [], None, b"", []
         if hot.detector is not None:
-            step = hot.detector.update(hot.dstate, seq, rows, hot.state, state, result, self._interval(hot, fields, stamps))
+            step = hot.detector.update(hot.dstate, seq, rows, hot.state, state, result, self._interval(hot, fields, stamps),
+                                       hot.reservoir)
             dstate, result, events, pending = step.state, step.result, step.events, step.pending
             if step.promoted is not None:  # the model restarts at the change: its state and history
                 state, writes, reservoir = step.promoted, step.writes, step.reservoir

@@ -109,3 +109,7 @@ def test_state_codec_reads_its_layout_and_refuses_others_by_name():
     with pytest.raises(ValueError, match="cusp-detector-9.*known: cusp-detector-1"):
         DetectorState.from_bytes(json.dumps({**head, "magic": "cusp-detector-9"}).encode())
     assert base64.b64decode(head["rng"]) == g.get_state().numpy().tobytes()
+    # memory_rows came later: written only when set, read as 0 from states saved before it
+    assert "memory_rows" not in head
+    st.memory_rows = 1_000
+    assert DetectorState.from_bytes(st.to_bytes()).memory_rows == 1_000

@@ -52,7 +52,12 @@ prior (``_place``).
 For models whose posterior has poor local modes (``model.multimodal``: mixtures) a winning
 restart must also show that the data moved, not the incumbent: ``_data_moved`` (the incumbent's
 fit of the rows before the candidate moved with it, or a restart at the candidate fits those
-rows, which it never saw, as well as the incumbent, allowing for the rows each saw).
+rows, which it never saw, as well as the incumbent, allowing for the rows each saw). A
+candidate nominated late, chunks after a change its incumbent's predictive hardly showed, has
+new-regime rows before it, which a restart fits better without any poor mode; such a restart
+is judged once more on the incumbent's own older rows (an evenly spaced sample of its
+reservoir, which the worker and ``OfflineRun`` pass in): a poor mode fits those worse too, a
+change does not.
 
 A challenger retires when it is clearly losing (log BF < ``retire_log_bf``) or older than
 ``max_age`` observations. Everything random comes from the detector's own generator, saved

@@ -32,13 +32,17 @@ class OfflineRun:
         """One chunk; ``seconds_per_row``: the series' mean time between rows through it (for an
         expected_run_length given as a duration: ``Detector.use_interval``)."""
         new, result, writes = self.sampler.update(self.state, chunk, self.reservoir)
-        self.reservoir.apply(writes)
         events: list[Event] = []
-        if self.detector is not None:
-            step = self.detector.update(self.dstate, self.chunks, chunk, self.state, new, result, seconds_per_row)
+        promoted = None
+        if self.detector is not None:  # (the reservoir as the worker passes it: before the chunk)
+            step = self.detector.update(self.dstate, self.chunks, chunk, self.state, new, result, seconds_per_row,
+                                        self.reservoir)
             self.dstate, result, events, self.pending = step.state, step.result, step.events, step.pending
-            if step.promoted is not None:
-                new, self.reservoir = step.promoted, step.reservoir.copy()
+            promoted = step.promoted
+            if promoted is not None:
+                new, self.reservoir = promoted, step.reservoir.copy()
+        if promoted is None:
+            self.reservoir.apply(writes)
         self.state = new
         self.chunks += 1
         return result, events

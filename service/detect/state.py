@@ -93,7 +93,9 @@ class Recent:
 @dataclass
 class DetectorState:
     """rng: the detector's generator state; offset_n / offset_log_evidence: what the current
-    incumbent does not cover since it restarted (0 before any change); chunks: chunks seen;
+    incumbent does not cover since it restarted (0 before any change); memory_rows: rows at the
+    start of the incumbent's history that belong to the regime before its change (a mixture's
+    short memory: the first ``memory_rows`` of its reservoir); chunks: chunks seen;
     level, steps, cusum: the nomination signals since the last (re)start (``signals.py``);
     events: changes reported; challengers; recent: the chunks a challenger may start from.
 
@@ -104,6 +106,7 @@ class DetectorState:
     rng: torch.Tensor
     offset_n: int = 0
     offset_log_evidence: float = 0.0
+    memory_rows: int = 0
     chunks: int = 0
     level: RunningLevel = field(default_factory=RunningLevel)
     steps: StepSpike = field(default_factory=StepSpike)
@@ -121,6 +124,7 @@ class DetectorState:
         lv, st, cu = self.level, self.steps, self.cusum
         head = {
             "magic": MAGIC, "offset_n": self.offset_n, "offset_log_evidence": self.offset_log_evidence.hex(),
+            **({"memory_rows": self.memory_rows} if self.memory_rows else {}),
             "chunks": self.chunks, "count": lv.count, "level": lv.mean.hex(), "var": lv.var.hex(),
             "steps_mean": st.mean.hex(), "steps_var": st.var.hex(), "events": self.events,
             "cusum": [cu.lo.hex(), cu.hi.hex(), cu.lo_from, cu.hi_from],
@@ -169,7 +173,8 @@ def _decode_v1(h: dict) -> DetectorState:
         for c in h["challengers"]
     ]
     return DetectorState(
-        rng=rng, offset_n=h["offset_n"], offset_log_evidence=f(h["offset_log_evidence"]), chunks=h["chunks"],
+        rng=rng, offset_n=h["offset_n"], offset_log_evidence=f(h["offset_log_evidence"]),
+        memory_rows=h.get("memory_rows", 0), chunks=h["chunks"],
         level=RunningLevel(count=h["count"], mean=f(h["level"]), var=f(h["var"])),
         steps=StepSpike(mean=f(h["steps_mean"]), var=f(h["steps_var"])), events=h["events"], challengers=chs,
         cusum=Cusum(lo=f(h["cusum"][0]), hi=f(h["cusum"][1]), lo_from=h["cusum"][2], hi_from=h["cusum"][3]),

@@ -184,9 +184,13 @@ class Sampler(SamplerBase):
 
     def log_fit(self, state: SGAISState, rows: torch.Tensor) -> float:
         """Mean over featurized ``rows [B, F]`` of each row's log posterior predictive under ``state``."""
+        return float(self.row_fits(state, rows).mean())
+
+    def row_fits(self, state: SGAISState, rows: torch.Tensor) -> torch.Tensor:
+        """Each featurized row's log posterior predictive under ``state``: ``[B]``."""
         with torch.inference_mode():
             ll = self.model.log_likelihood(state.theta, rows)
-            return float(torch.logsumexp(state.log_weights[:, None] + ll, dim=0).mean())
+            return torch.logsumexp(state.log_weights[:, None] + ll, dim=0)
 
     # ------------------------------------------------------------------------------------
     def update(self, state: SGAISState, chunk: torch.Tensor, reservoir: Reservoir) -> tuple[SGAISState, ChunkResult, ReservoirWrites]:

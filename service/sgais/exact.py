@@ -93,8 +93,12 @@ class ExactSampler(SamplerBase):
 
     def log_fit(self, state: ExactState, rows: torch.Tensor) -> float:
         """Mean over featurized ``rows [B, F]`` of each row's log posterior predictive under ``state``."""
+        return float(self.row_fits(state, rows).mean())
+
+    def row_fits(self, state: ExactState, rows: torch.Tensor) -> torch.Tensor:
+        """Each featurized row's log posterior predictive under ``state``: ``[B]``."""
         with torch.inference_mode():
-            return float(self.model.exact_row_log_predictive(state.post, rows).mean())
+            return self.model.exact_row_log_predictive(state.post, rows)
 
     def update(self, state: ExactState, chunk: torch.Tensor, reservoir: Reservoir) -> tuple[ExactState, ChunkResult, ReservoirWrites]:
         """As ``Sampler.update``: raw rows ``[B, C]``; the reservoir is read (checked), not written."""
