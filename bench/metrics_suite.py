@@ -14,7 +14,6 @@ sources named beside each one, the simulations' parameters were fixed before cus
 from __future__ import annotations
 
 import csv
-import gzip
 import math
 from pathlib import Path
 
@@ -145,6 +144,14 @@ def simulations(seed: int) -> list[Series]:
     y = 100 + 10 * r.standard_t(2, 700)
     y[350:] += 40
     out.append(_sim("t2-shift", "Student-t(2) noise (scale 10 around 100), +40 at 350 (n = 700)", y, (350,), seed))
+    # isolated spikes (a retry storm, a GC pause: one reading of 8-12 sd) are not changes; added
+    # after the others, parameters fixed before cusp ran on them
+    y = 250 + 20 * r.standard_normal(800)
+    y[400:] += 60
+    spots = r.choice(np.r_[30:380, 420:780], size=4, replace=False)
+    y[spots] += 20 * r.uniform(8, 12, size=4) * r.choice([-1.0, 1.0], size=4)
+    out.append(_sim("spikes", "latency (250 +- 20 ms) with 4 single-reading spikes of 8-12 sd, +60 ms at 400 (n = 800)",
+                    y, (400,), seed))
     return out
 
 
