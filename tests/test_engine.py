@@ -200,10 +200,35 @@ def test_reservoir_memory_is_bounded():
     assert reservoir._buf.shape[0] <= 300
 
 
+def test_particles_and_step_size_default_to_the_models_own():
+    """Logistic regression asks for 30 particles and lr 0.3 (``LogisticRegression.sgais_particles``,
+    ``sgais_lr``: its evidence within 1e-3 at 1e4 rows); other models get the paper's 10 and 0.1;
+    a value the user gives wins, and ``paper-plain`` is the paper's."""
+    logistic = build_model("logistic-regression:classes=3", 3)
+    mixture = build_model("gmm:components=2", 2)
+    got = {name: (build_sampler(m, SGAISConfig()).config.particles, build_sampler(m, SGAISConfig()).config.lr)
+           for name, m in (("logistic", logistic), ("mixture", mixture))}
+    assert got == {"logistic": (30, 0.3), "mixture": (10, 0.1)}
+    mine = build_sampler(logistic, SGAISConfig(particles=12, lr=0.05)).config
+    assert (mine.particles, mine.lr) == (12, 0.05)
+    plain = build_sampler(logistic, SGAISConfig.preset("paper-plain")).config
+    assert (plain.particles, plain.lr) == (10, 0.1)
+    state = build_sampler(logistic, SGAISConfig()).init(0)
+    assert state.theta.shape[0] == 30
+    assert SGAISConfig().to_dict()["particles"] is None  # a stream's settings say "the model's default"
+    # a stream created before the model asked for 30 goes on with the 10 particles its state has
+    old = build_sampler(logistic, SGAISConfig(particles=10)).init(0)
+    now = build_sampler(logistic, SGAISConfig())
+    x = torch.cat([torch.randn(200, 2, dtype=torch.float64), torch.randint(0, 3, (200, 1)).to(torch.float64)], dim=1)
+    after, result, _ = now.update(old, x, now.new_reservoir())
+    assert after.theta.shape[0] == 10 and math.isfinite(result.log_evidence)
+
+
 @pytest.mark.parametrize(
     "kwargs,message",
     [({"particles": 1}, "particles"), ({"target_ess": 1.5}, "target_ess"), ({"resample": "magic"}, "resample"),
-     ({"integrator": "rk4"}, "integrator"), ({"lr": -1.0}, "lr"), ({"beta_hat": 0.5}, "beta_hat")],
+     ({"integrator": "rk4"}, "integrator"), ({"lr": -1.0}, "lr"), ({"beta_hat": 0.5}, "beta_hat"),
+     ({"particles": True}, "particles"), ({"lr": "fast"}, "lr")],
 )
 def test_bad_sampler_settings(kwargs, message):
     with pytest.raises(ConfigError, match=message):

@@ -140,6 +140,7 @@ def test_warmup_steps_and_model_defaults():
 def test_logistic_regression_uses_control_variates_by_default():
     x = D.logistic_regression_data(1_500, 0)
     model = build_model("logistic-regression:classes=4", n_columns=x.shape[1])
-    on = [s for s, _, _ in build_sampler(model, SGAISConfig()).run(x, 500, seed=0)][-1]
-    off = [s for s, _, _ in build_sampler(model, SGAISConfig(control_variates=False)).run(x, 500, seed=0)][-1]
+    few = {"particles": 10}  # (the model's own 30 only cost time here)
+    on = [s for s, _, _ in build_sampler(model, SGAISConfig(**few)).run(x, 500, seed=0)][-1]
+    off = [s for s, _, _ in build_sampler(model, SGAISConfig(control_variates=False, **few)).run(x, 500, seed=0)][-1]
     assert on.cv_theta.numel() == model.dim and off.cv_theta.numel() == 0

@@ -88,7 +88,8 @@ class StreamOut(BaseModel):
     sampler: dict[str, Any] = Field(description="the sampler settings as given: preset and overrides")
     detector: dict[str, Any] = Field(default_factory=dict, description="the detector settings as given")
     sampler_settings: dict[str, Any] | None = Field(
-        None, description="the SGAIS settings in effect: the preset with the overrides applied, every setting (README)")
+        None, description="the SGAIS settings in effect: the preset with the overrides applied, every setting (README); "
+                          "particles and lr null: each model's own")
     detector_settings: dict[str, Any] | None = Field(
         None, description="the detector settings in effect: those given, the rest at their defaults (README)")
     max_backlog: int = Field(0, description="chunks the slowest model may have to process before ingest answers 429 (0: no limit)")

@@ -11,14 +11,21 @@ class ConfigError(ValueError):
     """Sampler settings that cannot work (named in the message)."""
 
 
+#: the paper's particles and step size (papers/001 section 6.1): the defaults of a model that
+#: asks for no others (``Model.sgais_particles``, ``sgais_lr``)
+PARTICLES = 10
+LR = 0.1
+
+
 @dataclass(frozen=True)
 class SGAISConfig:
     """Defaults are the paper's (papers/001 section 6.1) plus systematic resampling.
 
-    particles: M. target_ess: the ESS the adaptive schedule aims for after each reweighting,
+    particles: M (None: the model's ``sgais_particles``, 30 for logistic regression, else the
+    paper's 10). target_ess: the ESS the adaptive schedule aims for after each reweighting,
     as a fraction of M (paper: 5 of 10). sghmc_steps: SGHMC steps per intermediate
-    distribution. lr: eta = lr / n, n the observations seen including the current chunk.
-    alpha: momentum decay. beta_hat: gradient-noise correction (euler only). batch_size:
+    distribution. lr: eta = lr / n, n the observations seen including the current chunk
+    (None: the model's ``sgais_lr``, 0.3 for logistic regression, else the paper's 0.1). alpha: momentum decay. beta_hat: gradient-noise correction (euler only). batch_size:
     mini-batch drawn with replacement from the reservoir per SGHMC step. resample:
     'systematic', 'multinomial' or 'none' (the paper's plain form). resample_threshold:
     resample when the ESS falls below this fraction of M (None: the target, so every
@@ -38,10 +45,10 @@ class SGAISConfig:
     1/n; about +25 % SGHMC work over 200 chunks. 0: the paper's constant steps.
     """
 
-    particles: int = 10
+    particles: int | None = None
     target_ess: float = 0.5
     sghmc_steps: int = 20
-    lr: float = 0.1
+    lr: float | None = None
     alpha: float = 0.2
     beta_hat: float = 0.0
     batch_size: int = 500
@@ -59,10 +66,13 @@ class SGAISConfig:
             if not cond:
                 raise ConfigError(msg)
 
-        need(isinstance(self.particles, int) and 2 <= self.particles <= 100_000, "particles must be an integer in [2, 100000]")
+        need(self.particles is None or (isinstance(self.particles, int) and not isinstance(self.particles, bool)
+                                        and 2 <= self.particles <= 100_000),
+             "particles must be an integer in [2, 100000] or null (the model's default)")
         need(0.0 < self.target_ess < 1.0, "target_ess is a fraction of the particles, strictly between 0 and 1")
         need(isinstance(self.sghmc_steps, int) and 0 <= self.sghmc_steps <= 10_000, "sghmc_steps must be an integer in [0, 10000]")
-        need(self.lr > 0 and math.isfinite(self.lr), "lr must be a positive number")
+        need(self.lr is None or (isinstance(self.lr, (int, float)) and not isinstance(self.lr, bool) and self.lr > 0
+                                 and math.isfinite(self.lr)), "lr must be a positive number or null (the model's default)")
         need(0.0 < self.alpha <= 1.0, "alpha must be in (0, 1]")
         need(0.0 <= self.beta_hat <= self.alpha, "beta_hat must be in [0, alpha]")
         need(isinstance(self.batch_size, int) and 1 <= self.batch_size <= 1_000_000, "batch_size must be an integer in [1, 1000000]")
@@ -95,6 +105,12 @@ class SGAISConfig:
         except TypeError as exc:  # pragma: no cover - defensive
             raise ConfigError(str(exc)) from None
 
+    def for_model(self, model: Any) -> "SGAISConfig":
+        """These settings with the model's own defaults where they are None (``particles``,
+        ``lr``): what a sampler runs with."""
+        return replace(self, particles=self.particles if self.particles is not None else getattr(model, "sgais_particles", PARTICLES),
+                       lr=self.lr if self.lr is not None else getattr(model, "sgais_lr", LR))
+
     def replace(self, **changes: Any) -> "SGAISConfig":
         return replace(self, **changes)
 
@@ -108,19 +124,16 @@ class SGAISConfig:
         return int(round(self.sghmc_steps * (1.0 + w * rows / (n_prev + rows))))
 
     @property
-    def target_ess_abs(self) -> float:
-        return self.target_ess * self.particles
-
-    @property
-    def resample_below(self) -> float:
-        return (self.resample_threshold if self.resample_threshold is not None else self.target_ess) * self.particles
+    def resample_fraction(self) -> float:
+        """Resample when the ESS falls below this fraction of the particles."""
+        return self.resample_threshold if self.resample_threshold is not None else self.target_ess
 
 
 PRESETS: dict[str, dict[str, Any]] = {
     # the paper's settings plus this engine's corrections (mode jumps, first-chunk warm-up, control
     # variates where the model asks for them); "paper-plain": the paper's Algorithm 1 as published
     "paper": {},
-    "paper-plain": {"jumps": 0, "warmup": 0.0, "control_variates": False},
+    "paper-plain": {"jumps": 0, "warmup": 0.0, "control_variates": False, "particles": PARTICLES, "lr": LR},
     # lower bias (docs/benchmarks.md): BAOAB splitting, control-variate history gradients,
     # more particles
     "accurate": {"integrator": "baoab", "control_variates": True, "particles": 30},

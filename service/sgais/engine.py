@@ -157,7 +157,7 @@ class Sampler(SamplerBase):
 
     def __init__(self, model: Model, config: SGAISConfig):
         self.model = model
-        self.config = config
+        self.config = config.for_model(model)
         self._integrate = INTEGRATORS[config.integrator]
         self.jump_stats = [0, 0]  # accepted, proposed (diagnostics; not part of the state)
 
@@ -226,7 +226,9 @@ class Sampler(SamplerBase):
         g.set_state(state.rng)
         b = rows.shape[0]
         n_prev = state.n
-        m = cfg.particles
+        # the state's own particles: a stream created before its model asked for more
+        # (``SGAISConfig.for_model``) goes on with those it has
+        m = int(state.theta.shape[0])
         eta = cfg.lr / (n_prev + b)
         res = reservoir.data
         r_size = res.shape[0]
@@ -286,7 +288,7 @@ class Sampler(SamplerBase):
         lam = 0.0
         steps = resamples = 0
         capped = False
-        target = cfg.target_ess_abs
+        target = cfg.target_ess * m
         while lam < 1.0:
             remaining = 1.0 - lam
             if steps + 1 >= cfg.max_steps:
@@ -303,7 +305,7 @@ class Sampler(SamplerBase):
             steps += 1
             e = ess(logw)
             ess_min = min(ess_min, e)
-            if cfg.resample != "none" and e < cfg.resample_below * (1.0 - 1e-12):
+            if cfg.resample != "none" and e < cfg.resample_fraction * m * (1.0 - 1e-12):
                 idx = resample_indices(g, logw, cfg.resample)
                 theta = theta[torch.from_numpy(idx)]
                 logw = np.full(m, -math.log(m))

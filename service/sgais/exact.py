@@ -69,7 +69,7 @@ class ExactSampler(SamplerBase):
         if not model.conjugate:
             raise ValueError(f"model {model.name!r} has no closed-form posterior")
         self.model = model
-        self.config = config
+        self.config = config.for_model(model)
 
     def init(self, seed: int) -> ExactState:
         g = torch.Generator().manual_seed(int(seed))
