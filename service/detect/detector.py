@@ -140,8 +140,8 @@ class Detector:
             return q
         terms = c.diffs[len(c.diffs) - c.compared:]
         l2 = c.log_bf - max(terms)
-        both = -float(torch.logaddexp(torch.tensor(-(c.log_bf + q), dtype=torch.float64),
-                                      torch.tensor(-l2, dtype=torch.float64)))
+        a, b = -(c.log_bf + q), -l2  # log e^-(L+q) + e^-L2, stably
+        both = -(max(a, b) + math.log1p(math.exp(-abs(a - b))))
         return both - c.log_bf
 
     def log_prior_odds(self, rows: int, since: int = 0) -> float:
@@ -266,8 +266,8 @@ class Detector:
                                   eligible=self._moved,
                                   data_moved=lambda c, others: self._data_moved(
                                       c, after, new.recent, others,
-                                      self._history(reservoir, before.n, new.memory_rows,
-                                                    c.start - c.memory_rows - new.offset_n)))
+                                      lambda: self._history(reservoir, before.n, new.memory_rows,
+                                                            c.start - c.memory_rows - new.offset_n)))
         step = Step(state=new, result=result, events=events)
         if best is not None:
             # place the change where the winner's advantage starts; with adapt, restart there
@@ -469,7 +469,8 @@ class Detector:
         return [r.seq for r in recent[j:i]], torch.cat([r.rows for r in recent[j:i]])
 
     def _data_moved(self, c: Challenger, incumbent: SGAISState, recent: list[Recent],
-                    others: list[Challenger] = (), history: torch.Tensor | None = None) -> bool:
+                    others: list[Challenger] = (),
+                    history: Callable[[], torch.Tensor | None] | None = None) -> bool:
         """Is the winner's advantage about the data since the candidate? Two ways a restart wins
         although nothing changed, both seen with mixtures, whose posteriors have poor modes:
         the incumbent moved (its fit of the rows just before the challenger's own moved as
@@ -490,8 +491,8 @@ class Detector:
         (a change that the incumbent's predictive hardly shows, such as clusters dropping out
         of a mixture's data), are rows of the new regime, which a restart fits better than the
         incumbent without any poor mode. So a restart that fits them as well is judged once
-        more, on ``history`` (featurized rows of the incumbent's own before the candidate's
-        rows, ``_history``): a poor mode fits the regime's older rows worse too, a change does
+        more, on ``history()`` (featurized rows of the incumbent's own before the candidate's
+        rows, ``_history``; drawn only then): a poor mode fits the regime's older rows worse too, a change does
         not. (Seen: the demo's second round, 7 clusters, then 3 and 5 of them, found nothing.)"""
         if not self.multimodal:
             return True  # one mode (log-concave or conjugate posteriors): nothing to escape
@@ -508,10 +509,11 @@ class Detector:
                         and o.train_log_z is not None and not set(o.seqs) & set(c.old_seqs)]
         if all(self._fit(j.state, old) + self._fit_allowance(j.state.n, incumbent.n) < now for j in judges):
             return True
-        if history is None:
+        older = history() if history is not None else None
+        if older is None:
             return False
-        then = self.sampler.row_fits(incumbent, history)
-        return all(self._worse(then - self.sampler.row_fits(j.state, history), self._fit_allowance(j.state.n, incumbent.n))
+        then = self.sampler.row_fits(incumbent, older)
+        return all(self._worse(then - self.sampler.row_fits(j.state, older), self._fit_allowance(j.state.n, incumbent.n))
                    for j in judges)
 
     @staticmethod

@@ -25,7 +25,8 @@ class SGAISConfig:
     paper's 10). target_ess: the ESS the adaptive schedule aims for after each reweighting,
     as a fraction of M (paper: 5 of 10). sghmc_steps: SGHMC steps per intermediate
     distribution. lr: eta = lr / n, n the observations seen including the current chunk
-    (None: the model's ``sgais_lr``, 0.3 for logistic regression, else the paper's 0.1). alpha: momentum decay. beta_hat: gradient-noise correction (euler only). batch_size:
+    (None: the model's ``sgais_lr``, 0.3 for logistic regression, else the paper's 0.1).
+    alpha: momentum decay. beta_hat: gradient-noise correction (euler only). batch_size:
     mini-batch drawn with replacement from the reservoir per SGHMC step. resample:
     'systematic', 'multinomial' or 'none' (the paper's plain form). resample_threshold:
     resample when the ESS falls below this fraction of M (None: the target, so every
@@ -107,9 +108,13 @@ class SGAISConfig:
 
     def for_model(self, model: Any) -> "SGAISConfig":
         """These settings with the model's own defaults where they are None (``particles``,
-        ``lr``): what a sampler runs with."""
-        return replace(self, particles=self.particles if self.particles is not None else getattr(model, "sgais_particles", PARTICLES),
-                       lr=self.lr if self.lr is not None else getattr(model, "sgais_lr", LR))
+        ``lr``, ``control_variates``, ``warmup``): what a sampler runs with."""
+        def own(value: Any, attr: str, default: Any) -> Any:
+            return value if value is not None else getattr(model, attr, default)
+
+        return replace(self, particles=own(self.particles, "sgais_particles", PARTICLES), lr=own(self.lr, "sgais_lr", LR),
+                       control_variates=own(self.control_variates, "prefers_control_variates", False),
+                       warmup=own(self.warmup, "sgais_warmup", 0.0))
 
     def replace(self, **changes: Any) -> "SGAISConfig":
         return replace(self, **changes)

@@ -236,12 +236,11 @@ class Sampler(SamplerBase):
 
         # Rows the gradient sees at evaluation i: the chunk (weight lambda) then mini-batch i
         # (weight n_prev / bm), all evaluations of one SGHMC run gathered in one go.
-        sghmc_steps = cfg.run_steps(n_prev, b, getattr(model, "sgais_warmup", 0.0))
+        sghmc_steps = cfg.run_steps(n_prev, b)
         n_eval = GRAD_EVALS[cfg.integrator](sghmc_steps)
         pool_weight = (n_prev / bm) if bm else 0.0
 
-        cv_on = cfg.control_variates if cfg.control_variates is not None else getattr(model, "prefers_control_variates", False)
-        use_cv = cv_on and bm > 0
+        use_cv = cfg.control_variates and bm > 0
         cv_theta, cv_grad, cv_n = state.cv_theta, state.cv_grad, state.cv_n
         theta = state.theta
         logw = state.log_weights.numpy().copy()
