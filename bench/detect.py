@@ -920,7 +920,7 @@ def render(results: Sequence[Result], methods: Sequence[str], *, quick: bool, el
         "observations of a true change, scaled to 100,000 observations.",
         "- cusp: `service.detect.detect_series` with `DetectorConfig()` defaults, model and chunk size per data set; model "
         "`default`: the stream a user gets without a model list (`service.detect.detect_stream` over "
-        "`models.registry.default_portfolio`: level, ar, trend and student-t for one column), its model-averaged change points; "
+        "`models.registry.default_portfolio`: level, ar, trend, student-t and seasonal for one column), its model-averaged change points; "
         f"(below), sampler seed 0; detector source {source or _source_digest()}." + (f" **{cusp_note}**" if cusp_note else ""),
         "- Peers, default settings, no per-series tuning: **BOCPD** (Adams & MacKay 2007, `bench.detect.BOCPD`: "
         "independent Gaussian columns, Normal-Gamma prior mu0 = 0, kappa0 = 1, alpha0 = 1, beta0 = 1 (the same prior as "

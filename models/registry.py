@@ -31,13 +31,14 @@ REGISTRY: dict[str, type[Model]] = {
                               Trend, Seasonal, Poisson, NegativeBinomial, NegativeBinomialAlias, StudentT)
 }
 #: What a stream gets when it is created without a model list: for one column (a metric series)
-#: a constant level, an autoregression, a linear trend and Student-t tails, each in the series'
-#: own frame (models/timeseries.py, models/heavy.py), so the model average can tell a trend, a
-#: persistent wander or an outlier from a change (student-t added after `cusp bench detect
-#: --metrics`: mean F1 / covering 0.841 / 0.829 -> 0.889 / 0.869 on the metric set; README,
-#: "The default portfolio"); for several columns, independent Gaussians per
+#: a constant level, an autoregression, a linear trend, Student-t tails and a season of unknown
+#: calendar period, each in the series' own frame (models/timeseries.py, models/heavy.py), so
+#: the model average can tell a trend, a persistent wander, a season or an outlier from a
+#: change (student-t added after `cusp bench detect --metrics`: mean F1 / covering 0.841 /
+#: 0.829 -> 0.889 / 0.869 on the metric set; seasonal on 2026-11-26: README, "The default
+#: portfolio"); for several columns, independent Gaussians per
 #: column with the same frame idea is not there yet, so the fixed-prior ``gaussian``.
-DEFAULT_PORTFOLIO = {1: ("level", "ar", "trend", "student-t")}
+DEFAULT_PORTFOLIO = {1: ("level", "ar", "trend", "student-t", "seasonal")}
 
 
 def default_portfolio(n_columns: int) -> tuple[str, ...]:

@@ -130,6 +130,10 @@ def run(args: argparse.Namespace) -> int:
             print(f"{label}: prior on (y - centre) / scale, centre {frame[0]:.6g}, scale {frame[1]:.6g} (from its first "
                   f"{model.warmup} rows; they are conditioned on, not scored)" if frame else
                   f"{label}: still in its warm-up of {model.warmup} rows (no frame yet)", file=sys.stderr)
+        periods = model.period_probabilities(state.post) if hasattr(model, "period_probabilities") else None
+        if periods:
+            print(f"{label}: period (observations) posterior " + ", ".join(f"{p:g}: {w:.3g}" for p, w in periods.items()),
+                  file=sys.stderr)
         warned = Counter(w for t in traces[label] for w in t["warnings"])
         for w, count in sorted(warned.items()):
             print(f"{label}: WARNING {count} of {len(traces[label])} chunks: {w}: {WARNINGS[w]}", file=sys.stderr)

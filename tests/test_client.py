@@ -151,15 +151,15 @@ def proxy(live):
 def test_create_post_read_and_delete(client, live, worker):
     s = name()
     info = client.create_stream(s, ["ms"])  # no models: the default portfolio
-    assert [m["name"] for m in info["models"]] == ["level", "ar", "trend", "student-t"] and info["next_seq"] == 0
+    assert [m["name"] for m in info["models"]] == ["level", "ar", "trend", "student-t", "seasonal"] and info["next_seq"] == 0
     x = shifted()
     acks = [client.post(s, x[lo : lo + 20]) for lo in range(0, 600, 20)]
     assert [a["seq"] for a in acks] == list(range(30)) and {a["status"] for a in acks} == {"accepted"}
     assert client.post(s, x[:20], seq=0)["status"] == "duplicate"
     assert client.next_seq(s) == 30
-    assert burst(worker) == 120  # 4 models x 30 chunks
+    assert burst(worker) == 150  # 5 models x 30 chunks
     results = list(client.results(s))
-    assert len([r for r in results if r["kind"] == "result"]) == 120
+    assert len([r for r in results if r["kind"] == "result"]) == 150
     assert [r["seq"] for r in client.results(s, model="ar") if r["kind"] == "result"] == list(range(30))
     since = results[40]["id"]
     assert [r["id"] for r in client.results(s, since=since)] == [r["id"] for r in results[41:]]

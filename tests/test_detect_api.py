@@ -33,7 +33,7 @@ def test_a_series_in_its_change_points_out_and_nothing_stored(live, redis_url):
     assert out["changepoints"][0]["confidence"] >= 0.99
     assert [i for i, b in enumerate(out["is_change_point"]) if b] == [150]
     assert out["confidence_scores"][150] == out["changepoints"][0]["confidence"] and sum(out["confidence_scores"]) < 1.0 + 1e-9
-    assert [m["name"] for m in out["models"]] == ["level", "ar", "trend", "student-t"]  # the default portfolio
+    assert [m["name"] for m in out["models"]] == ["level", "ar", "trend", "student-t", "seasonal"]  # the default portfolio
     assert sum(m["posterior_probability"] for m in out["models"]) == pytest.approx(1.0)
     level = out["models"][0]
     assert level["method"] == "exact" and len(level["log_predictive"]) == 30 and level["warnings"] == []

@@ -18,7 +18,7 @@ def test_same_numbers_as_detect_stream_and_the_change_found():
     x = shifted()
     det = cusp.Detector(chunk_size=20, seed=5, threshold=0.995).update(x)
     events, changes = detect_stream(x, chunk_size=20, seed=5, config=DetectorConfig(threshold=0.995))
-    assert det.names == ["level", "ar", "trend", "student-t"] and det.n == 600 and det.pending == 0
+    assert det.names == ["level", "ar", "trend", "student-t", "seasonal"] and det.n == 600 and det.pending == 0
     assert det.events == events
     assert [c.location for c in det.changepoints] == [c.location for c in changes] == [300]
     assert det.changepoints[0].confidence >= 0.995

@@ -54,10 +54,12 @@ def test_counts_and_heavy_tails_through_the_api(live, redis_url):
     assert [c["location"] for c in got["stream"]] == [c.location for c in stream]
     assert len(stream) == 1 and abs(stream[0].location - 150) <= 5, [c.location for c in stream]
     info = {m["name"]: m for m in live.client.get(f"/v1/streams/{s}").json()["models"]}
-    assert info["negbin"]["frame"] == {"warmup_rows": 5, "centre": 0.0, "scale": pytest.approx(float(np.mean(y[:5])))}
+    assert info["negbin"]["frame"] == {"warmup_rows": 5, "centre": 0.0, "scale": pytest.approx(float(np.mean(y[:5]))),
+                                       "periods": None}
     med = float(np.median(y[:5]))
     assert info["student-t"]["frame"] == {"warmup_rows": 5, "centre": pytest.approx(med),
-                                          "scale": pytest.approx(1.4826 * float(np.median(np.abs(y[:5] - med))))}
+                                          "scale": pytest.approx(1.4826 * float(np.median(np.abs(y[:5] - med)))),
+                                          "periods": None}
 
 
 @pytest.mark.parametrize("spec,option", [("negbin:per_decade=0", "per_decade"), ("student-t:nu=-2", "nu"),

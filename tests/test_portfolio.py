@@ -6,7 +6,9 @@ import uuid
 
 import numpy as np
 import pytest
+import torch
 
+from models import build_model
 from service.detect import detect_stream
 from service.worker import Worker
 from tests.service_fixtures import LiveServer
@@ -23,7 +25,7 @@ def test_a_univariate_stream_without_models_gets_the_portfolio_and_its_answer(li
     s = "p" + uuid.uuid4().hex[:10]
     r = live.client.post("/v1/streams", json={"name": s, "columns": ["latency_ms"], "seed": 4})
     assert r.status_code == 201, r.text
-    assert [m["spec"] for m in r.json()["models"]] == ["level", "ar", "trend", "student-t"]
+    assert [m["spec"] for m in r.json()["models"]] == ["level", "ar", "trend", "student-t", "seasonal"]
     rng = np.random.default_rng(7)
     y = np.concatenate([rng.normal(250, 20, 120), rng.normal(330, 20, 80)])  # +4 sd at 120
     chunks = [y[i : i + 10] for i in range(0, 200, 10)]
@@ -42,7 +44,7 @@ def test_a_univariate_stream_without_models_gets_the_portfolio_and_its_answer(li
         by_model.setdefault(e["model"], []).append(e["location"])
     assert by_model == {m: [e.location for e in evs] for m, evs in per_model.items() if evs}
     info = live.client.get(f"/v1/streams/{s}").json()
-    assert {m["name"] for m in info["models"]} == {"level", "ar", "trend", "student-t"}
+    assert {m["name"] for m in info["models"]} == {"level", "ar", "trend", "student-t", "seasonal"}
     assert abs(sum(m["posterior_probability"] for m in info["models"]) - 1.0) < 1e-9
 
 
@@ -60,11 +62,15 @@ def test_an_empty_model_list_is_still_refused(live):
 
 def test_the_effective_prior_of_each_model_is_shown(live, redis_url):
     """The metric-series models' frame (centre and scale of their warm-up rows) is their
-    data-dependent prior: GET /v1/streams/{s} shows it once the warm-up is done (issue 20)."""
+    data-dependent prior: GET /v1/streams/{s} shows it once the warm-up is done (issue 20), and
+    `seasonal` without a period its periods' posterior probabilities: the prior's at first, then
+    those of the model offline on the same rows."""
     s = "f" + uuid.uuid4().hex[:10]
-    assert live.client.post("/v1/streams", json={"name": s, "columns": ["ms"], "models": ["level", "gaussian"]}).status_code == 201
+    assert live.client.post("/v1/streams", json={"name": s, "columns": ["ms"],
+                                                  "models": ["level", "gaussian", "seasonal"]}).status_code == 201
     first = live.client.get(f"/v1/streams/{s}").json()["models"]
-    assert first[0]["frame"] == {"warmup_rows": 5, "centre": None, "scale": None} and first[1]["frame"] is None
+    assert first[0]["frame"] == {"warmup_rows": 5, "centre": None, "scale": None, "periods": None} and first[1]["frame"] is None
+    assert first[2]["frame"]["periods"] == {p: pytest.approx(0.2) for p in ("4", "7", "12", "24", "52.1786")}
     y = [250.0, 260.0, 240.0, 255.0, 245.0, 251.0]
     assert live.client.post(f"/v1/streams/{s}/chunks", json={"seq": 0, "rows": [[v] for v in y]}).status_code == 202
     w = Worker(redis_url)
@@ -72,6 +78,10 @@ def test_the_effective_prior_of_each_model_is_shown(live, redis_url):
         w.run_until_idle()
     finally:
         w.release_all()
-    frame = live.client.get(f"/v1/streams/{s}").json()["models"][0]["frame"]
+    models = live.client.get(f"/v1/streams/{s}").json()["models"]
+    m = build_model("seasonal", 1)
+    post, _ = m.exact_update(m.exact_init(), torch.tensor(y, dtype=torch.float64)[:, None])
+    assert models[2]["frame"]["periods"] == {f"{p:g}": pytest.approx(w, rel=1e-12) for p, w in m.period_probabilities(post).items()}
+    frame = models[0]["frame"]
     assert frame["centre"] == pytest.approx(np.mean(y[:5]), rel=1e-12)
     assert frame["scale"] == pytest.approx(np.std(y[:5], ddof=1), rel=1e-12)

@@ -59,6 +59,8 @@ class ModelFrame(BaseModel):
     warmup_rows: int
     centre: float | None
     scale: float | None
+    periods: dict[str, float] | None = Field(None, description="`seasonal` without a period only: each candidate period "
+                                             "(observations) and its posterior probability given the rows so far")
 
 
 class ModelOut(BaseModel):
