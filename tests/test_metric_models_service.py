@@ -83,6 +83,14 @@ def test_replay_runs_both_and_shows_their_frames(tmp_path):
     assert f"negbin: prior on (y - centre) / scale, centre 0, scale {float(np.mean(y[:5])):.6g}" in out.stderr, out.stderr
     assert "student-t: prior on (y - centre) / scale, centre" in out.stderr
     assert "stream (model-averaged): change point at observation" in out.stderr
+    t = np.arange(96)  # eight years of monthly values with a yearly season: seasonal prints its periods' posterior (12: 0.963)
+    p.write_text("sales\n" + "\n".join(f"{v:.4f}" for v in 100 + 20 * np.sin(2 * np.pi * t / 12) + rng.normal(0, 2, 96)) + "\n")
+    out = subprocess.run([sys.executable, "-m", "service.cli", "replay", str(p), "--model", "seasonal"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    line = next(ln for ln in out.stderr.splitlines() if "period (observations) posterior" in ln)
+    probs = dict(kv.split(": ") for kv in line.split("posterior ")[1].split(", "))
+    assert max(probs, key=lambda k: float(probs[k])) == "12" and float(probs["12"]) > 0.9, line
     p.write_text("errors\n" + "\n".join(str(v) for v in y[:30]) + "\n2.5\n")
     bad = subprocess.run([sys.executable, "-m", "service.cli", "replay", str(p), "--model", "negbin"],
                          capture_output=True, text=True, timeout=300)
