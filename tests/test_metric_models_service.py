@@ -83,7 +83,8 @@ def test_replay_runs_both_and_shows_their_frames(tmp_path):
     assert f"negbin: prior on (y - centre) / scale, centre 0, scale {float(np.mean(y[:5])):.6g}" in out.stderr, out.stderr
     assert "student-t: prior on (y - centre) / scale, centre" in out.stderr
     assert "stream (model-averaged): change point at observation" in out.stderr
-    t = np.arange(96)  # eight years of monthly values with a yearly season: seasonal prints its periods' posterior (12: 0.963)
+    # eight years of monthly values with a yearly season: seasonal prints its periods' posterior (12: 0.963)
+    t = np.arange(96)
     p.write_text("sales\n" + "\n".join(f"{v:.4f}" for v in 100 + 20 * np.sin(2 * np.pi * t / 12) + rng.normal(0, 2, 96)) + "\n")
     out = subprocess.run([sys.executable, "-m", "service.cli", "replay", str(p), "--model", "seasonal"],
                          capture_output=True, text=True, timeout=300)

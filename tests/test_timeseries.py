@@ -181,7 +181,8 @@ def test_seasonal_without_a_period_learns_the_period():
 
 
 @pytest.mark.parametrize("spec,message", [
-    ("seasonal:period=1", "period"), ("seasonal:harmonics=0", "harmonics"), ("ar:order=-1", "order"), ("trend:trend=2", "trend must be"), ("level:warmup=1", "warmup"),
+    ("seasonal:period=1", "period"), ("seasonal:harmonics=0", "harmonics"), ("ar:order=-1", "order"),
+    ("trend:trend=2", "trend must be"), ("level:warmup=1", "warmup"),
     ("seasonal:period=4,harmonics=3", "harmonics"), ("level:coef_scale=0", "coef_scale"), ("ar:sampler=sgais", "exact method only"),
     ("poisson:beta0=-1", "beta0"),
 ])
