@@ -236,7 +236,7 @@ class TimeSeriesRegression(_Exact):
     def _mix(self, parts: dict[str, torch.Tensor], lps: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(log of the components' mixed predictive, the new log weights) from each component's."""
         if "logw" not in parts:
-            return lps[0], parts.get("logw")
+            return lps[0], None
         joint = parts["logw"] + lps
         lp = torch.logsumexp(joint, 0)
         return lp, joint - lp
@@ -351,9 +351,8 @@ class Seasonal(TimeSeriesRegression):
     (``order=1``): the level wanders with the last value, as real seasonal metrics' levels do,
     instead of following one straight line for years (with a fixed level and slope the model
     reads every bend of a long trend as a change: 25 false alarms on 43 years of weekly CO2,
-    none with the lag). Exact as well: with w_k
-    the period's posterior weight given the rows so far (the warm-up rows condition every
-    component alike and leave the weights at the prior),
+    none with the lag). Exact as well: with w_k the period's posterior weight given the rows so
+    far (the warm-up rows condition every component alike and leave the weights at the prior),
 
         p(chunk | past) = sum_k w_k p_k(chunk | past),   w_k' = w_k p_k(chunk | past) / p(chunk | past),
 

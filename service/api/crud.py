@@ -176,8 +176,9 @@ async def model_frame(store: ApiStore, cfg: StreamConfig, entry) -> ModelFrame |
         return None
     raw = await store.model_state(cfg.name, entry.name)
     post = load_state(raw).post if raw else None
-    frame = model.frame(post) if raw else None
-    periods = model.period_probabilities(post if raw else model.exact_init()) if hasattr(model, "period_probabilities") else None
+    frame = model.frame(post) if post is not None else None
+    probabilities = getattr(model, "period_probabilities", None)  # seasonal: the prior's before any state
+    periods = probabilities(post if post is not None else model.exact_init()) if probabilities else None
     return ModelFrame(warmup_rows=model.warmup, centre=frame[0] if frame else None, scale=frame[1] if frame else None,
                       periods=None if periods is None else {f"{p:g}": w for p, w in periods.items()})
 
