@@ -209,3 +209,22 @@ def test_model_probabilities_while_a_model_is_behind(redis):
         assert {k: (m["posterior_probability"], m["probability_observations"]) for k, m in models.items()} == level
     finally:
         live.stop()
+
+
+def test_the_embedded_redis_saves_and_stops_on_close(tmp_path):
+    """``EmbeddedRedis.close`` saves and stops its server (the socket refuses afterwards) and a new
+    one on the same directory has the data: what ``cusp serve`` relies on between runs."""
+    import redis as redis_py
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
+    r = EmbeddedRedis(tmp_path / "redis")
+    redis_py.Redis.from_url(r.url).set("kept", "yes")
+    r.close()
+    with pytest.raises(redis_py.ConnectionError):
+        redis_py.Redis.from_url(r.url, retry=Retry(NoBackoff(), 0)).ping()
+    again = EmbeddedRedis(tmp_path / "redis")
+    try:
+        assert redis_py.Redis.from_url(again.url).get("kept") == b"yes"
+    finally:
+        again.close()
