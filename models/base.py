@@ -50,6 +50,10 @@ class Model:
     conjugate: ClassVar[bool] = False
     #: the model has no particle form (no prior sampler or likelihood for SGAIS): exact method only
     exact_only: ClassVar[bool] = False
+    #: exact models whose rows are exchangeable given the parameters (no lags, no time) and whose
+    #: ``exact_update`` is costly: the evidence of every suffix of some rows is then one pass over
+    #: them backwards (``service.detect.Detector._refine``)
+    exchangeable: ClassVar[bool] = False
     #: number of raw columns the model reads (set by the factory from the stream's columns)
     n_columns: int = field(default=1, kw_only=True)
     #: how the evidence is computed: 'exact' (closed form; conjugate models only), 'sgais', or

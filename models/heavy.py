@@ -161,6 +161,7 @@ class StudentT(_Exact):
     sum of exp over every nu's nodes is 1); log Z = log p(conditioned rows) is head[6]."""
 
     name = "student-t"
+    exchangeable = True  # i.i.d. given (mu, sigma, nu); each exact update may refit the grids
     nu: float = 0.0
     warmup: int = 5
     coef_scale: float = 10.0

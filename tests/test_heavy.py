@@ -224,3 +224,28 @@ def test_heavy_tails_are_not_changes_but_a_shift_is(seed):
     for chunk in (1, 10):
         found = [c.location for c in detect_stream(y, ["student-t"], chunk_size=chunk, seed=0)[1]]
         assert len(found) == 1 and abs(found[0] - 350) <= 1, (seed, chunk, found)
+
+
+def test_a_restarts_suffix_evidences_in_one_backward_pass_match_one_update_each():
+    """``Detector._refine`` scores a restart at every row j of a span by log p(rows[j:] | restart).
+    For `student-t` (exchangeable rows) ``Detector._suffixes`` takes them from one backward pass,
+    one update a row, instead of one update of all the rows after j for each j (chunks of 250:
+    509 s -> 13 s for a series of 1,000 with two shifts, the same places). The same evidence in
+    another order: equal up to the quadrature's error (measured at most 2.1e-5 nats, 5e-8
+    relative, on 3 seeds)."""
+    from service.detect import Detector, DetectorConfig
+    from service.sgais import SGAISConfig, build_sampler
+
+    for seed in range(3):
+        r = np.random.default_rng(seed)
+        y = 250 + 20 * r.standard_t(3, 120)
+        y[60:] += 60
+        m = build_model("student-t", 1)
+        det = Detector(build_sampler(m, SGAISConfig()), DetectorConfig())
+        rows = torch.from_numpy(y[:, None])
+        post, _ = m.exact_update(m.exact_init(), rows[:40])
+        fresh, rest = m.exact_restart(post), rows[40:]
+        backward = det._suffixes(fresh, rest, 50)
+        forward = [m.exact_update(fresh, rest[j:])[1] for j in range(50)]
+        assert max(abs(b - f) for b, f in zip(backward, forward)) <= 1e-4, seed
+    assert build_model("student-t", 1).exchangeable and not build_model("ar", 1).exchangeable

@@ -394,6 +394,10 @@ class Detector:
         with torch.inference_mode():
             post = load_state(recent[lo].state).post
             fresh = None if shift else model.exact_restart(frame.post)
+            # an exchangeable model's restart scores every suffix rows[j:] in one backward pass
+            # (the rows after the span as one block, then one row at a time): the same evidence,
+            # in another order, for one update a row instead of one a candidate row
+            suffix = self._suffixes(fresh, rows, span) if fresh is not None and model.exchangeable else None
             scores, befores, restarts = [], [], []
             before = 0.0
             for j in range(span):
@@ -403,7 +407,7 @@ class Detector:
                 start = model.exact_shift(post) if shift else fresh
                 if start is None:
                     return None
-                scores.append(before + model.exact_update(start, rows[j:])[1])
+                scores.append(before + (suffix[j] if suffix is not None else model.exact_update(start, rows[j:])[1]))
                 befores.append(before)
                 restarts.append(start)
             # the rows within SUPPORT_NATS of the best are the change's support set: of those, the
@@ -418,6 +422,21 @@ class Detector:
         chunk = lo + next(k for k, e in enumerate(ends) if recent[lo].start + j < e)
         return Refined(location=recent[lo].start + j, chunk=chunk, base=recent[lo].base + before,
                        post=new_post, log_evidence=lp_new, rows=rows[j:])
+
+    def _suffixes(self, start: torch.Tensor, rows: torch.Tensor, span: int) -> list[float]:
+        """log p(rows[j:] | start) for j < ``span``, for an exchangeable model: the rows from ``span``
+        on as one block, then rows span - 1, ..., 0 one at a time, each adding its predictive given
+        the rows after it."""
+        model = self.sampler.model
+        total = 0.0
+        if rows.shape[0] > span:
+            start, total = model.exact_update(start, rows[span:])
+        out = [0.0] * span
+        for j in range(span - 1, -1, -1):
+            start, lp = model.exact_update(start, rows[j : j + 1])
+            total += lp
+            out[j] = total
+        return out
 
     def _place(self, g: torch.Generator, recent: list[Recent], i: int, best: Challenger,
                frame: SGAISState) -> tuple[int, Challenger | None]:
