@@ -55,7 +55,7 @@ from functools import lru_cache
 import torch
 
 from models.base import ModelError
-from models.timeseries import _check_positive, _check_warmup, _Exact
+from models.timeseries import _check_finite, _check_frame_prior, _check_warmup, _Exact
 
 #: Chebyshev points per coordinate of each nu's grid
 NODES = 48
@@ -177,8 +177,7 @@ class StudentT(_Exact):
             raise ModelError(f"{n}: nu must be 0 (a grid of 1, 2, 4, 8, 16, 32 degrees of freedom) or a number in "
                              f"[0.1, 10000], got {self.nu!r}")
         _check_warmup(n, self.warmup, 2)
-        for key in ("coef_scale", "alpha0", "beta0"):
-            _check_positive(n, key, getattr(self, key))
+        _check_frame_prior(n, self)
 
     # --- shape ---------------------------------------------------------------------------------
     @property
@@ -194,7 +193,7 @@ class StudentT(_Exact):
 
     def featurize(self, data: torch.Tensor) -> torch.Tensor:
         self.check_width(data)
-        return data.to(torch.float64)
+        return _check_finite(self.name, data.to(torch.float64))
 
     @property
     def _cap(self) -> int:

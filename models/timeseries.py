@@ -55,6 +55,31 @@ def _check_positive(name: str, key: str, value: float) -> None:
         raise ModelError(f"{name}: {key} must be a positive number, got {value!r}")
 
 
+#: the prior settings of the models in a frame (coefficient scale, the noise variance's
+#: InvGamma(alpha0, beta0)) are in standardised units: beyond these bounds the evidence loses its
+#: digits (lgamma(alpha0 + n/2) - lgamma(alpha0) cancels: 0.04 nats off at 1e13) or overflows
+FRAME_PRIOR_RANGE = (1e-6, 1e6)
+
+
+def _check_frame_prior(name: str, model) -> None:
+    lo, hi = FRAME_PRIOR_RANGE
+    for key in ("coef_scale", "alpha0", "beta0"):
+        value = getattr(model, key)
+        _check_positive(name, key, value)
+        if not lo <= value <= hi:
+            raise ModelError(f"{name}: {key} is in the series' standardised units and must be in [{lo:g}, {hi:g}], "
+                             f"got {value!r}")
+
+
+def _check_finite(name: str, y: torch.Tensor) -> torch.Tensor:
+    """``y`` itself, or a ModelError naming the first value that is not a finite number."""
+    bad = ~torch.isfinite(y)
+    if bool(bad.any()):
+        i, j = (int(v) for v in torch.nonzero(bad)[0])
+        raise ModelError(f"{name}: values must be finite numbers; row {i}, column {j} has {float(y[i, j])!r}")
+    return y
+
+
 class _Exact(Model):
     """Exact-only models: no particles, so the SGAIS functions are not there."""
 
@@ -102,8 +127,7 @@ class TimeSeriesRegression(_Exact):
             raise ModelError(f"{n}: period must be 0 (none) or at least 2 observations, got {self.period!r}")
         self._check_harmonics()
         _check_warmup(n, self.warmup, 2)
-        for key in ("coef_scale", "alpha0", "beta0"):
-            _check_positive(n, key, getattr(self, key))
+        _check_frame_prior(n, self)
 
     def _check_harmonics(self) -> None:
         if not (isinstance(self.harmonics, int) and 1 <= self.harmonics <= 32 and 2 * self.harmonics <= max(self.period, 2)):
@@ -137,7 +161,7 @@ class TimeSeriesRegression(_Exact):
 
     def featurize(self, data: torch.Tensor) -> torch.Tensor:
         self.check_width(data)
-        return data.to(torch.float64)
+        return _check_finite(self.name, data.to(torch.float64))
 
     # --- posterior layout ----------------------------------------------------------------------
     def _parts(self, post: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -176,8 +200,9 @@ class TimeSeriesRegression(_Exact):
         """A restart at a change point keeps the incumbent's frame, fixed from data before the
         change, and so needs no warm-up of its own: it is scored from its first row, under the
         prior in the old regime's units (a new level within a few old standard deviations is
-        likely, one 1e6 away is not). Its lags start at 0 (the old centre), its time at 0, the
-        weights of several components at their prior. During the incumbent's own warm-up there
+        likely, one 1e6 away is not). Its lags start at 0 (the old centre), its time index at
+        ``warmup`` (where a new series' first scored row is), the weights of several components at
+        their prior. During the incumbent's own warm-up there
         is no frame yet: the prior, with a warm-up."""
         new = self.exact_init()
         if int(post[0]) >= self.warmup:
@@ -352,7 +377,9 @@ class Seasonal(TimeSeriesRegression):
     instead of following one straight line for years (with a fixed level and slope the model
     reads every bend of a long trend as a change: 25 false alarms on 43 years of weekly CO2,
     none with the lag). Exact as well: with w_k the period's posterior weight given the rows so
-    far (the warm-up rows condition every component alike and leave the weights at the prior),
+    after the warm-up (every component conditions on the warm-up rows, and the weights start
+    equal after them: the periods compete on the rows after the warm-up, as the stream's models
+    do, ``log_model_probabilities`` of their evidences, which all leave the warm-up out),
 
         p(chunk | past) = sum_k w_k p_k(chunk | past),   w_k' = w_k p_k(chunk | past) / p(chunk | past),
 

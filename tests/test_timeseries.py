@@ -49,9 +49,9 @@ def nig_log_marginal(phi: np.ndarray, z: np.ndarray, coef_scale: float, a0: floa
                 - logdet / 2 - n * mpmath.log(2 * mpmath.pi) / 2)
 
 
-def reference(spec: str, y: np.ndarray) -> float:
-    """log p(y_{k+1..n} | y_1..k): the warm-up fixes centre and scale (mean, sd with n - 1), then
-    log p(z_1..n) - log p(z_1..k) - (n - k) log scale."""
+def reference_parts(spec: str, y: np.ndarray) -> tuple[mpmath.mpf, mpmath.mpf, float]:
+    """(log p(z_1..n), log p(z_1..k), (n - k) log scale): the warm-up fixes centre and scale (mean,
+    sd with n - 1) of z = (y - centre) / scale."""
     m = build_model(spec, 1)
     k = m.warmup
     centre, scale = float(np.mean(y[:k])), float(np.std(y[:k], ddof=1))
@@ -59,7 +59,13 @@ def reference(spec: str, y: np.ndarray) -> float:
     phi = design(spec, z)
     full = nig_log_marginal(phi, z, m.coef_scale, m.alpha0, m.beta0)
     head = nig_log_marginal(phi[:k], z[:k], m.coef_scale, m.alpha0, m.beta0)
-    return float(full - head) - (len(y) - k) * math.log(scale)
+    return full, head, (len(y) - k) * math.log(scale)
+
+
+def reference(spec: str, y: np.ndarray) -> float:
+    """log p(y_{k+1..n} | y_1..k) = log p(z_1..n) - log p(z_1..k) - (n - k) log scale."""
+    full, head, jacobian = reference_parts(spec, y)
+    return float(full - head) - jacobian
 
 
 def series(n: int, loc: float = 250.0, scale: float = 20.0, seed: int = 0) -> np.ndarray:
@@ -146,16 +152,23 @@ def test_row_predictive_is_the_one_step_update():
 def test_seasonal_without_a_period_is_the_exact_average_over_the_calendar_periods(settings):
     """``seasonal`` without a period: log of the equal-weight mixture of the dense references of
     ``seasonal:period=P`` for P in AUTO_PERIODS (harmonics at most (P - 1) / 2), on 40 points of a
-    monthly-like series; chunks of 1, 3 and 40 (1e-9 relative, as above)."""
+    monthly-like series; chunks of 1, 3 and 40 (1e-9 relative, as above). The weights are equal
+    after the warm-up, as the stream's models compete on the rows after it; weighing the periods
+    by the warm-up rows too would give other numbers (0.11, 0.47 and 0.51 nats here), which the
+    test tells apart."""
     from models.timeseries import AUTO_PERIODS
 
     y = series(40)
     given = dict(kv.split("=") for kv in settings.split(",") if kv)
     given.setdefault("order", "1")  # without a period, one AR lag by default
     h = int(given.pop("harmonics", 2))
-    refs = [reference(",".join([f"seasonal:period={p!r}", f"harmonics={min(h, int((p - 1) // 2))}"]
-                               + [f"{k}={v}" for k, v in given.items()]), y) for p in AUTO_PERIODS]
-    ref = float(mpmath.log(mpmath.fsum(mpmath.exp(r) for r in refs) / len(refs)))
+    parts = [reference_parts(",".join([f"seasonal:period={p!r}", f"harmonics={min(h, int((p - 1) // 2))}"]
+                                      + [f"{k}={v}" for k, v in given.items()]), y) for p in AUTO_PERIODS]
+    with mpmath.workdps(60):
+        ref = float(mpmath.log(mpmath.fsum(mpmath.exp(f - h) for f, h, _ in parts) / len(parts))) - parts[0][2]
+        joint = float(mpmath.log(mpmath.fsum(mpmath.exp(f) for f, _, _ in parts))
+                      - mpmath.log(mpmath.fsum(mpmath.exp(h) for _, h, _ in parts))) - parts[0][2]
+    assert abs(joint - ref) > 0.05  # the two differ (measured 0.11-0.51 nats)
     spec = "seasonal" + (":" + settings if settings else "")
     for chunk in (1, 3, 40):
         got, _ = evidence(spec, y, chunk)
@@ -185,10 +198,23 @@ def test_seasonal_without_a_period_learns_the_period():
     ("trend:trend=2", "trend must be"), ("level:warmup=1", "warmup"),
     ("seasonal:period=4,harmonics=3", "harmonics"), ("level:coef_scale=0", "coef_scale"), ("ar:sampler=sgais", "exact method only"),
     ("poisson:beta0=-1", "beta0"),
+    # priors in the frame (standardised units) beyond [1e-6, 1e6]: NaN or digits lost (issue review)
+    ("level:coef_scale=1e-309", "coef_scale is in the series' standardised units"),
+    ("student-t:alpha0=1e300", "alpha0 is in the series' standardised units"), ("ar:beta0=1e7", "beta0"),
 ])
 def test_bad_settings_name_the_problem(spec, message):
     with pytest.raises(ModelError, match=message):
         build_model(spec, 1)
+
+
+def test_values_that_are_not_finite_are_refused_by_the_model_itself():
+    """The service and ``cusp.Detector`` refuse NaN and infinities before a model sees them; a
+    model used directly refuses them too (before: a NaN evidence and posterior, silently)."""
+    for spec in ("level", "ar", "seasonal", "student-t"):
+        m = build_model(spec, 1)
+        for bad in (float("nan"), float("inf")):
+            with pytest.raises(ModelError, match="row 2, column 0"):
+                m.featurize(torch.tensor([[1.0], [2.0], [bad]], dtype=torch.float64))
 
 
 def test_univariate_models_refuse_several_columns():
@@ -362,15 +388,14 @@ def test_a_single_spike_is_not_a_change_but_a_shift_of_its_size_is(seed):
     assert [(c.location, c.detected_at) for c in stream] == [(150, 152)]
 
 
-@pytest.mark.parametrize("seed", [0, 1] + [pytest.param(s, marks=pytest.mark.slow) for s in (2, 3, 4)])
+@pytest.mark.parametrize("seed", range(5))
 @pytest.mark.parametrize("chunk", [5, 50])
 def test_placement_does_not_depend_on_the_chunk_size(chunk, seed):
     """Latencies (250 +- 20 ms) with shifts at 437 (+60) and 761 (-80), not on chunk boundaries:
     with chunks of 5 or 50 the default portfolio's stream answer places both within 5
     observations on 5 data seeds (measured: 436-437 and 761), as point by point; before the
     exact method's in-chunk placement (Detector._refine) they snapped to chunk starts: 435 and 760
-    with chunks of 5, 400 and 750 with chunks of 50. Data seeds 2-4 run with ``-m slow``
-    (chunks of 50 cost about 12 s a seed, most of it `student-t`'s placement)."""
+    with chunks of 5, 400 and 750 with chunks of 50."""
     from service.detect import detect_stream
 
     r = np.random.default_rng([seed, 5])
