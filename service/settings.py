@@ -22,7 +22,9 @@ class Settings(BaseSettings):
 
     redis_url: str | None = Field(
         None, description="Redis >= 6.2 URL (redis://, rediss://, unix://), or a Redis Cluster's seed nodes "
-                          "(redis+cluster://[user:password@]host:port[,host:port...], rediss+cluster:// with TLS). "
+                          "(redis+cluster://[user:password@]host:port[,host:port...], rediss+cluster:// with TLS), or a "
+                          "Redis with replicas under Sentinel by its sentinels and master name "
+                          "(redis+sentinel://[user:password@]host:port[,host:port...]/NAME[/DB], rediss+sentinel://). "
                           "Unset: cusp starts an embedded redis-server under data_dir."
     )
     data_dir: Path = Field(Path(".cusp"), description="Where the embedded Redis keeps its data file.")

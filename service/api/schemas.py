@@ -37,7 +37,7 @@ class StreamIn(BaseModel):
     models: list[ModelIn | str] | None = Field(
         None, min_length=1, max_length=16,
         description="the stream's models (specs or objects); left out: the default portfolio (README), for one "
-                    "column 'level', 'ar' and 'trend' in the series' own units, whose model average gives the "
+                    "column 'level', 'ar', 'trend', 'student-t' and 'seasonal' in the series' own units, whose model average gives the "
                     "stream's answer; for several columns 'gaussian'",
         examples=[["level", "ar", "trend"], [{"spec": "gmm:components=5", "name": "gmm5"}]])
     sampler: SamplerIn = Field(default_factory=SamplerIn)
@@ -365,8 +365,8 @@ class DetectIn(BaseModel):
                                       description="column names (default x0, x1, ...); a model's 'target' names one")
     models: list[ModelIn | str] | None = Field(
         None, min_length=1, max_length=16,
-        description="model specs, as for a stream (default: the default portfolio for the data's width: level, ar "
-                    "and trend for one column, gaussian otherwise); plug-ins too")
+        description="model specs, as for a stream (default: the default portfolio for the data's width: level, ar, "
+                    "trend, student-t and seasonal for one column, gaussian otherwise); plug-ins too")
     chunk_size: int | None = Field(
         None, ge=1, description=f"rows per chunk (default: ceil(rows / {DETECT_DEFAULT_CHUNKS})); at most "
                                 f"{MAX_DETECT_CHUNKS:,} chunks and CUSP_MAX_CHUNK_ROWS rows per chunk")
