@@ -376,8 +376,8 @@ class Seasonal(TimeSeriesRegression):
     (``order=1``): the level wanders with the last value, as real seasonal metrics' levels do,
     instead of following one straight line for years (with a fixed level and slope the model
     reads every bend of a long trend as a change: 25 false alarms on 43 years of weekly CO2,
-    none with the lag). Exact as well: with w_k the period's posterior weight given the rows so
-    after the warm-up (every component conditions on the warm-up rows, and the weights start
+    none with the lag). Exact as well: with w_k the period's posterior weight given the rows since
+    the warm-up (every component conditions on the warm-up rows, and the weights start
     equal after them: the periods compete on the rows after the warm-up, as the stream's models
     do, ``log_model_probabilities`` of their evidences, which all leave the warm-up out),
 

@@ -27,6 +27,8 @@ import redis.asyncio.cluster as acluster
 import redis.asyncio.sentinel as asentinel
 import redis.cluster as cluster
 import redis.sentinel as sentinel
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from service.store import keys, scripts
 
@@ -48,10 +50,6 @@ class EmbeddedRedis:
         """Save and stop the server. SHUTDOWN drops the connection it came on, which a client with
         retries reads as a failure and retries (redis-py 8's default: 10 tries with backoff, 4.5 s
         measured) against a server that is gone; so it goes on a client of its own without them."""
-        import redis
-        from redis.backoff import NoBackoff
-        from redis.retry import Retry
-
         once = redis.Redis(unix_socket_path=self._server.socket_file, retry=Retry(NoBackoff(), 0))
         try:
             once.shutdown(save=True)  # redis 6.2 refuses NOW/FORCE (7.0 options): the server kept running
