@@ -237,12 +237,17 @@ class GaussianMixture(Model):
         distribution for the MH acceptance of ``propose_jump``."""
         d = self.n_columns
         r_hist = history.shape[0]
-        y = torch.cat([history[:, :d], chunk[:, :d]]).numpy()
-        centre, spread = y.mean(0), y.std(0)
+        pick = torch.randperm(r_hist, generator=generator)[:fit_rows] if r_hist > fit_rows else torch.arange(r_hist)
+        y_chunk = chunk[:, :d].numpy()
+        # standardised by the centre and spread of all rows, history and chunk, without copying the
+        # history: only the fit's rows are copied out (all of them with ``refine``)
+        h, total = history[:, :d].numpy(), r_hist + len(y_chunk)
+        centre = (h.sum(0) + y_chunk.sum(0)) / total
+        spread = np.sqrt((np.square(h - centre).sum(0) + np.square(y_chunk - centre).sum(0)) / total)
         spread = np.where(spread > 0, spread, 1.0)
-        ys = (y - centre) / spread
-        pick = torch.randperm(r_hist, generator=generator)[:fit_rows].numpy() if r_hist > fit_rows else np.arange(r_hist)
-        sample = np.concatenate([ys[pick], ys[r_hist:]])
+        sample = (np.concatenate([history[pick, :d].numpy(), y_chunk]) - centre) / spread
+        if refine:
+            ys = (np.concatenate([history[:, :d].numpy(), y_chunk]) - centre) / spread
         seeds = torch.randint(0, 2**31 - 1, (restarts,), generator=generator).tolist()
         means, variances, hist, chk, rows = [], [], [], [], []
         n_fit = len(pick)
@@ -261,11 +266,11 @@ class GaussianMixture(Model):
             hist.append(resp[:fit_hist].sum(0) * (n_prev / fit_hist if fit_hist else 0.0))
             chk.append(resp[fit_hist:].sum(0))
             rows.append(resp.sum(0))
-        a_pick = (torch.randperm(r_hist, generator=generator)[:assign_rows].numpy()
-                  if r_hist > assign_rows else np.arange(r_hist))
+        a_pick = (torch.randperm(r_hist, generator=generator)[:assign_rows]
+                  if r_hist > assign_rows else torch.arange(r_hist))
         return JumpCandidates(np.concatenate(means), np.concatenate(variances), np.concatenate(hist),
                               np.concatenate(chk), np.concatenate(rows),
-                              np.concatenate([y[a_pick], y[r_hist:]]), len(a_pick), n_prev)
+                              np.concatenate([history[a_pick, :d].numpy(), y_chunk]), len(a_pick), n_prev)
 
     #: the share of ``propose_jump``'s proposal that draws the moved component from its prior: it keeps
     #: the reverse proposal density of any current component at least this share of its prior density
