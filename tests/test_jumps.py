@@ -119,6 +119,33 @@ def test_delayed_acceptance_is_reversible():
     assert not torch.allclose(log_alpha(est, exact, naive) - log_alpha(-est, -exact, naive), exact, atol=1e-3)
 
 
+def test_a_jump_reports_the_gain_of_the_move_it_accepted(monkeypatch):
+    """``Sampler._jump`` returns the largest gain in log target of an accepted move, which sets
+    ``jumps_left`` (``JUMP_FOLLOW`` chunks of jumps after a gain over ``JUMP_GAIN``). Until 2026-11-26
+    it was measured after the particle had moved and was always 0. Here the particles are prior draws
+    on 300 rows, the proposal is (with a zero proposal ratio) the particles of a finished run, so every
+    move is accepted and the gain is computed independently from the target."""
+    from service.sgais import engine
+
+    x = D.gmm_data(300, 0, components=2, dims=1)
+    model = build_model("gmm:components=2", n_columns=1)
+    rows = model.featurize(x)
+    sampler = build_sampler(model, SGAISConfig(particles=8, jumps=1))
+    state, _, _ = sampler.update(sampler.init(0), x, sampler.new_reservoir())
+    good, theta = state.theta, model.sample_prior(torch.Generator().manual_seed(1), 8)
+    monkeypatch.setattr(GaussianMixture, "propose_jump", lambda self, th, *a, **k: (good.clone(), torch.zeros(len(th), dtype=torch.float64)))
+    lam = 0.5
+
+    def log_target(th):
+        return model.log_prior(th) + lam * model.log_likelihood(th, rows).sum(1)
+
+    moved, chunk_ll, gain = sampler._jump(theta, lam, rows, rows[:0], 0, None, torch.Generator().manual_seed(2))
+    want = log_target(good) - log_target(theta)
+    assert torch.equal(moved, good) and np.allclose(chunk_ll, model.log_likelihood(good, rows).sum(1).numpy())
+    assert gain > engine.JUMP_GAIN and abs(gain - float(want.max())) < 1e-6 * abs(gain), (gain, want)
+    assert sampler._jumps_left(0, "last step", gain) == engine.JUMP_FOLLOW
+
+
 def test_the_weights_proposal_density_is_a_density():
     """``_log_q_weights`` is the density of z = log(w S), w ~ Dirichlet(alpha), S ~ Gamma(K, 1): its
     Monte Carlo normaliser over a box that holds nearly all of its mass is 1 (K = 2, where z is 2-D)."""
