@@ -356,8 +356,10 @@ class Sampler(SamplerBase):
     def _jumps_wanted(self, state: SGAISState, logw: np.ndarray, ll_rows: torch.Tensor, res: torch.Tensor,
                       g: torch.Generator) -> str:
         """Whether this chunk gets mode jumps after every annealing step's SGHMC run ('every step', or
-        'surprise' when a surprise asks for them), after the last one only ('last step') or not at all (''). They cost two log-likelihood passes
-        over the reservoir per annealing step, so they run where particles get stuck, not everywhere.
+        'surprise' when a surprise asks for them), after the last one only ('last step') or not at all (''). They cost log-likelihood
+        passes over the reservoir (over a sample of it, and the whole of it only for the proposals that
+        pass that first stage, once it is large: ``_jump``) and an EM fit per annealing step, so they
+        run where particles get stuck, not everywhere.
         Every step: while the history
         is short (``JUMP_WARMUP_ROWS``: from the prior, the particles settle into their modes), in the
         ``state.jumps_left`` chunks after a chunk whose jumps were accepted or after a stuck-mode check
