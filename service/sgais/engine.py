@@ -122,7 +122,6 @@ JUMP_SCREEN_SE = 3.0
 REFERENCE_TOLERANCE = 1e-2
 
 
-
 def delayed_log_acceptance(log_ratio: torch.Tensor, log_a1: torch.Tensor, log_a1_rev: torch.Tensor) -> torch.Tensor:
     """The log acceptance probability of a delayed-acceptance step's second stage (Christen and Fox
     2005), for proposals x -> y that passed the first stage: min(0, log_ratio + log alpha_1(y, x) -
@@ -130,6 +129,7 @@ def delayed_log_acceptance(log_ratio: torch.Tensor, log_a1: torch.Tensor, log_a1
     alpha_1(x, y) alpha_2(x, y) q(y | x) pi(x) is symmetric in x and y: detailed balance for pi,
     whatever the first stage's alpha_1 is."""
     return torch.clamp(log_ratio + log_a1_rev - log_a1, max=0.0)
+
 
 def prepare(model: Model, config: SGAISConfig, n: int, chunk: torch.Tensor, reservoir: Reservoir) -> torch.Tensor:
     """A chunk's featurized rows, checked (non-empty, finite) against a reservoir that must hold
@@ -444,6 +444,8 @@ class Sampler(SamplerBase):
             return scale * model.log_likelihood(th, res).sum(1) if r_size else torch.zeros(th.shape[0], dtype=torch.float64)
 
         lt_local, chunk_ll = local(theta)
+        if screen:  # the current particles' log-likelihoods on the sample, carried like lt_local
+            sub_ll = model.log_likelihood(theta, sub)
         best_gain = 0.0
         for _ in range(self.config.jumps):
             # a move of one component or of two, at random (a mixture of kernels that each leave pi invariant)
@@ -452,7 +454,8 @@ class Sampler(SamplerBase):
             lt_local_p, chunk_p = local(prop)
             log_u = torch.log(torch.rand((2 if screen else 1, m), generator=g, dtype=torch.float64))
             if screen:
-                diff = model.log_likelihood(prop, sub) - model.log_likelihood(theta, sub)  # [M, S]
+                sub_ll_p = model.log_likelihood(prop, sub)
+                diff = sub_ll_p - sub_ll  # [M, S]
                 est = lt_local_p - lt_local + log_q_ratio + sub_scale * diff.sum(1)
                 slack = JUMP_SCREEN_SLACK + JUMP_SCREEN_SE * sub_scale * math.sqrt(JUMP_SCREEN_ROWS) * diff.std(1)
                 log_a1 = torch.clamp(est + slack, max=0.0).nan_to_num(nan=-math.inf)  # log alpha_1(x, y)
@@ -473,6 +476,8 @@ class Sampler(SamplerBase):
                 theta = torch.where(accept[:, None], prop, theta)
                 lt_local = torch.where(accept, lt_local_p, lt_local)
                 chunk_ll = torch.where(accept, chunk_p, chunk_ll)
+                if screen:
+                    sub_ll = torch.where(accept[:, None], sub_ll_p, sub_ll)
                 best_gain = max(best_gain, float(gain[accept].max()))
                 self.jump_stats[0] += int(accept.sum())
             self.jump_stats[1] += m
