@@ -2,6 +2,7 @@
 ``GaussianMixture.propose_jump``) and the sampler settings that came with them (warm-up, the
 model's default control variates, the state's ``jumps_left``)."""
 
+import dataclasses
 import math
 
 import numpy as np
@@ -226,3 +227,26 @@ def test_logistic_regression_uses_control_variates_by_default():
     on = [s for s, _, _ in build_sampler(model, SGAISConfig(**few)).run(x, 500, seed=0)][-1]
     off = [s for s, _, _ in build_sampler(model, SGAISConfig(control_variates=False, **few)).run(x, 500, seed=0)][-1]
     assert on.cv_theta.numel() == model.dim and off.cv_theta.numel() == 0
+
+
+def test_a_one_row_chunk_is_tested_for_surprise_without_a_warning():
+    """A chunk of one row has no variance of its own; the surprise test takes the history's for it
+    (under "nothing new" the row is drawn like them). It used ``var()`` of one value: NaN and a
+    UserWarning, so a stream fed row by row never saw a surprise."""
+    import warnings
+
+    x = D.gmm_data(6_000, 0, components=3, dims=2)
+    model = build_model("gmm:components=3", n_columns=2)
+    sampler = build_sampler(model, SGAISConfig.preset("paper"))
+    for state, _, res in sampler.run(x, 500, seed=0):
+        pass
+    state = dataclasses.replace(state, jumps_left=0)  # not in a follow-up or a cooldown
+    rows = model.featurize(x[:1])
+    far = model.featurize(torch.tensor([[1e3, -1e3]], dtype=torch.float64))
+    g = torch.Generator().manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        wanted = [sampler._jumps_wanted(state, state.log_weights.numpy(), model.log_likelihood(state.theta, r), res.data, g)
+                  for r in (rows, far)]
+    assert wanted[1] == "surprise", wanted
+    assert wanted[0] in ("", "last step"), wanted

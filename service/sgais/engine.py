@@ -379,7 +379,10 @@ class Sampler(SamplerBase):
         w = torch.from_numpy(logw)[:, None]
         lp_chunk = torch.logsumexp(w + ll_rows, 0)
         lp_hist = torch.logsumexp(w + self.model.log_likelihood(state.theta, probe), 0)
-        se = math.sqrt(float(lp_hist.var()) / len(lp_hist) + float(lp_chunk.var()) / len(lp_chunk))
+        # one row has no spread of its own: under "nothing new" it is a draw like the history's rows
+        var_h = float(lp_hist.var())
+        var_c = float(lp_chunk.var()) if len(lp_chunk) > 1 else var_h
+        se = math.sqrt(var_h / len(lp_hist) + var_c / len(lp_chunk))
         if float(lp_hist.mean() - lp_chunk.mean()) > JUMP_SURPRISE * max(se, 1e-12):
             return "surprise" if state.jumps_left == 0 else "last step"  # jumps_left < 0: cooling down
         return "last step" if state.chunks % JUMP_EVERY == 0 else ""
