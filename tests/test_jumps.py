@@ -250,3 +250,32 @@ def test_a_one_row_chunk_is_tested_for_surprise_without_a_warning():
                   for r in (rows, far)]
     assert wanted[1] == "surprise", wanted
     assert wanted[0] in ("", "last step"), wanted
+
+
+def test_the_jump_schedule_counts_rows_not_chunks(monkeypatch):
+    """Chunks of 500 (the benches', the demo's) jump as before: every chunk of the first 5,000 rows
+    and the last step of every 8th chunk. Chunks of one row no longer jump at every row of the first
+    5,000 (15-24 ms a row for a 5-component mixture here) but once per 50 rows, and once per 4,000
+    after that, not every 8 rows."""
+    from service.sgais.engine import JUMP_EVERY_ROWS, JUMP_WARMUP_EVERY, _holds_multiple
+
+    assert [_holds_multiple(500 * c, 500, JUMP_EVERY_ROWS) for c in range(64)] == [c % 8 == 0 for c in range(64)]
+    assert all(_holds_multiple(500 * c, 500, JUMP_WARMUP_EVERY) for c in range(10))
+    assert sum(_holds_multiple(n, 1, JUMP_WARMUP_EVERY) for n in range(5_000)) == 100
+    # chunks of 7 rows up to row 40,004 meet 0, 4,000, ..., 40,000
+    assert sum(_holds_multiple(n, 7, JUMP_EVERY_ROWS) for n in range(0, 40_000, 7)) == 11
+
+    calls = []
+    orig = GaussianMixture.jump_candidates
+
+    def counted(self, *a, **k):
+        calls.append(1)
+        return orig(self, *a, **k)
+
+    monkeypatch.setattr(GaussianMixture, "jump_candidates", counted)
+    x = D.gmm_data(300, 0, components=3, dims=2)
+    sampler = build_sampler(build_model("gmm:components=3", n_columns=2), SGAISConfig.preset("paper"))
+    for state, _, _ in sampler.run(x, 1, seed=0):
+        pass
+    # 6 scheduled chunks (rows 0, 50, ..., 250), each maybe followed by 2 more after a gain
+    assert 6 <= len(calls) <= 18, len(calls)

@@ -98,8 +98,10 @@ WARNINGS = {
 }
 #: the most history rows ``Sampler._check_modes`` fits the model's modes on
 MODE_CHECK_ROWS = 2_000
-#: mode jumps run in every chunk while fewer rows than this have been seen
+#: mode jumps run in every chunk while fewer rows than this have been seen (in a chunk that holds a
+#: multiple of ``JUMP_WARMUP_EVERY`` rows: with small chunks, about once per that many rows)
 JUMP_WARMUP_ROWS = 5_000
+JUMP_WARMUP_EVERY = 50
 #: chunks that keep jumping after a chunk whose jumps were accepted, or after a stuck-mode check
 JUMP_FOLLOW = 2
 #: an accepted jump that raised its particle's log target by more than this (nats) means particles were in
@@ -107,8 +109,9 @@ JUMP_FOLLOW = 2
 JUMP_GAIN = 50.0
 #: chunks after a surprising chunk whose jumps gained little in which a surprise jumps at the last step only
 JUMP_COOLDOWN = 16
-#: and every this many chunks regardless, after the chunk's last annealing step
-JUMP_EVERY = 8
+#: and in a chunk that holds a multiple of this many rows regardless, after the chunk's last annealing
+#: step (every 8 chunks of 500)
+JUMP_EVERY_ROWS = 4_000
 #: history rows the surprise test compares a chunk with, and its threshold in standard errors
 JUMP_PROBE_ROWS = 500
 JUMP_SURPRISE = 5.0
@@ -120,6 +123,13 @@ JUMP_SCREEN_SLACK = 20.0
 JUMP_SCREEN_SE = 3.0
 #: relative distance between an SGAIS log-evidence and the exact one beyond which ``reference_mismatch`` is raised
 REFERENCE_TOLERANCE = 1e-2
+
+
+def _holds_multiple(n_prev: int, b: int, every: int) -> bool:
+    """Whether rows n_prev .. n_prev + b - 1 (0-based) hold a multiple of ``every``: a schedule in rows,
+    so that the work per row does not grow as the chunks get smaller (chunks of 500 aligned to
+    multiples of 500 meet a multiple of 4,000 every 8 chunks; chunks of one row, every 4,000)."""
+    return (n_prev + b - 1) // every > (n_prev - 1) // every
 
 
 def delayed_log_acceptance(log_ratio: torch.Tensor, log_a1: torch.Tensor, log_a1_rev: torch.Tensor) -> torch.Tensor:
@@ -361,18 +371,22 @@ class Sampler(SamplerBase):
         pass that first stage, once it is large: ``_jump``) and an EM fit per annealing step, so they
         run where particles get stuck, not everywhere.
         Every step: while the history
-        is short (``JUMP_WARMUP_ROWS``: from the prior, the particles settle into their modes), in the
+        is short (``JUMP_WARMUP_ROWS``: from the prior, the particles settle into their modes; with
+        chunks smaller than ``JUMP_WARMUP_EVERY`` rows, once per that many rows), in the
         ``state.jumps_left`` chunks after a chunk whose jumps were accepted or after a stuck-mode check
         (``_check_modes``), and when the chunk is surprising: its rows' mean log predictive under the
         particles lies more than ``JUMP_SURPRISE`` standard errors below that of ``JUMP_PROBE_ROWS``
         rows of the history (new clusters; on stationary data the statistic stayed below 2.5 in 100
         chunks, and reached 10-12 where clusters appear; during a cooldown, ``_jumps_left``, at the last
-        step only). Last step: every ``JUMP_EVERY`` chunks
+        step only). Last step: once per ``JUMP_EVERY_ROWS`` rows (a chunk that holds a multiple of it)
         otherwise (a mode only slightly worse, two overlapping clusters in one component, grows worse
         with n until a jump pays). Which chunks jump depends on the particles,
         as the annealing schedule does; each jump leaves its target invariant either way."""
-        if state.n < JUMP_WARMUP_ROWS or state.jumps_left > 0:
+        b = ll_rows.shape[1]
+        if state.jumps_left > 0:
             return "every step"
+        if state.n < JUMP_WARMUP_ROWS:
+            return "every step" if _holds_multiple(state.n, b, JUMP_WARMUP_EVERY) else ""
         if res.shape[0] == 0:
             return ""
         probe = res[torch.randint(0, res.shape[0], (JUMP_PROBE_ROWS,), generator=g)]
@@ -385,7 +399,7 @@ class Sampler(SamplerBase):
         se = math.sqrt(var_h / len(lp_hist) + var_c / len(lp_chunk))
         if float(lp_hist.mean() - lp_chunk.mean()) > JUMP_SURPRISE * max(se, 1e-12):
             return "surprise" if state.jumps_left == 0 else "last step"  # jumps_left < 0: cooling down
-        return "last step" if state.chunks % JUMP_EVERY == 0 else ""
+        return "last step" if _holds_multiple(state.n, b, JUMP_EVERY_ROWS) else ""
 
     @staticmethod
     def _jumps_left(left: int, jumping: str, gain: float) -> int:
