@@ -32,8 +32,8 @@ def test_stuck_mixtures_are_flagged(seed, stuck):
     jumps), judged against the Laplace
     reference at the global mode (bench/reference.py, validated there by importance sampling).
     Measured: seeds 0 and 2 end stuck, 14,268 and 21,748 nats below the reference, their particles
-    11,711 and 18,124 nats below the EM mode (limit max(10 D, 1e-3 of the log joint) = 150): flagged.
-    Seed 3 ends in the dominant mode (gap -120; 453 nats low from earlier chunks): not flagged."""
+    11,699 and 17,857 nats below the EM mode (limit max(10 D, 1e-3 of the log joint) = 150): flagged.
+    Seed 3 ends in the dominant mode (gap 11.6; 453 nats low from earlier chunks): not flagged."""
     from bench.reference import laplace_log_evidence
 
     data = clusters([[-4, 0], [4, 0], [0, 5]], seed=seed)
@@ -66,14 +66,15 @@ def test_mode_jumps_free_the_stuck_runs(seed):
 
 @pytest.mark.parametrize("seed", range(3))
 def test_healthy_mixtures_are_not_flagged(seed):
-    """Two separated clusters, K = 2: the particles sample the dominant mode (measured gaps -4.6 to
-    13.1 nats, the EM fit evaluated on rows it was not fitted to; posterior samples sit about
-    D/2 = 5 below the mode; limit 100), no warning on any chunk. (Seed
-    4 of the same data ends stuck, 7,426 nats below, and is flagged: SGAIS's problem, not the check's.)"""
+    """Two separated clusters, K = 2: the particles sample the dominant mode, no warning on any chunk.
+    Measured gaps, the EM fit refined on all 20,000 rows: 16.4, 36.7, 13.7 nats (seeds 0-2; 3.2 and
+    7.4 at seeds 3 and 5). Posterior samples sit about D/2 = 5 below the mode, so SGHMC's particles
+    lag it by up to about 30 more; the limit is 100, the bound half of it. (Seed 4 of the same data
+    ends stuck, 7,558 nats below, and is flagged: SGAIS's problem, not the check's.)"""
     results = run(2, clusters([[-3, 0], [3, 0]], seed=seed), seed)
     assert all(r.reliable for _, r in results)
     state = results[-1][0]
-    assert abs(state.mode_gap) < state.mode_limit / 3  # a fit on other rows can land below the particles
+    assert abs(state.mode_gap) < state.mode_limit / 2
 
 
 def test_the_gap_is_zero_at_the_mode_itself():
@@ -84,7 +85,7 @@ def test_the_gap_is_zero_at_the_mode_itself():
     theta = torch.tensor([np.log(np.mean(lab == j)) for j in (0, 1)]
                          + [v for j in (0, 1) for v in y[lab == j].mean(0)]
                          + [v for j in (0, 1) for v in np.log(y[lab == j].var(0))], dtype=torch.float64)[None]
-    gap = m.mode_gap(theta, rows, rows, 1.0, torch.Generator().manual_seed(0))
+    gap = m.mode_gap(theta, rows, rows, 1.0, torch.Generator().manual_seed(0), rows, 1.0)
     assert abs(gap) < 1.0  # EM and the hard-assignment fit agree on separated clusters (measured 0.05)
 
 
@@ -100,3 +101,21 @@ def test_the_check_is_saved_with_the_state():
     state, _ = run(3, clusters([[-4, 0], [4, 0], [0, 5]], n=3000), 0)[-1]
     back = SGAISState.from_bytes(state.to_bytes())
     assert (back.mode_gap, back.mode_limit) == (state.mode_gap, state.mode_limit) and back.to_bytes() == state.to_bytes()
+
+
+def test_a_stuck_seven_component_run_is_flagged_and_a_healthy_one_is_not():
+    """The paper's 3 -> 5 -> 7 clusters (data seed 1), K = 7, default sampler, 66,000 rows (the check
+    runs at 65,536). Measured against the Laplace reference (-275,676, 33 s, not recomputed here):
+    sampler seed 1 ends 2,170 nats low, its particles with a duplicate on one cluster and one
+    component over two others; seed 0 ends 867 low (lost while the new clusters appeared) but in the
+    dominant mode. The check before (2 EM restarts on 2,000 rows, judged on 2,000 others) reported a
+    gap of -7,211 at seed 1 (its own fit far below the particles) and did not flag it. Now: 770 at
+    seed 1 and -7 at seed 0 (limit 350)."""
+    from bench import data as D
+
+    x, _ = D.distribution_shift_data(100_000, 1)
+    sampler = build_sampler(build_model("gmm:components=7", 2), SGAISConfig.preset("paper"))
+    stuck, last = [(s, r) for s, r, _ in sampler.run(x[:66_000], 500, 1)][-1]
+    assert stuck.mode_gap > stuck.mode_limit and "stuck_mode" in last.warnings, stuck.mode_gap
+    healthy, last = [(s, r) for s, r, _ in sampler.run(x[:66_000], 500, 0)][-1]
+    assert abs(healthy.mode_gap) < healthy.mode_limit / 2 and last.reliable, healthy.mode_gap

@@ -503,11 +503,13 @@ class Sampler(SamplerBase):
     def _check_modes(self, old: SGAISState, new: SGAISState, reservoir: Reservoir) -> SGAISState:
         """For a model with poor local modes (``Model.checks_modes``): whenever n passes a power of
         four (1,024, 4,096, 16,384, ...), how far the particles sit below the best mode the model's
-        own optimiser finds on a uniform sample of the history (``MODE_CHECK_ROWS`` rows of the
-        reservoir), compared on another such sample (log-likelihoods scaled to n). The limit is
-        max(10 D, 1e-3 of the log joint): samples of the posterior sit about D/2 below its mode,
-        stuck particles thousands of nats below. A fit on a sample is itself about (n / rows) D / 2
-        short of the mode on other rows, so the check errs towards silence at large n. Its draws
+        own optimiser finds (``mode_gap``): EM fits on a uniform sample of the history
+        (``MODE_CHECK_ROWS`` rows of the reservoir), the best of them judged on another such sample,
+        then refined on the reservoir, where it and the particles are compared (log-likelihoods
+        scaled to n). The limit
+        is max(10 D, 1e-3 of the log joint): samples of the posterior sit about D/2 below its mode,
+        stuck particles thousands of nats below. (Before the refinement, a fit on a sample was
+        about (n / rows) D / 2 short of the mode, so the check fell silent at large n.) Its draws
         come from a generator seeded with n, so the sampler's own stream is untouched."""
         if (not self.model.checks_modes or new.n < 1024 or reservoir.size == 0
                 or (old.n.bit_length() - 1) // 2 == (new.n.bit_length() - 1) // 2):
@@ -520,8 +522,10 @@ class Sampler(SamplerBase):
         else:  # few rows (n about the reservoir): fit and compare on all, flattering the fit by about D/2
             fit = res
         scale = new.n / res.shape[0]
-        gap = self.model.mode_gap(new.theta, fit, res, scale, g)
-        joint = float((self.model.log_prior(new.theta) + scale * self.model.log_likelihood(new.theta, res).sum(1)).max())
+        all_scale = new.n / reservoir.size
+        gap = self.model.mode_gap(new.theta, fit, res, scale, g, reservoir.data, all_scale)
+        joint = float((self.model.log_prior(new.theta)
+                       + all_scale * self.model.log_likelihood(new.theta, reservoir.data).sum(1)).max())
         limit = max(10.0 * self.model.dim, 1e-3 * abs(joint))
         jumps_left = max(new.jumps_left, JUMP_FOLLOW) if gap > limit else new.jumps_left
         return replace(new, mode_gap=gap, mode_limit=limit, jumps_left=jumps_left)
