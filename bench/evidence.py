@@ -165,6 +165,8 @@ class SgaisRun:
     capped: int = 0
     joint_gap: float = math.nan  # median over particles of (log joint - mode's log joint), at the last n
     error: str = ""
+    stuck_last: bool = False  # the last chunk's result carries the ``stuck_mode`` warning
+    stuck_any: bool = False  # some chunk's result does
 
 
 def compute_reference(model, x: torch.Tensor, n: int, draws: int) -> RefResult:
@@ -195,6 +197,8 @@ def run_sgais(model, x: torch.Tensor, seed: int, checkpoints: tuple[int, ...], r
         for state, r, _ in sampler.run(x[: max(checkpoints)], CHUNK, seed=seed):
             out.steps += r.annealing_steps
             out.capped += int(r.capped)
+            out.stuck_last = "stuck_mode" in r.warnings
+            out.stuck_any |= out.stuck_last
             if r.n in checkpoints:
                 out.log_z[r.n] = r.log_evidence
     except Exception as exc:  # EngineError on diverged particles: a result, not a crash
@@ -354,6 +358,28 @@ def _diag_table(results: list[CaseResult]) -> str:
                            "SGAIS annealing steps per seed", "SGAIS time (mean)"], rows)
 
 
+def _warning_coverage(results: list[CaseResult], groups: tuple[str, ...]) -> str:
+    """How many of the runs beyond 0.2 % of their reference carry the ``stuck_mode`` warning (README:
+    results say how far to trust them), and how many of the others do."""
+    bad, good = [], []
+    for res in results:
+        n = max(res.case.checkpoints)
+        r = res.refs[n]
+        if res.case.group not in groups or not r.valid:
+            continue
+        for run in res.runs:
+            if n in run.log_z:
+                wrong = abs(run.log_z[n] - r.ref.log_evidence) > 2e-3 * abs(r.ref.log_evidence)
+                (bad if wrong else good).append(run)
+    if not bad and not good:
+        return ""
+    last = lambda v: sum(run.stuck_last for run in v)  # noqa: E731
+    some = lambda v: sum(run.stuck_any for run in v)  # noqa: E731
+    return (f"`stuck_mode`: of the {len(bad)} mixture runs beyond 0.2 % of their reference, {last(bad)} carry the "
+            f"warning at their last chunk and {some(bad)} at some chunk; of the other {len(good)}, {last(good)} and "
+            f"{some(good)}.")
+
+
 def _stuck_summary(results: list[CaseResult]) -> str:
     """How many runs end with their particles far (> 100 nats) below a posterior draw's log joint
     (-D/2 from the mode's), and the median |error| of those runs and of the others."""
@@ -375,6 +401,9 @@ def _stuck_summary(results: list[CaseResult]) -> str:
                     "below a posterior draw's log joint; median |error| ")
             parts.append(head + (f"{med(far)} nats in those runs, {med(near)} in the others." if far and near else
                                  f"{med(far or near)} nats."))
+        coverage = _warning_coverage(results, groups) if label.startswith("mixture") else ""
+        if coverage:
+            parts.append(coverage)
     return ("Summary: " + " ".join(parts)) if parts else ""
 
 

@@ -206,3 +206,5 @@ def test_evidence_bench_section(tmp_path):
     begin, end = markers("evidence")
     assert begin in text and end in text and "3 clusters, K = 3" in text
     assert f"{res.refs[2_000].ref.log_evidence:,.0f}" in text
+    # whether the runs beyond 0.2 % carried the stuck-mode warning: the sentence counts this one run
+    assert "`stuck_mode`: of the " in text and isinstance(run.stuck_last, bool), text
