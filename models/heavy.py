@@ -251,18 +251,6 @@ class StudentT(_Exact):
 
     # --- boxes ----------------------------------------------------------------------------------
     @staticmethod
-    def _nodes(box: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(s [G], lam [G], mu [G, G], log quadrature weight [G, G]) of a box; index [s, lam]."""
-        x, w, _ = _cheb(NODES)
-        m, a, s_lo, s_hi, l_lo, l_hi = (float(t) for t in box)
-        s = 0.5 * (s_lo + s_hi) + 0.5 * (s_hi - s_lo) * x
-        lam = 0.5 * (l_lo + l_hi) + 0.5 * (l_hi - l_lo) * x
-        mu = m + a * torch.sinh(s)[:, None] * torch.exp(lam)[None, :]
-        logw = (torch.log(w * 0.5 * (s_hi - s_lo) * a * torch.cosh(s))[:, None]
-                + (torch.log(w * 0.5 * (l_hi - l_lo)) + lam)[None, :])
-        return s, lam, mu, logw
-
-    @staticmethod
     def _nodes_all(boxes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The nodes of every box ``[V, 6]`` at once: (lam [V, G], a sinh(s) [V, G], log weight
         [V, G, G]); mu = m + a sinh(s) e^lam is ``_mu``'s."""
@@ -401,7 +389,8 @@ class StudentT(_Exact):
         if new is None:
             return box, logj
         new[4], new[5] = max(float(new[4]), float(box[4])), min(float(new[5]), float(box[5]))
-        s2, lam2, mu2, _ = self._nodes(new)
+        lam2, sh, _ = self._nodes_all(new[None])
+        mu2, lam2 = self._mu(new[None], sh, lam2)[0], lam2[0]
         x, _, _ = _cheb(NODES)
         u_old = (mu2 - float(box[0])) * torch.exp(-lam2)[None, :] / float(box[1])
         s_old = torch.asinh(u_old)
