@@ -200,7 +200,8 @@ class GaussianMixture(Model):
 
     def mode_gap(self, theta: torch.Tensor, fit_rows: torch.Tensor, rows: torch.Tensor, scale: float,
                  generator: torch.Generator, all_rows: torch.Tensor, all_scale: float, restarts: int = 12,
-                 iterations: int = 25, refine: int = 5, refine_rows: int = 20_000) -> float:
+                 iterations: int = 25, refine: int = 5, refine_rows: int = 20_000,
+                 joint: torch.Tensor | None = None) -> float:
         """How far the particles sit below the mixture's dominant mode, in nats of the log joint
         log p(theta) + all_scale * sum log p(all_rows | theta) (``all_rows [N, 2d]``, featurized: the
         reservoir, standing for the history). The mode: ``restarts`` EM fits from k-means++ starts on
@@ -214,7 +215,8 @@ class GaussianMixture(Model):
         (about 570 nats for K = 7 at n = 65,536 with R = 2,000), which hid particles stuck that far
         below. Why 12 restarts: with 7 clusters about 1 start in 4 reaches the dominant mode (16
         starts on the paper's 3 -> 5 -> 7 data at 65,500 rows), and with 2 the check's fit was often
-        thousands of nats below healthy particles."""
+        thousands of nats below healthy particles. ``joint [M]``: the particles' log joints on
+        ``all_rows``, when the caller has them."""
         k, d = self.components, self.n_columns
         y = fit_rows[:, :d].numpy()
         if not len(y) or not len(rows) or not len(all_rows):
@@ -242,8 +244,9 @@ class GaussianMixture(Model):
         w, mu, var, _ = _em_matrix((sub[:, :d].numpy() - centre) / spread, fit[1], refine, start=fit)
         th = as_theta(w, mu, var)
         mode = float(self.log_prior(th)[0] + all_scale * self.log_likelihood(th, all_rows).sum())
-        particles = self.log_prior(theta) + all_scale * self.log_likelihood(theta, all_rows).sum(1)
-        return mode - float(particles.max())
+        if joint is None:
+            joint = self.log_prior(theta) + all_scale * self.log_likelihood(theta, all_rows).sum(1)
+        return mode - float(joint.max())
 
 
     # --- mode-jumping Metropolis-Hastings moves (service/sgais/engine.py, ``Sampler._jump``) --------

@@ -523,10 +523,9 @@ class Sampler(SamplerBase):
             fit = res
         scale = new.n / res.shape[0]
         all_scale = new.n / reservoir.size
-        gap = self.model.mode_gap(new.theta, fit, res, scale, g, reservoir.data, all_scale)
-        joint = float((self.model.log_prior(new.theta)
-                       + all_scale * self.model.log_likelihood(new.theta, reservoir.data).sum(1)).max())
-        limit = max(10.0 * self.model.dim, 1e-3 * abs(joint))
+        joint = self.model.log_prior(new.theta) + all_scale * self.model.log_likelihood(new.theta, reservoir.data).sum(1)
+        gap = self.model.mode_gap(new.theta, fit, res, scale, g, reservoir.data, all_scale, joint=joint)
+        limit = max(10.0 * self.model.dim, 1e-3 * abs(float(joint.max())))
         jumps_left = max(new.jumps_left, JUMP_FOLLOW) if gap > limit else new.jumps_left
         return replace(new, mode_gap=gap, mode_limit=limit, jumps_left=jumps_left)
 
