@@ -358,10 +358,9 @@ def _diag_table(results: list[CaseResult]) -> str:
                            "SGAIS annealing steps per seed", "SGAIS time (mean)"], rows)
 
 
-def _warning_coverage(results: list[CaseResult], groups: tuple[str, ...]) -> str:
-    """How many of the runs beyond 0.2 % of their reference carry the ``stuck_mode`` warning (README:
-    results say how far to trust them), and how many of the others do."""
-    bad, good = [], []
+def _final_runs(results: list[CaseResult], groups: tuple[str, ...]):
+    """(run, its error in nats at the case's last n, that n's reference) for every SGAIS run of the
+    cases in ``groups`` whose reference there is valid and that reached that n."""
     for res in results:
         n = max(res.case.checkpoints)
         r = res.refs[n]
@@ -369,8 +368,15 @@ def _warning_coverage(results: list[CaseResult], groups: tuple[str, ...]) -> str
             continue
         for run in res.runs:
             if n in run.log_z:
-                wrong = abs(run.log_z[n] - r.ref.log_evidence) > 2e-3 * abs(r.ref.log_evidence)
-                (bad if wrong else good).append(run)
+                yield run, run.log_z[n] - r.ref.log_evidence, r.ref
+
+
+def _warning_coverage(results: list[CaseResult], groups: tuple[str, ...]) -> str:
+    """How many of the runs beyond 0.2 % of their reference carry the ``stuck_mode`` warning (README:
+    results say how far to trust them), and how many of the others do."""
+    bad, good = [], []
+    for run, err, ref in _final_runs(results, groups):
+        (bad if abs(err) > 2e-3 * abs(ref.log_evidence) else good).append(run)
     if not bad and not good:
         return ""
     last = lambda v: sum(run.stuck_last for run in v)  # noqa: E731
@@ -386,15 +392,9 @@ def _stuck_summary(results: list[CaseResult]) -> str:
     parts = []
     for label, groups in (("mixture (clusters and raw units)", ("cluster", "raw")), ("logistic regression", ("logistic",))):
         far, near = [], []
-        for res in results:
-            n = max(res.case.checkpoints)
-            r = res.refs[n]
-            if res.case.group not in groups or not r.valid:
-                continue
-            for run in res.runs:
-                if math.isfinite(run.joint_gap) and n in run.log_z:
-                    err = abs(run.log_z[n] - r.ref.log_evidence)
-                    (far if run.joint_gap < -r.ref.dim / 2 - 100 else near).append(err)
+        for run, err, ref in _final_runs(results, groups):
+            if math.isfinite(run.joint_gap):
+                (far if run.joint_gap < -ref.dim / 2 - 100 else near).append(abs(err))
         if far or near:
             med = lambda v: f"{np.median(v):,.0f}" if v else "—"  # noqa: E731
             head = (f"{label}: in {len(far)} of {len(far) + len(near)} runs the final particles sit more than 100 nats "
