@@ -168,7 +168,9 @@ class Model:
     #: True when the model gives ``mode_gap(theta, fit_rows, rows, scale, generator, all_rows, all_scale)
     #: -> float``: how far (nats of the log joint, the history's log-likelihood estimated by
     #: ``all_rows`` times ``all_scale``) the best particle sits below the best mode the model's own
-    #: optimiser finds from ``fit_rows`` (``models/mixture.py``)
+    #: optimiser finds from ``fit_rows`` (``models/mixture.py``); with ``mode_fit`` (the gap and the fit)
+    #: and ``propose_configuration`` (whole configurations drawn around the fit), the sampler also moves
+    #: particles that sit far below the fit (``Sampler._check_modes``)
     checks_modes: ClassVar[bool] = False
 
     # --- exact answers (conjugate models only) ---------------------------------------------

@@ -199,9 +199,14 @@ class GaussianMixture(Model):
     checks_modes = True
 
     def mode_gap(self, theta: torch.Tensor, fit_rows: torch.Tensor, rows: torch.Tensor, scale: float,
+                 generator: torch.Generator, all_rows: torch.Tensor, all_scale: float, **kw) -> float:
+        """``mode_fit``'s gap alone."""
+        return self.mode_fit(theta, fit_rows, rows, scale, generator, all_rows, all_scale, **kw).gap
+
+    def mode_fit(self, theta: torch.Tensor, fit_rows: torch.Tensor, rows: torch.Tensor, scale: float,
                  generator: torch.Generator, all_rows: torch.Tensor, all_scale: float, restarts: int = 12,
                  iterations: int = 25, refine: int = 5, refine_rows: int = 20_000,
-                 joint: torch.Tensor | None = None) -> float:
+                 joint: torch.Tensor | None = None) -> "ModeFit":
         """How far the particles sit below the mixture's dominant mode, in nats of the log joint
         log p(theta) + all_scale * sum log p(all_rows | theta) (``all_rows [N, 2d]``, featurized: the
         reservoir, standing for the history). The mode: ``restarts`` EM fits from k-means++ starts on
@@ -216,11 +221,12 @@ class GaussianMixture(Model):
         below. Why 12 restarts: with 7 clusters about 1 start in 4 reaches the dominant mode (16
         starts on the paper's 3 -> 5 -> 7 data at 65,500 rows), and with 2 the check's fit was often
         thousands of nats below healthy particles. ``joint [M]``: the particles' log joints on
-        ``all_rows``, when the caller has them."""
+        ``all_rows``, when the caller has them. Returns the gap with the refined fit (``ModeFit``),
+        which ``propose_configuration`` draws whole configurations around."""
         k, d = self.components, self.n_columns
         y = fit_rows[:, :d].numpy()
         if not len(y) or not len(rows) or not len(all_rows):
-            return 0.0
+            return ModeFit(0.0, None, 0)
         centre = y.mean(0)
         spread = y.std(0)
         spread = np.where(spread > 0, spread, 1.0)
@@ -246,8 +252,91 @@ class GaussianMixture(Model):
         mode = float(self.log_prior(th)[0] + all_scale * self.log_likelihood(th, all_rows).sum())
         if joint is None:
             joint = self.log_prior(theta) + all_scale * self.log_likelihood(theta, all_rows).sum(1)
-        return mode - float(joint.max())
+        return ModeFit(mode - float(joint.max()), th, len(sub))
 
+
+    #: the Student-t degrees of freedom of ``propose_configuration``'s means and log variances, and
+    #: the most components whose label orders it sums over (K! of them)
+    CONFIG_DOF = 3.0
+    CONFIG_MAX_PERMUTED = 8
+
+    def _configuration_law(self, fit: "ModeFit", n: int) -> tuple[np.ndarray, np.ndarray]:
+        """The centres and scales [K, 2d] of ``propose_configuration``'s means and log variances, per
+        component: the posterior's spread at n rows around the fit (mu ~ var / c, log var ~ 2 / c for
+        the c = w n rows a component explains), widened by the fit's own error (1 + n / the rows it
+        was refined on)."""
+        k, d = self.components, self.n_columns
+        t = fit.theta[0].numpy()
+        z, mu, s = t[:k], t[k : k + k * d].reshape(k, d), t[k + k * d :].reshape(k, d)
+        c = np.exp(z - _logsumexp(z, 0)) * n
+        widen = 1.0 + n / max(fit.rows, 1)
+        loc = np.concatenate([mu, s], 1)
+        unit = np.concatenate([np.exp(0.5 * s), np.full((k, d), math.sqrt(2.0))], 1)
+        return loc, np.sqrt(widen / (1.0 + c))[:, None] * unit
+
+    def _configuration_log_q(self, blocks: np.ndarray, loc: np.ndarray, scale: np.ndarray) -> np.ndarray:
+        """log q of the means and log variances of particles given as component blocks [M, K, 2d]: the
+        sum over the K! label orders of the product of each block's Student-t density under the
+        component it is put on, over K! (the components are exchangeable, so any order of the fit's
+        is as good); the fit's own order alone beyond ``CONFIG_MAX_PERMUTED`` components: [M]."""
+        nu = self.CONFIG_DOF
+        k = blocks.shape[1]
+        const = math.lgamma(0.5 * (nu + 1)) - math.lgamma(0.5 * nu) - 0.5 * math.log(nu * math.pi)
+        u = (blocks[:, :, None, :] - loc[None, None]) / scale[None, None]  # [M, K (blocks), K (fit), 2d]
+        f = (const - np.log(scale)[None, None] - 0.5 * (nu + 1) * np.log1p(u * u / nu)).sum(-1)  # [M, K, K]
+        if k > self.CONFIG_MAX_PERMUTED:
+            return np.einsum("mjj->m", f)
+        perms = _permutations(k)  # [K!, K]
+        total = f[:, np.arange(k)[None], perms].sum(-1)  # [M, K!]
+        return _logsumexp(total, 1) - math.lgamma(k + 1)
+
+    def propose_configuration(self, theta: torch.Tensor, fit: "ModeFit", n: int, cands: "JumpCandidates",
+                              b: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        """An independence proposal of whole configurations around a mode fit (``mode_fit``), for the
+        posterior at ``n`` rows (``b`` of them the chunk's):
+
+        1. every component's mean and log variance drawn coordinate by coordinate from a Student-t
+           (``CONFIG_DOF``) around the fit with ``_configuration_law``'s scale, the components then
+           put in a uniformly random order;
+        2. the weights as ``propose_jump`` draws them: z = log(w S), w ~ Dirichlet(1 + the counts of
+           ``cands.assign``'s rows under the proposed means and variances), S ~ Gamma(K, 1), the
+           prior's (and the posterior's) law of the total, which the likelihood does not see.
+
+        The heavy tails keep q(theta) of a particle far from the fit (a stuck one: two clusters in
+        one component, one where there are no data) within a few nats per coordinate of q at the
+        fit, and its weights are judged under its own means, so a proposal that gains more than that
+        is accepted: what frees particles that no move of one or two components frees (issue 20).
+        Returns the proposals and log q(theta) - log q(proposal), the MH proposal ratio: ([M, D], [M])."""
+        k, d = self.components, self.n_columns
+        m = theta.shape[0]
+        loc, scale = self._configuration_law(fit, n)
+        nu = self.CONFIG_DOF
+        eps = torch.randn((m, k, 2 * d), generator=generator, dtype=torch.float64).numpy()
+        chi = standard_gamma(generator, 0.5 * nu, (m, k, 2 * d)).numpy() * (2.0 / nu)
+        order = torch.argsort(torch.rand((m, k), generator=generator, dtype=torch.float64), dim=1).numpy()
+        if k > self.CONFIG_MAX_PERMUTED:
+            order = np.broadcast_to(np.arange(k), (m, k))
+        blocks = (loc[None] + scale[None] * eps / np.sqrt(chi))[np.arange(m)[:, None], order]  # [M, K, 2d]
+        t = theta.numpy()
+        z, mu, s = t[:, :k], t[:, k : k + k * d].reshape(m, k, d), t[:, k + k * d :].reshape(m, k, d)
+        new_mu, new_s = blocks[:, :, :d], blocks[:, :, d:]
+        alpha_old = self._weight_counts(mu, s, cands, 1.0, b)
+        alpha_new = self._weight_counts(new_mu, new_s, cands, 1.0, b)
+        new_z, log_ratio = _propose_weights(generator, z, alpha_old, alpha_new, WEIGHT_LOOSE_SHARE)
+        prop = np.concatenate([new_z, new_mu.reshape(m, k * d), new_s.reshape(m, k * d)], 1)
+        log_ratio += self._configuration_log_q(np.concatenate([mu, s], 2), loc, scale) - self._configuration_log_q(blocks, loc, scale)
+        return torch.from_numpy(prop), torch.from_numpy(log_ratio)
+
+    def assignment_rows(self, history: torch.Tensor, chunk: torch.Tensor, n_prev: int, generator: torch.Generator,
+                        rows: int = 10_000) -> "JumpCandidates":
+        """The rows behind ``propose_configuration``'s weights: up to ``rows`` of the history (the
+        reservoir, standing for ``n_prev`` rows) and the chunk, as ``JumpCandidates`` without clusters."""
+        d = self.n_columns
+        r_hist = history.shape[0]
+        pick = torch.randperm(r_hist, generator=generator)[:rows] if r_hist > rows else torch.arange(r_hist)
+        none = np.zeros(0)
+        return JumpCandidates(np.zeros((0, d)), np.zeros((0, d)), none, none, none,
+                              np.concatenate([history[pick, :d].numpy(), chunk[:, :d].numpy()]), len(pick), n_prev)
 
     # --- mode-jumping Metropolis-Hastings moves (service/sgais/engine.py, ``Sampler._jump``) --------
     def jump_candidates(self, history: torch.Tensor, chunk: torch.Tensor, n_prev: int, generator: torch.Generator,
@@ -329,6 +418,9 @@ class GaussianMixture(Model):
            means and variances. So the weights follow the clusters the components now cover: with
            ``size`` 2 one move can split two clusters that share a component while it takes a
            duplicate away from another cluster, whose remaining component gets that cluster's weight.
+           A share ``WEIGHT_LOOSE_SHARE`` of the weights comes from a looser Dirichlet
+           (``_propose_weights``): without it, a particle's own weights, far from the counts, had
+           no reverse density and its moves were all rejected (issue 20).
 
         Returns the proposed particles and the MH log ratio of the proposal, log q(old | new) -
         log q(new | old), both parts: ([M, D], [M])."""
@@ -395,12 +487,9 @@ class GaussianMixture(Model):
         new_mu_all = out[:, k : k + k * d].reshape(m, k, d)
         new_s_all = out[:, k + k * d :].reshape(m, k, d)
         alpha_new = self._weight_counts(new_mu_all, new_s_all, cands, lam, b)
-        w_draw = standard_gamma_rows(generator, alpha_new)  # [M, K] Gamma(alpha_new) draws
-        tot = standard_gamma(generator, float(k), (m,)).numpy()  # S ~ Gamma(K, 1)
-        w = w_draw / w_draw.sum(1, keepdims=True)
-        new_z = np.log(np.maximum(w, 1e-300)) + np.log(tot)[:, None]
+        new_z, log_q_w = _propose_weights(generator, z, alpha_old, alpha_new, WEIGHT_LOOSE_SHARE)
         out[:, :k] = new_z
-        log_ratio += _log_q_weights(z, alpha_old) - _log_q_weights(new_z, alpha_new)
+        log_ratio += log_q_w
         return torch.from_numpy(out), torch.from_numpy(log_ratio)
 
     def _weight_counts(self, mu: np.ndarray, s: np.ndarray, cands: "JumpCandidates", lam: float, b: int) -> np.ndarray:
@@ -433,6 +522,29 @@ class GaussianMixture(Model):
 
 
 @dataclass(frozen=True)
+class ModeFit:
+    """``GaussianMixture.mode_fit``'s answer: the gap (nats of the log joint the best particle sits
+    below the fit), the fit as a parameter vector [1, D] (None without rows) and the rows it was
+    refined on."""
+
+    gap: float
+    theta: torch.Tensor | None
+    rows: int
+
+
+_PERMUTATIONS: dict[int, np.ndarray] = {}
+
+
+def _permutations(k: int) -> np.ndarray:
+    """All orders of k labels, [k!, k] (cached)."""
+    if k not in _PERMUTATIONS:
+        import itertools
+
+        _PERMUTATIONS[k] = np.array(list(itertools.permutations(range(k))), dtype=np.int64).reshape(-1, k)
+    return _PERMUTATIONS[k]
+
+
+@dataclass(frozen=True)
 class JumpCandidates:
     """Clusters for ``GaussianMixture.propose_jump``: means [C, d], variances [C, d], the history rows
     (scaled to the history's size), chunk rows and sample rows each explains (responsibilities) [C];
@@ -452,6 +564,44 @@ class JumpCandidates:
 
 #: EM steps on the weights alone behind the weights' proposal of ``GaussianMixture.propose_jump``
 WEIGHT_SWEEPS = 3
+#: the share of the weights' proposal (``_propose_weights``) drawn from a loose Dirichlet, as
+#: concentrated as ``WEIGHT_LOOSE_ROWS`` rows, in ``propose_configuration`` and ``propose_jump``
+WEIGHT_LOOSE_SHARE = 0.2
+WEIGHT_LOOSE_ROWS = 100.0
+
+
+def _loose(alpha: np.ndarray) -> np.ndarray:
+    """A Dirichlet's parameters [M, K] with the same mean as 1 + (alpha - 1) over ``WEIGHT_LOOSE_ROWS`` rows."""
+    extra = alpha - 1.0
+    return 1.0 + extra * (WEIGHT_LOOSE_ROWS / np.maximum(extra.sum(1, keepdims=True), 1e-12))
+
+
+def _log_q_weights_mixed(z: np.ndarray, alpha: np.ndarray, loose: float) -> np.ndarray:
+    """``_log_q_weights`` of the mixture (1 - loose) Dirichlet(alpha) + loose Dirichlet(``_loose(alpha)``): [M]."""
+    if not loose:
+        return _log_q_weights(z, alpha)
+    return np.logaddexp(math.log1p(-loose) + _log_q_weights(z, alpha), math.log(loose) + _log_q_weights(z, _loose(alpha)))
+
+
+def _propose_weights(generator: torch.Generator, z: np.ndarray, alpha_old: np.ndarray, alpha_new: np.ndarray,
+                     loose: float) -> tuple[np.ndarray, np.ndarray]:
+    """New weights z' = log(w S) for particles at z [M, K]: w ~ Dirichlet(alpha_new [M, K]) (the counts
+    behind the proposed components), or with probability ``loose`` a Dirichlet as concentrated as
+    ``WEIGHT_LOOSE_ROWS`` rows with the same mean, S ~ Gamma(K, 1). The reverse density uses alpha_old
+    (the counts behind the current components). Why the loose share: the counts are a few EM sweeps
+    from equal weights, and a particle's own weights can sit far from them (in a stuck mode, many
+    standard deviations of a Dirichlet of 10,000 rows), which made the reverse density, and so every
+    proposal's acceptance, vanish. Returns z' and log q(z | alpha_old) - log q(z' | alpha_new): ([M, K], [M])."""
+    k = z.shape[1]
+    draw_alpha = alpha_new
+    if loose:
+        u = torch.rand(z.shape[0], generator=generator, dtype=torch.float64).numpy()
+        draw_alpha = np.where((u < loose)[:, None], _loose(alpha_new), alpha_new)
+    w_draw = standard_gamma_rows(generator, draw_alpha)  # [M, K] Gamma(alpha) draws
+    tot = standard_gamma(generator, float(k), (z.shape[0],)).numpy()  # S ~ Gamma(K, 1)
+    w = w_draw / w_draw.sum(1, keepdims=True)
+    new_z = np.log(np.maximum(w, 1e-300)) + np.log(tot)[:, None]
+    return new_z, _log_q_weights_mixed(z, alpha_old, loose) - _log_q_weights_mixed(new_z, alpha_new, loose)
 
 
 def standard_gamma_rows(generator: torch.Generator, alpha: np.ndarray) -> np.ndarray:

@@ -121,6 +121,12 @@ JUMP_SURPRISE = 5.0
 JUMP_SCREEN_ROWS = 8_000
 JUMP_SCREEN_SLACK = 20.0
 JUMP_SCREEN_SE = 3.0
+#: Metropolis-Hastings steps per particle with whole configurations around the mode fit when the
+#: stuck-mode check flags (``Sampler._check_modes``)
+CONFIG_JUMPS = 10
+#: and whenever the gap passes this many nats per parameter (below the stuck-mode limit: a sample of the
+#: posterior sits about 1/2 per parameter below its mode)
+CONFIG_GAP = 10.0
 #: relative distance between an SGAIS log-evidence and the exact one beyond which ``reference_mismatch`` is raised
 REFERENCE_TOLERANCE = 1e-2
 
@@ -228,7 +234,7 @@ class Sampler(SamplerBase):
             rows = prepare(self.model, self.config, state.n, chunk, reservoir)
             out = self._update(state, rows, reservoir)
             new_state, steps, lp, ess0, ess_min, resamples, capped, writes = out
-            new_state = self._check_modes(state, new_state, reservoir)
+            new_state = self._check_modes(state, new_state, reservoir, rows)
             warnings, reference = ["capped"] if capped else [], None
             if new_state.mode_gap > new_state.mode_limit:
                 warnings.append("stuck_mode")
@@ -342,7 +348,7 @@ class Sampler(SamplerBase):
                 if not bool(torch.isfinite(theta).all()):
                     raise EngineError(f"chunk {state.chunks}: SGHMC diverged (non-finite particles); lower lr")
             if jumping in ("every step", "surprise") or (jumping and lam >= 1.0):
-                theta, ll, acc = self._jump(theta, lam, rows, res, n_prev, cands, g)
+                theta, ll, acc = self._jump(theta, lam, rows, res, n_prev, self._block_moves(cands, lam, n_prev, b, g), g)
                 accepted = max(accepted, acc)
             elif lam < 1.0:
                 ll = self._chunk_ll(theta, rows)
@@ -414,10 +420,21 @@ class Sampler(SamplerBase):
             return -JUMP_COOLDOWN
         return left - 1 if left > 0 else left + 1 if left < 0 else 0
 
-    def _jump(self, theta: torch.Tensor, lam: float, rows: torch.Tensor, res: torch.Tensor, n_prev: int, cands,
-              g: torch.Generator) -> tuple[torch.Tensor, np.ndarray, float]:
-        """``config.jumps`` Metropolis-Hastings steps per particle with the model's block proposal
-        (``propose_jump``: one component redrawn around a cluster of the data), accepted with
+    def _block_moves(self, cands, lam: float, n_prev: int, b: int, g: torch.Generator):
+        """``_jump``'s proposal in a chunk's annealing: the model's block proposal (``propose_jump``),
+        of one component or of two, at random (a mixture of kernels that each leave pi invariant)."""
+        def propose(theta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            size = 1 + int(torch.randint(0, 2, (), generator=g))
+            return self.model.propose_jump(theta, cands, lam, n_prev, b, g, size=size)
+
+        return propose
+
+    def _jump(self, theta: torch.Tensor, lam: float, rows: torch.Tensor, res: torch.Tensor, n_prev: int, propose,
+              g: torch.Generator, steps: int | None = None) -> tuple[torch.Tensor, np.ndarray, float]:
+        """``steps`` (``config.jumps``) Metropolis-Hastings steps per particle with ``propose(theta) ->
+        (proposals, log q(theta | proposal) - log q(proposal | theta))``: the model's block proposal
+        (``_block_moves``: one component redrawn around a cluster of the data) or a whole configuration
+        (``_check_modes``), accepted with
         probability min(1, pi(theta') q(theta | theta') / (pi(theta) q(theta' | theta))) for
         pi = pi_lambda, the current annealing target: prior x (n_prev / |reservoir|) x the reservoir's
         log-likelihood (the history, exactly while n_prev fits in the reservoir, else the same
@@ -464,10 +481,8 @@ class Sampler(SamplerBase):
         if screen:  # the current particles' log-likelihoods on the sample, carried like lt_local
             sub_ll = model.log_likelihood(theta, sub)
         best_gain = 0.0
-        for _ in range(self.config.jumps):
-            # a move of one component or of two, at random (a mixture of kernels that each leave pi invariant)
-            size = 1 + int(torch.randint(0, 2, (), generator=g))
-            prop, log_q_ratio = model.propose_jump(theta, cands, lam, n_prev, rows.shape[0], g, size=size)
+        for _ in range(self.config.jumps if steps is None else steps):
+            prop, log_q_ratio = propose(theta)
             lt_local_p, chunk_p = local(prop)
             log_u = torch.log(torch.rand((2 if screen else 1, m), generator=g, dtype=torch.float64))
             if screen:
@@ -500,7 +515,7 @@ class Sampler(SamplerBase):
             self.jump_stats[1] += m
         return theta, chunk_ll.numpy(), best_gain
 
-    def _check_modes(self, old: SGAISState, new: SGAISState, reservoir: Reservoir) -> SGAISState:
+    def _check_modes(self, old: SGAISState, new: SGAISState, reservoir: Reservoir, rows: torch.Tensor) -> SGAISState:
         """For a model with poor local modes (``Model.checks_modes``): whenever n passes a power of
         four (1,024, 4,096, 16,384, ...), how far the particles sit below the best mode the model's
         own optimiser finds (``mode_gap``): EM fits on a uniform sample of the history
@@ -509,8 +524,15 @@ class Sampler(SamplerBase):
         scaled to n). The limit
         is max(10 D, 1e-3 of the log joint): samples of the posterior sit about D/2 below its mode,
         stuck particles thousands of nats below. (Before the refinement, a fit on a sample was
-        about (n / rows) D / 2 short of the mode, so the check fell silent at large n.) Its draws
-        come from a generator seeded with n, so the sampler's own stream is untouched."""
+        about (n / rows) D / 2 short of the mode, so the check fell silent at large n.)
+
+        With mode jumps on (``config.jumps``), when the gap passes ``CONFIG_GAP`` nats per parameter
+        (the limit, at small n), ``CONFIG_JUMPS`` Metropolis-Hastings steps per particle propose
+        whole configurations around the fit (``propose_configuration``, an independence proposal) for
+        the chunk's last annealing target, as ``_jump`` does at lambda = 1: the particles leave the
+        poor mode instead of losing nats in every later chunk. The weights and the evidence so far
+        stay as they are (what was lost is lost, and the warning says so until the next check).
+        Its draws come from a generator seeded with n, so the sampler's own stream is untouched."""
         if (not self.model.checks_modes or new.n < 1024 or reservoir.size == 0
                 or (old.n.bit_length() - 1) // 2 == (new.n.bit_length() - 1) // 2):
             return new
@@ -524,10 +546,19 @@ class Sampler(SamplerBase):
         scale = new.n / res.shape[0]
         all_scale = new.n / reservoir.size
         joint = self.model.log_prior(new.theta) + all_scale * self.model.log_likelihood(new.theta, reservoir.data).sum(1)
-        gap = self.model.mode_gap(new.theta, fit, res, scale, g, reservoir.data, all_scale, joint=joint)
+        found = self.model.mode_fit(new.theta, fit, res, scale, g, reservoir.data, all_scale, joint=joint)
+        gap, theta = found.gap, new.theta
         limit = max(10.0 * self.model.dim, 1e-3 * abs(float(joint.max())))
+        if (self.config.jumps > 0 and gap > CONFIG_GAP * self.model.dim and found.theta is not None
+                and hasattr(self.model, "propose_configuration")):
+            cands = self.model.assignment_rows(reservoir.data, rows, old.n, g)
+
+            def propose(th: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                return self.model.propose_configuration(th, found, new.n, cands, rows.shape[0], g)
+
+            theta = self._jump(theta, 1.0, rows, reservoir.data, old.n, propose, g, steps=CONFIG_JUMPS)[0]
         jumps_left = max(new.jumps_left, JUMP_FOLLOW) if gap > limit else new.jumps_left
-        return replace(new, mode_gap=gap, mode_limit=limit, jumps_left=jumps_left)
+        return replace(new, theta=theta, mode_gap=gap, mode_limit=limit, jumps_left=jumps_left)
 
     def _chunk_ll(self, theta: torch.Tensor, rows: torch.Tensor) -> np.ndarray:
         return self.model.log_likelihood(theta, rows).sum(1).numpy()
