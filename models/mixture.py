@@ -322,7 +322,7 @@ class GaussianMixture(Model):
         new_mu, new_s = blocks[:, :, :d], blocks[:, :, d:]
         alpha_old = self._weight_counts(mu, s, cands, 1.0, b)
         alpha_new = self._weight_counts(new_mu, new_s, cands, 1.0, b)
-        new_z, log_ratio = _propose_weights(generator, z, alpha_old, alpha_new, WEIGHT_LOOSE_SHARE)
+        new_z, log_ratio = _propose_weights(generator, z, alpha_old, alpha_new)
         prop = np.concatenate([new_z, new_mu.reshape(m, k * d), new_s.reshape(m, k * d)], 1)
         log_ratio += self._configuration_log_q(np.concatenate([mu, s], 2), loc, scale) - self._configuration_log_q(blocks, loc, scale)
         return torch.from_numpy(prop), torch.from_numpy(log_ratio)
@@ -418,9 +418,6 @@ class GaussianMixture(Model):
            means and variances. So the weights follow the clusters the components now cover: with
            ``size`` 2 one move can split two clusters that share a component while it takes a
            duplicate away from another cluster, whose remaining component gets that cluster's weight.
-           A share ``WEIGHT_LOOSE_SHARE`` of the weights comes from a looser Dirichlet
-           (``_propose_weights``): without it, a particle's own weights, far from the counts, had
-           no reverse density and its moves were all rejected (issue 20).
 
         Returns the proposed particles and the MH log ratio of the proposal, log q(old | new) -
         log q(new | old), both parts: ([M, D], [M])."""
@@ -487,7 +484,7 @@ class GaussianMixture(Model):
         new_mu_all = out[:, k : k + k * d].reshape(m, k, d)
         new_s_all = out[:, k + k * d :].reshape(m, k, d)
         alpha_new = self._weight_counts(new_mu_all, new_s_all, cands, lam, b)
-        new_z, log_q_w = _propose_weights(generator, z, alpha_old, alpha_new, WEIGHT_LOOSE_SHARE)
+        new_z, log_q_w = _propose_weights(generator, z, alpha_old, alpha_new)
         out[:, :k] = new_z
         log_ratio += log_q_w
         return torch.from_numpy(out), torch.from_numpy(log_ratio)
@@ -562,46 +559,26 @@ class JumpCandidates:
     n_prev: int = 0
 
 
-#: EM steps on the weights alone behind the weights' proposal of ``GaussianMixture.propose_jump``
-WEIGHT_SWEEPS = 3
-#: the share of the weights' proposal (``_propose_weights``) drawn from a loose Dirichlet, as
-#: concentrated as ``WEIGHT_LOOSE_ROWS`` rows, in ``propose_configuration`` and ``propose_jump``
-WEIGHT_LOOSE_SHARE = 0.2
-WEIGHT_LOOSE_ROWS = 100.0
-
-
-def _loose(alpha: np.ndarray) -> np.ndarray:
-    """A Dirichlet's parameters [M, K] with the same mean as 1 + (alpha - 1) over ``WEIGHT_LOOSE_ROWS`` rows."""
-    extra = alpha - 1.0
-    return 1.0 + extra * (WEIGHT_LOOSE_ROWS / np.maximum(extra.sum(1, keepdims=True), 1e-12))
-
-
-def _log_q_weights_mixed(z: np.ndarray, alpha: np.ndarray, loose: float) -> np.ndarray:
-    """``_log_q_weights`` of the mixture (1 - loose) Dirichlet(alpha) + loose Dirichlet(``_loose(alpha)``): [M]."""
-    if not loose:
-        return _log_q_weights(z, alpha)
-    return np.logaddexp(math.log1p(-loose) + _log_q_weights(z, alpha), math.log(loose) + _log_q_weights(z, _loose(alpha)))
-
-
-def _propose_weights(generator: torch.Generator, z: np.ndarray, alpha_old: np.ndarray, alpha_new: np.ndarray,
-                     loose: float) -> tuple[np.ndarray, np.ndarray]:
+#: EM steps on the weights alone behind the weights' proposal of ``GaussianMixture.propose_jump``.
+#: Why 20, not 3 as before 2026-11-27: the reverse move's Dirichlet is set by the counts under the
+#: particle's own means and variances, as concentrated as the rows behind them (about 10,000), so a
+#: particle whose weights sit a few percent from counts that 3 sweeps from equal weights left
+#: unconverged had no reverse density, and every move away from it was rejected: a particle
+#: stuck with a merged pair of clusters could not leave (the paper's 3 -> 5 -> 7 clusters, K = 7:
+#: 12 of 20 runs beyond 0.2 % of the reference with 3 sweeps, 4 of 20 with 20)
+WEIGHT_SWEEPS = 20
+def _propose_weights(generator: torch.Generator, z: np.ndarray, alpha_old: np.ndarray,
+                     alpha_new: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """New weights z' = log(w S) for particles at z [M, K]: w ~ Dirichlet(alpha_new [M, K]) (the counts
-    behind the proposed components), or with probability ``loose`` a Dirichlet as concentrated as
-    ``WEIGHT_LOOSE_ROWS`` rows with the same mean, S ~ Gamma(K, 1). The reverse density uses alpha_old
-    (the counts behind the current components). Why the loose share: the counts are a few EM sweeps
-    from equal weights, and a particle's own weights can sit far from them (in a stuck mode, many
-    standard deviations of a Dirichlet of 10,000 rows), which made the reverse density, and so every
-    proposal's acceptance, vanish. Returns z' and log q(z | alpha_old) - log q(z' | alpha_new): ([M, K], [M])."""
+    behind the proposed components), S ~ Gamma(K, 1); the reverse density uses alpha_old (the counts
+    behind the current components). Returns z' and log q(z | alpha_old) - log q(z' | alpha_new):
+    ([M, K], [M])."""
     k = z.shape[1]
-    draw_alpha = alpha_new
-    if loose:
-        u = torch.rand(z.shape[0], generator=generator, dtype=torch.float64).numpy()
-        draw_alpha = np.where((u < loose)[:, None], _loose(alpha_new), alpha_new)
-    w_draw = standard_gamma_rows(generator, draw_alpha)  # [M, K] Gamma(alpha) draws
+    w_draw = standard_gamma_rows(generator, alpha_new)  # [M, K] Gamma(alpha) draws
     tot = standard_gamma(generator, float(k), (z.shape[0],)).numpy()  # S ~ Gamma(K, 1)
     w = w_draw / w_draw.sum(1, keepdims=True)
     new_z = np.log(np.maximum(w, 1e-300)) + np.log(tot)[:, None]
-    return new_z, _log_q_weights_mixed(z, alpha_old, loose) - _log_q_weights_mixed(new_z, alpha_new, loose)
+    return new_z, _log_q_weights(z, alpha_old) - _log_q_weights(new_z, alpha_new)
 
 
 def standard_gamma_rows(generator: torch.Generator, alpha: np.ndarray) -> np.ndarray:
