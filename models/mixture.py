@@ -287,8 +287,12 @@ class GaussianMixture(Model):
         if k > self.CONFIG_MAX_PERMUTED:
             return np.einsum("mjj->m", f)
         perms = _permutations(k)  # [K!, K]
-        total = f[:, np.arange(k)[None], perms].sum(-1)  # [M, K!]
-        return _logsumexp(total, 1) - math.lgamma(k + 1)
+        step = max(1, 2_000_000 // (len(perms) * k))  # particles per slice: [slice, K!, K] stays about 16 MB
+        out = np.empty(len(f))
+        for i in range(0, len(f), step):
+            total = f[i : i + step, np.arange(k)[None], perms].sum(-1)  # [slice, K!]
+            out[i : i + step] = _logsumexp(total, 1)
+        return out - math.lgamma(k + 1)
 
     def propose_configuration(self, theta: torch.Tensor, fit: "ModeFit", n: int, cands: "JumpCandidates",
                               b: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
@@ -319,13 +323,27 @@ class GaussianMixture(Model):
         blocks = (loc[None] + scale[None] * eps / np.sqrt(chi))[np.arange(m)[:, None], order]  # [M, K, 2d]
         t = theta.numpy()
         z, mu, s = t[:, :k], t[:, k : k + k * d].reshape(m, k, d), t[:, k + k * d :].reshape(m, k, d)
+        # the t tails can reach log variances whose exp overflows; such a move (to or from one) is
+        # refused outright, a placeholder (the fit) keeping every array finite
+        here = np.concatenate([mu, s], 2)
+        bad = ~(self._sane(blocks, d) & self._sane(here, d))
+        blocks = np.where(bad[:, None, None], loc[None], blocks)
         new_mu, new_s = blocks[:, :, :d], blocks[:, :, d:]
         alpha_old = self._weight_counts(mu, s, cands, 1.0, b)
         alpha_new = self._weight_counts(new_mu, new_s, cands, 1.0, b)
         new_z, log_ratio = _propose_weights(generator, z, alpha_old, alpha_new)
         prop = np.concatenate([new_z, new_mu.reshape(m, k * d), new_s.reshape(m, k * d)], 1)
-        log_ratio += self._configuration_log_q(np.concatenate([mu, s], 2), loc, scale) - self._configuration_log_q(blocks, loc, scale)
-        return torch.from_numpy(prop), torch.from_numpy(log_ratio)
+        log_ratio += self._configuration_log_q(here, loc, scale) - self._configuration_log_q(blocks, loc, scale)
+        return torch.from_numpy(prop), torch.from_numpy(np.where(bad, -np.inf, log_ratio))
+
+    #: the largest |log variance| ``propose_configuration`` moves to or from (e^300: the prior's
+    #: density there, exp(-s - e^-s), is 0 in floating point below -300 and below any fit above 300)
+    CONFIG_MAX_LOG_VAR = 300.0
+
+    def _sane(self, blocks: np.ndarray, d: int) -> np.ndarray:
+        """Whether each particle's blocks [M, K, 2d] are finite with |log variance| within
+        ``CONFIG_MAX_LOG_VAR``: [M]."""
+        return np.isfinite(blocks).all((1, 2)) & (np.abs(blocks[:, :, d:]) <= self.CONFIG_MAX_LOG_VAR).all((1, 2))
 
     def assignment_rows(self, history: torch.Tensor, chunk: torch.Tensor, n_prev: int, generator: torch.Generator,
                         rows: int = 10_000) -> "JumpCandidates":
@@ -586,8 +604,8 @@ def standard_gamma_rows(generator: torch.Generator, alpha: np.ndarray) -> np.nda
     Marsaglia-Tsang as ``models._random.standard_gamma``, from the generator: rejected entries are
     drawn again, all of them in one call per round."""
     a = np.asarray(alpha, dtype=np.float64).ravel()
-    if np.any(a < 1.0):
-        raise ValueError("gamma shapes must be >= 1 here")
+    if not np.all(a >= 1.0):  # NaN too: its draws would be rejected for ever
+        raise ValueError("gamma shapes must be finite and >= 1 here")
     d = a - 1.0 / 3.0
     c = 1.0 / np.sqrt(9.0 * d)
     out = np.empty_like(a)

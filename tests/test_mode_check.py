@@ -187,3 +187,23 @@ def test_the_configuration_proposal_is_a_density():
     ratio = np.exp(log_r - model._configuration_log_q(blocks, loc, scale))
     se = ratio.std() / np.sqrt(m)
     assert abs(ratio.mean() - 1.0) < 5 * se, (ratio.mean(), se)
+
+
+def test_a_configuration_proposal_beyond_float_range_is_refused_not_hung():
+    """A fit component with no rows (weight 1e-300) gets the widest spread, and the Student-t tails
+    then reach log variances whose exp overflows: the weights' Dirichlet parameters became NaN and
+    ``standard_gamma_rows`` drew for ever (found in review, 2026-11-27). Such a proposal is refused
+    (log ratio -inf) and every proposed value stays finite; NaN shapes now raise."""
+    from models.mixture import ModeFit, standard_gamma_rows
+
+    model = build_model("gmm:components=2", 1)
+    fit = ModeFit(1e3, torch.tensor([[0.0, -690.0, 0.0, 3.0, 0.0, 0.0]]), 1)
+    chunk = model.featurize(torch.randn(50, 1, generator=torch.Generator().manual_seed(0), dtype=torch.float64))
+    cands = model.assignment_rows(chunk[:0], chunk, 0, torch.Generator())
+    theta = model.sample_prior(torch.Generator().manual_seed(1), 200)
+    y, log_ratio = model.propose_configuration(theta, fit, 10**8, cands, 50, torch.Generator().manual_seed(2))
+    refused = torch.isinf(log_ratio) & (log_ratio < 0)
+    assert bool(torch.isfinite(y).all()) and int(refused.sum()) > 150, int(refused.sum())
+    assert bool(torch.isfinite(log_ratio[~refused]).all())
+    with pytest.raises(ValueError):
+        standard_gamma_rows(torch.Generator(), np.array([2.0, np.nan]))

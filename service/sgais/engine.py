@@ -532,6 +532,8 @@ class Sampler(SamplerBase):
         the chunk's last annealing target, as ``_jump`` does at lambda = 1: the particles leave the
         poor mode instead of losing nats in every later chunk. The weights and the evidence so far
         stay as they are (what was lost is lost, and the warning says so until the next check).
+        Whether the move runs depends on the particles (their gap), as whether a chunk jumps does
+        (``_jumps_wanted``): each step leaves its target invariant either way.
         Its draws come from a generator seeded with n, so the sampler's own stream is untouched."""
         if (not self.model.checks_modes or new.n < 1024 or reservoir.size == 0
                 or (old.n.bit_length() - 1) // 2 == (new.n.bit_length() - 1) // 2):
