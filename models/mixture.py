@@ -7,8 +7,9 @@ per-component quadratic forms are one matrix product.
 
 from __future__ import annotations
 
+import itertools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -254,7 +255,6 @@ class GaussianMixture(Model):
             joint = self.log_prior(theta) + all_scale * self.log_likelihood(theta, all_rows).sum(1)
         return ModeFit(mode - float(joint.max()), th, len(sub))
 
-
     #: the Student-t degrees of freedom of ``propose_configuration``'s means and log variances, and
     #: the most components whose label orders it sums over (K! of them)
     CONFIG_DOF = 3.0
@@ -347,8 +347,9 @@ class GaussianMixture(Model):
 
     def assignment_rows(self, history: torch.Tensor, chunk: torch.Tensor, n_prev: int, generator: torch.Generator,
                         rows: int = 10_000) -> "JumpCandidates":
-        """The rows behind ``propose_configuration``'s weights: up to ``rows`` of the history (the
-        reservoir, standing for ``n_prev`` rows) and the chunk, as ``JumpCandidates`` without clusters."""
+        """The rows behind the weights' proposal (``_weight_counts``, for ``propose_jump`` and
+        ``propose_configuration``): up to ``rows`` of the history (the reservoir, standing for
+        ``n_prev`` rows) and the chunk, as ``JumpCandidates`` without clusters."""
         d = self.n_columns
         r_hist = history.shape[0]
         pick = torch.randperm(r_hist, generator=generator)[:rows] if r_hist > rows else torch.arange(r_hist)
@@ -400,11 +401,9 @@ class GaussianMixture(Model):
             hist.append(resp[:fit_hist].sum(0) * (n_prev / fit_hist if fit_hist else 0.0))
             chk.append(resp[fit_hist:].sum(0))
             rows.append(resp.sum(0))
-        a_pick = (torch.randperm(r_hist, generator=generator)[:assign_rows]
-                  if r_hist > assign_rows else torch.arange(r_hist))
-        return JumpCandidates(np.concatenate(means), np.concatenate(variances), np.concatenate(hist),
-                              np.concatenate(chk), np.concatenate(rows),
-                              np.concatenate([history[a_pick, :d].numpy(), y_chunk]), len(a_pick), n_prev)
+        return replace(self.assignment_rows(history, chunk, n_prev, generator, rows=assign_rows),
+                       means=np.concatenate(means), variances=np.concatenate(variances), hist=np.concatenate(hist),
+                       chunk=np.concatenate(chk), sample=np.concatenate(rows))
 
     #: the share of ``propose_jump``'s proposal that draws the moved component from its prior: it keeps
     #: the reverse proposal density of any current component at least this share of its prior density
@@ -553,8 +552,6 @@ _PERMUTATIONS: dict[int, np.ndarray] = {}
 def _permutations(k: int) -> np.ndarray:
     """All orders of k labels, [k!, k] (cached)."""
     if k not in _PERMUTATIONS:
-        import itertools
-
         _PERMUTATIONS[k] = np.array(list(itertools.permutations(range(k))), dtype=np.int64).reshape(-1, k)
     return _PERMUTATIONS[k]
 
@@ -585,6 +582,8 @@ class JumpCandidates:
 #: stuck with a merged pair of clusters could not leave (the paper's 3 -> 5 -> 7 clusters, K = 7:
 #: 12 of 20 runs beyond 0.2 % of the reference with 3 sweeps, 4 of 20 with 20)
 WEIGHT_SWEEPS = 20
+
+
 def _propose_weights(generator: torch.Generator, z: np.ndarray, alpha_old: np.ndarray,
                      alpha_new: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """New weights z' = log(w S) for particles at z [M, K]: w ~ Dirichlet(alpha_new [M, K]) (the counts
