@@ -15,10 +15,11 @@ comparison does not hinge on how vague the prior is: a partial / intrinsic Bayes
 and with a prior probability p of a change at the candidate (by default scale-free: p = 1 -
 ((1 + r) / (1 + r + B))^0.1 for a first chunk of B rows r rows after the regime began, so
 about 0.1 B / r; with a fixed expected run length E, p = 1 - (1 - 1/E)^B) the posterior
-probability of a change at t is sigmoid(log BF + log(p / (1-p))). On point-by-point data a
-change must also beat "its most telling row was an outlier and the old regime went on" (the
-log BF without that row's term, L2, an outlier as likely as a change): P = 1 / (1 + e^-(log BF +
-log(p / (1-p))) + e^-L2) (``Detector._log_odds``).
+probability of a change at t is sigmoid(log BF + log(p / (1-p))). A change must also beat
+"its most telling row was an outlier and the old regime went on" (the log BF without that row's
+term, L2, an outlier as likely as a change): P = 1 / (1 + e^-(log BF + log(p / (1-p))) + e^-L2)
+(``Detector._log_odds``); in chunks of several rows that row is found row by row, from the two
+models' one-step predictives (``row_fits``).
 
 The metric-series regressions also get a **level shift** at each candidate: the incumbent's
 posterior given the rows before t with the level alone drawn afresh from its prior

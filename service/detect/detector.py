@@ -134,12 +134,18 @@ class Detector:
         log BF L2 without that row's term, with an outlier as likely a priori as a change. With
         L the log BF against no change and q its prior log odds, P(change) = 1 / (1 + e^-(L+q) +
         e^-L2). A real change shows in the rows after its first, so L2 follows L a row later.
-        Only for chunks of one row: in a chunk of many, one row is a small part of a term."""
+
+        In chunks of several rows the most telling row is found row by row (``Challenger.top_row``:
+        the largest difference of the two one-step predictives in a compared chunk, ``_feed``). It
+        was once thought a small part of a chunk's term; it is not (seen: the same spike among rows
+        in chunks of 10 or 25 was a change with confidence 0.997-1.0 for level, ar, trend and
+        seasonal: a short-memory restart at its chunk, compared from that chunk on, scored the
+        spike 20 nats better than the incumbent and nothing else much differently)."""
         q = self.restart_log_prior_odds(c.first_rows, since)
-        if c.first_rows != 1 or not c.compared:
+        if not c.compared or (c.first_rows != 1 and c.top_row <= 0.0):
             return q
-        terms = c.diffs[len(c.diffs) - c.compared:]
-        l2 = c.log_bf - max(terms)
+        top = max(c.diffs[len(c.diffs) - c.compared:]) if c.first_rows == 1 else c.top_row
+        l2 = c.log_bf - top
         a, b = -(c.log_bf + q), -l2  # log e^-(L+q) + e^-L2, stably
         both = -(max(a, b) + math.log1p(math.exp(-abs(a - b))))
         return both - c.log_bf
@@ -184,6 +190,9 @@ class Detector:
         start = new.offset_n + before.n  # stream index of this chunk's first observation
         base = new.offset_log_evidence + before.log_evidence
         lp = result.log_predictive
+        # the incumbent's log predictive row by row, for ``_log_odds`` (chunks of several rows, all scored)
+        inc_rows = self.sampler.row_fits(before, self.sampler.model.featurize(chunk.to(torch.float64))) \
+            if b > 1 and result.conditioned == 0 else None
 
         # 1. feed the chunk to every challenger; retire losers and the old. One that ages out
         # while ahead started too early (a CUSUM excursion that began in noise before the
@@ -191,7 +200,7 @@ class Detector:
         kept: list[Challenger] = []
         again: list[int] = []
         for c in new.challengers:
-            if not self._feed(c, chunk, seq, lp):
+            if not self._feed(c, chunk, seq, lp, inc_rows):
                 continue  # a challenger that cannot take the data is no evidence of a change
             if c.compared and c.log_bf < cfg.retire_log_bf:
                 continue
@@ -239,7 +248,8 @@ class Detector:
                         if not weakest.compared:
                             break  # all still training: keep the earlier candidates
                         new.challengers.remove(weakest)
-                    c = self._challenger(g, new.recent, i, kind == "memory", before, frame=before, shift=kind == "shift")
+                    c = self._challenger(g, new.recent, i, kind == "memory", before, frame=before, shift=kind == "shift",
+                                         last_rows=inc_rows)
                     if c is not None:
                         # the baseline is the level before the candidate: a CUSUM start lies
                         # chunks back, and the level since has followed the change part way
@@ -594,7 +604,7 @@ class Detector:
 
     def _challenger(self, g: torch.Generator, recent: list[Recent], i: int, memory: bool = False,
                     incumbent: SGAISState | None = None, frame: SGAISState | None = None,
-                    shift: bool = False) -> Challenger | None:
+                    shift: bool = False, last_rows: torch.Tensor | None = None) -> Challenger | None:
         """A restart at ``recent[i]``, fed ``recent[i:]`` (up to this chunk). From the prior, or
         with ``memory`` from the posterior given the last rows before the change (at least
         ``train`` of them, and as many as the restart's first chunk has): a change that adds to
@@ -604,7 +614,8 @@ class Detector:
         With ``incumbent`` (its state at the candidate) the challenger keeps its fit of those
         rows, for ``_data_moved``. With ``shift``: a level shift, the incumbent's posterior given
         the rows before ``recent[i]`` with a new level (``ExactSampler.shift``), compared after its
-        first chunk (``SHIFT_TRAIN``); None where that posterior is not at hand (``_state_at``)."""
+        first chunk (``SHIFT_TRAIN``); None where that posterior is not at hand (``_state_at``).
+        ``last_rows``: the incumbent's row-by-row log predictive of the last of ``recent`` (``_feed``)."""
         if memory and not self.with_memory(int(recent[i].rows.shape[0])):
             return None
         seed = int(torch.randint(0, 2**62, (1,), generator=g))
@@ -632,8 +643,8 @@ class Detector:
                     return None
             c.memory, c.memory_rows, c.train_log_z = len(c.seqs), int(mem_rows.shape[0]), c.state.log_evidence
         c.shift = shift
-        for r in recent[i:]:
-            if not self._feed(c, r.rows, r.seq, r.lp):
+        for j, r in enumerate(recent[i:], i):
+            if not self._feed(c, r.rows, r.seq, r.lp, last_rows if j == len(recent) - 1 else None):
                 break
         return c if c.seqs[c.memory:] else None
 
@@ -656,9 +667,15 @@ class Detector:
         c.state, c.seqs = st, [*c.seqs, seq]
         return res
 
-    def _feed(self, c: Challenger, rows: torch.Tensor, seq: int, incumbent_lp: float) -> bool:
+    def _feed(self, c: Challenger, rows: torch.Tensor, seq: int, incumbent_lp: float,
+              incumbent_rows: torch.Tensor | None = None) -> bool:
         """One chunk into a challenger, compared with the incumbent's log predictive of it;
-        False if it cannot take it."""
+        False if it cannot take it. ``incumbent_rows``: the incumbent's log predictive of each of its
+        rows, when it has several: a compared chunk's largest advantage of the challenger in one row
+        is kept (``Challenger.top_row``, for ``_log_odds``)."""
+        if incumbent_rows is not None and c.train_log_z is not None:
+            mine = self.sampler.row_fits(c.state, self.sampler.model.featurize(rows.to(torch.float64)))
+            c.top_row = max(c.top_row, float((mine - incumbent_rows).max()))
         res = self._advance(c, rows, seq)
         if res is None:
             return False
