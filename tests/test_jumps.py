@@ -196,13 +196,14 @@ def test_a_state_saved_before_jumps_loads_with_none_left():
     raw = SGAISState(theta=torch.zeros(2, 3, dtype=torch.float64), log_weights=torch.zeros(2, dtype=torch.float64),
                      log_evidence=0.0, n=0, chunks=0, rng=torch.Generator().get_state(),
                      cv_theta=torch.zeros(0, dtype=torch.float64), cv_grad=torch.zeros(0, dtype=torch.float64),
-                     jumps_left=3).to_bytes()
+                     jumps_left=3, surprise_n=10_500).to_bytes()
+    assert SGAISState.from_bytes(raw).surprise_n == 10_500  # saved (``Sampler._check_modes``' extra checks)
     (hlen,) = struct.unpack_from("<I", raw, len(MAGIC))
     header = json.loads(raw[len(MAGIC) + 4 : len(MAGIC) + 4 + hlen])
-    assert header.pop("jumps_left") == 3
+    assert header.pop("jumps_left") == 3 and header.pop("surprise_n") == 10_500
     head = json.dumps(header, separators=(",", ":")).encode()
     old = MAGIC + struct.pack("<I", len(head)) + head + raw[len(MAGIC) + 4 + hlen :]
-    assert SGAISState.from_bytes(old).jumps_left == 0
+    assert SGAISState.from_bytes(old).jumps_left == 0 and SGAISState.from_bytes(old).surprise_n == 0
 
 
 @pytest.mark.parametrize("bad,name", [({"jumps": -1}, "jumps"), ({"jumps": 1.5}, "jumps"), ({"jumps": True}, "jumps"),

@@ -127,6 +127,11 @@ CONFIG_JUMPS = 10
 #: and whenever the gap passes this many nats per parameter (below the stuck-mode limit: a sample of the
 #: posterior sits about 1/2 per parameter below its mode)
 CONFIG_GAP = 10.0
+#: after a surprising chunk (``_jumps_wanted``: new clusters) the mode check also runs this many rows
+#: later, each (the new clusters need rows before a fit on a sample of the history shows them), with
+#: the configuration move from ``SURPRISE_CONFIG_GAP`` nats per parameter
+SURPRISE_CHECK_ROWS = (1_000, 2_000, 4_000)
+SURPRISE_CONFIG_GAP = 1.0
 #: relative distance between an SGAIS log-evidence and the exact one beyond which ``reference_mismatch`` is raised
 REFERENCE_TOLERANCE = 1e-2
 
@@ -365,6 +370,7 @@ class Sampler(SamplerBase):
             ref_post=state.ref_post, ref_log_evidence=state.ref_log_evidence,
             mode_gap=state.mode_gap, mode_limit=state.mode_limit,
             jumps_left=self._jumps_left(state.jumps_left, jumping, accepted),
+            surprise_n=n_prev + b if jumping == "surprise" and not self._surprise_checks_pending(state) else state.surprise_n,
         )
         return new_state, steps, log_pred, ess0, ess_min, resamples, capped, writes
 
@@ -515,6 +521,13 @@ class Sampler(SamplerBase):
             self.jump_stats[1] += m
         return theta, chunk_ll.numpy(), best_gain
 
+    @staticmethod
+    def _surprise_checks_pending(state: SGAISState) -> bool:
+        """Whether the extra mode checks after the last surprise (``SURPRISE_CHECK_ROWS``) have yet to
+        run: a surprise then starts none of its own (the chunks after a change stay surprising until
+        the history catches up, and each would push the checks later)."""
+        return state.surprise_n > 0 and state.n < state.surprise_n + max(SURPRISE_CHECK_ROWS, default=0)
+
     def _check_modes(self, old: SGAISState, new: SGAISState, reservoir: Reservoir, rows: torch.Tensor) -> SGAISState:
         """For a model with poor local modes (``Model.checks_modes``): whenever n passes a power of
         four (1,024, 4,096, 16,384, ...), how far the particles sit below the best mode the model's
@@ -534,9 +547,17 @@ class Sampler(SamplerBase):
         stay as they are (what was lost is lost, and the warning says so until the next check).
         Whether the move runs depends on the particles (their gap), as whether a chunk jumps does
         (``_jumps_wanted``): each step leaves its target invariant either way.
-        Its draws come from a generator seeded with n, so the sampler's own stream is untouched."""
+        Its draws come from a generator seeded with n, so the sampler's own stream is untouched.
+
+        After a surprising chunk (new clusters), the check also runs ``SURPRISE_CHECK_ROWS`` rows
+        later, and moves particles from ``SURPRISE_CONFIG_GAP`` nats per parameter: particles that
+        took a poor mode while clusters appeared (an old cluster split in two components, a new one
+        under a wide component) otherwise lose 70-160 nats a chunk until the next power of four
+        (the paper's 3 -> 5 -> 7 clusters, K = 7: clusters appear at 10,000, the next check is at
+        16,384; the sampled gap there was 90-230 nats, under ``CONFIG_GAP``)."""
+        after_surprise = new.surprise_n > 0 and any(old.n < new.surprise_n + r <= new.n for r in SURPRISE_CHECK_ROWS)
         if (not self.model.checks_modes or new.n < 1024 or reservoir.size == 0
-                or (old.n.bit_length() - 1) // 2 == (new.n.bit_length() - 1) // 2):
+                or ((old.n.bit_length() - 1) // 2 == (new.n.bit_length() - 1) // 2 and not after_surprise)):
             return new
         g = torch.Generator().manual_seed(new.n)
         res = reservoir.data
@@ -551,7 +572,8 @@ class Sampler(SamplerBase):
         found = self.model.mode_fit(new.theta, fit, res, scale, g, reservoir.data, all_scale, joint=joint)
         gap, theta = found.gap, new.theta
         limit = max(10.0 * self.model.dim, 1e-3 * abs(float(joint.max())))
-        if (self.config.jumps > 0 and gap > CONFIG_GAP * self.model.dim and found.theta is not None
+        if (self.config.jumps > 0 and gap > (SURPRISE_CONFIG_GAP if after_surprise else CONFIG_GAP) * self.model.dim
+                and found.theta is not None
                 and hasattr(self.model, "propose_configuration")):
             cands = self.model.assignment_rows(reservoir.data, rows, old.n, g)
 

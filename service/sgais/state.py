@@ -30,7 +30,8 @@ class SGAISState:
     mode_gap / mode_limit: the last check of the particles against the model's dominant mode
     (``Model.mode_gap``, nats) and the gap beyond which they are stuck in a poor mode; jumps_left:
     chunks that still get mode jumps at every step, or (negative) chunks of a jump cooldown
-    (``Sampler._jumps_left``; a state saved before jumps: 0)."""
+    (``Sampler._jumps_left``; a state saved before jumps: 0); surprise_n: n after the chunk that
+    last began a surprise's extra mode checks (``Sampler._check_modes``; 0: none)."""
 
     theta: torch.Tensor
     log_weights: torch.Tensor
@@ -46,6 +47,7 @@ class SGAISState:
     mode_gap: float = 0.0
     mode_limit: float = math.inf
     jumps_left: int = 0
+    surprise_n: int = 0
 
     @property
     def particles(self) -> int:
@@ -67,7 +69,8 @@ class SGAISState:
         }
         header = {"log_evidence": repr(float(self.log_evidence)), "n": int(self.n), "chunks": int(self.chunks),
                   "cv_n": int(self.cv_n), "ref_log_evidence": repr(float(self.ref_log_evidence)),
-                  "mode": [repr(float(self.mode_gap)), repr(float(self.mode_limit))], "jumps_left": int(self.jumps_left)}
+                  "mode": [repr(float(self.mode_gap)), repr(float(self.mode_limit))], "jumps_left": int(self.jumps_left),
+                  **({"surprise_n": int(self.surprise_n)} if self.surprise_n else {})}
         return encode(MAGIC, header, tensors)
 
     @classmethod
@@ -77,7 +80,7 @@ class SGAISState:
             log_evidence=float(header["log_evidence"]), n=header["n"], chunks=header["chunks"],
             cv_n=header["cv_n"], ref_log_evidence=float(header.get("ref_log_evidence", "0.0")),
             mode_gap=float(header.get("mode", ["0.0", "inf"])[0]), mode_limit=float(header.get("mode", ["0.0", "inf"])[1]),
-            jumps_left=int(header.get("jumps_left", 0)),
+            jumps_left=int(header.get("jumps_left", 0)), surprise_n=int(header.get("surprise_n", 0)),
             **tensors,
         )
 
