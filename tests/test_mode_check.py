@@ -110,7 +110,9 @@ def test_a_stuck_seven_component_run_is_flagged_and_a_healthy_one_is_not(monkeyp
     runs at 16,384). Measured (data seed 1, sampler seeds 0-7, since the weights' 20 EM sweeps on
     2026-11-27): seed 3 is the one stuck there, its particles 483 nats below the check's fit (limit
     350; the configuration move then frees them: at 66,000 its gap is -26 and it ends 841 nats below
-    the Laplace reference, -275,676); seed 0's gap is -13 (ends 471 low). Before, with 3 sweeps,
+    the Laplace reference, -275,676); seed 0's gap is -13 (ends 471 low). With the check's fit on
+    4,000 rows (``MODE_CHECK_ROWS``, later that day): seeds 3 and 7 flagged (gaps 411, 426), the
+    others -91 to 38. Before, with 3 sweeps,
     seed 1 stayed stuck to 66,000 (2,170 low, gap 770), and the check before the refinement (2 EM
     restarts on 2,000 rows judged on 2,000 others) had reported -7,211 for it: its own fit far
     below the particles. Since the checks after a surprise (``SURPRISE_CHECK_ROWS``, 2026-11-27) seed 3
@@ -220,9 +222,9 @@ def test_a_surprise_brings_the_mode_check_forward(monkeypatch):
     parameter; before, the next check was at 16,384, and particles that took a poor mode while the
     clusters appeared (an old cluster split in two components, a new one under a wide component)
     lost 70-160 nats a chunk until then. Error at 15,000 against the Laplace reference, with and
-    without these checks, sampler seeds 0, 2, 4, 8: -471 / -606, -677 / -919, -453 / -597,
-    -546 / -698 (135-242 nats gained); at 1e5, 10 seeds: median -603 against -734, none beyond
-    0.2 % against 3, and on stationary clusters the same numbers bit for bit (no surprise)."""
+    without these checks, sampler seeds 0, 2, 4, 8: -375 / -606, -648 / -919, -374 / -597,
+    -466 / -698 (222-271 nats gained); at 1e5, 10 seeds: median -536 against -734, none beyond
+    0.2 % against 3 (with the check's 4,000 rows and ``CONFIG_GAP`` 3 of the same day)."""
     import service.sgais.engine as engine
     from bench.reference import laplace_log_evidence
     from bench.tasks import make_data, make_model
@@ -239,4 +241,4 @@ def test_a_surprise_brings_the_mode_check_forward(monkeypatch):
     with_checks, state = error((1_000, 2_000, 4_000))
     without, _ = error(())
     assert state.surprise_n == 10_500, state.surprise_n  # the first chunk after the change
-    assert with_checks > without + 100.0, (with_checks, without)  # measured 242 on this seed
+    assert with_checks > without + 100.0, (with_checks, without)  # measured 271 on this seed
