@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import replace
 from typing import Callable
@@ -13,6 +14,9 @@ from service.detect.decision import decide, posterior
 from service.detect.signals import weight
 from service.detect.state import Challenger, DetectorState, Event, Recent, Refined, Step
 from service.sgais import ChunkResult, ExactState, Reservoir, ReservoirWrites, Sampler, SGAISState, load_state
+
+#: a chunk's featurized rows and a state's log predictive of each (``Detector._row_fits``)
+RowFits = tuple[torch.Tensor, torch.Tensor]
 
 #: an open challenger whose posterior probability of a change is below this is not passed on to
 #: the stream's answer (``Detector._pending``): four models at this much each move the stream's
@@ -190,9 +194,9 @@ class Detector:
         start = new.offset_n + before.n  # stream index of this chunk's first observation
         base = new.offset_log_evidence + before.log_evidence
         lp = result.log_predictive
-        # the incumbent's log predictive row by row, for ``_log_odds`` (chunks of several rows, all scored)
-        inc_rows = self.sampler.row_fits(before, self.sampler.model.featurize(chunk.to(torch.float64))) \
-            if b > 1 and result.conditioned == 0 else None
+        # the chunk's featurized rows and the incumbent's log predictive of each, for ``_log_odds``
+        # (chunks of several rows, all scored): computed once, when a compared challenger first needs them
+        inc_rows = functools.cache(lambda: self._row_fits(before, chunk)) if b > 1 and result.conditioned == 0 else None
 
         # 1. feed the chunk to every challenger; retire losers and the old. One that ages out
         # while ahead started too early (a CUSUM excursion that began in noise before the
@@ -604,7 +608,7 @@ class Detector:
 
     def _challenger(self, g: torch.Generator, recent: list[Recent], i: int, memory: bool = False,
                     incumbent: SGAISState | None = None, frame: SGAISState | None = None,
-                    shift: bool = False, last_rows: torch.Tensor | None = None) -> Challenger | None:
+                    shift: bool = False, last_rows: Callable[[], RowFits] | None = None) -> Challenger | None:
         """A restart at ``recent[i]``, fed ``recent[i:]`` (up to this chunk). From the prior, or
         with ``memory`` from the posterior given the last rows before the change (at least
         ``train`` of them, and as many as the restart's first chunk has): a change that adds to
@@ -615,7 +619,8 @@ class Detector:
         rows, for ``_data_moved``. With ``shift``: a level shift, the incumbent's posterior given
         the rows before ``recent[i]`` with a new level (``ExactSampler.shift``), compared after its
         first chunk (``SHIFT_TRAIN``); None where that posterior is not at hand (``_state_at``).
-        ``last_rows``: the incumbent's row-by-row log predictive of the last of ``recent`` (``_feed``)."""
+        ``last_rows``: the last of ``recent``'s featurized rows and the incumbent's log predictive of
+        each (``_feed``)."""
         if memory and not self.with_memory(int(recent[i].rows.shape[0])):
             return None
         seed = int(torch.randint(0, 2**62, (1,), generator=g))
@@ -667,15 +672,21 @@ class Detector:
         c.state, c.seqs = st, [*c.seqs, seq]
         return res
 
+    def _row_fits(self, state: SGAISState | ExactState, rows: torch.Tensor) -> RowFits:
+        """Raw ``rows`` featurized, and each one's log predictive under ``state``."""
+        feats = self.sampler.model.featurize(rows.to(torch.float64))
+        return feats, self.sampler.row_fits(state, feats)
+
     def _feed(self, c: Challenger, rows: torch.Tensor, seq: int, incumbent_lp: float,
-              incumbent_rows: torch.Tensor | None = None) -> bool:
+              incumbent_rows: Callable[[], RowFits] | None = None) -> bool:
         """One chunk into a challenger, compared with the incumbent's log predictive of it;
-        False if it cannot take it. ``incumbent_rows``: the incumbent's log predictive of each of its
-        rows, when it has several: a compared chunk's largest advantage of the challenger in one row
-        is kept (``Challenger.top_row``, for ``_log_odds``)."""
+        False if it cannot take it. ``incumbent_rows``: when the chunk has several rows, their
+        featurized rows and the incumbent's log predictive of each (``_row_fits``, on demand): a
+        compared chunk's largest advantage of the challenger in one row is kept
+        (``Challenger.top_row``, for ``_log_odds``)."""
         if incumbent_rows is not None and c.train_log_z is not None:
-            mine = self.sampler.row_fits(c.state, self.sampler.model.featurize(rows.to(torch.float64)))
-            c.top_row = max(c.top_row, float((mine - incumbent_rows).max()))
+            feats, theirs = incumbent_rows()
+            c.top_row = max(c.top_row, float((self.sampler.row_fits(c.state, feats) - theirs).max()))
         res = self._advance(c, rows, seq)
         if res is None:
             return False
