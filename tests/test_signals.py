@@ -113,3 +113,22 @@ def test_state_codec_reads_its_layout_and_refuses_others_by_name():
     assert "memory_rows" not in head
     st.memory_rows = 1_000
     assert DetectorState.from_bytes(st.to_bytes()).memory_rows == 1_000
+
+
+def test_a_challengers_best_row_survives_the_codec():
+    """``Challenger.top_row`` (its largest one-row advantage, ``Detector._log_odds``' outlier
+    alternative in chunks of several rows) is saved with the state, written only when set and read
+    as 0 from states saved before it: a restarted worker decides as the one before it."""
+    from models import build_model
+    from service.detect.state import Challenger
+    from service.sgais import build_sampler
+
+    state = build_sampler(build_model("gaussian", 1)).init(0)
+    st = DetectorState(rng=torch.Generator().manual_seed(1).get_state(), offset_n=0, chunks=3)
+    st.challengers = [Challenger(start=10, chunk=1, seqs=[1, 2], state=state, base_log_evidence=-3.5, first_rows=10,
+                                 top_row=12.25),
+                      Challenger(start=20, chunk=2, seqs=[2], state=state, base_log_evidence=-7.0, first_rows=10)]
+    back = DetectorState.from_bytes(st.to_bytes())
+    assert [c.top_row for c in back.challengers] == [12.25, 0.0]
+    head = json.loads(st.to_bytes())
+    assert [("top" in c) for c in head["challengers"]] == [True, False]
