@@ -98,7 +98,10 @@ class DetectorState:
     start of the incumbent's history that belong to the regime before its change (a mixture's
     short memory: the first ``memory_rows`` of its reservoir); chunks: chunks seen;
     level, steps, cusum: the nomination signals since the last (re)start (``signals.py``);
-    events: changes reported; challengers; recent: the chunks a challenger may start from.
+    events: changes reported; challengers; recent: the chunks a challenger may start from;
+    dropped: the exact method's rows of one that left ``recent``, kept to place a change
+    (``Detector._trim``; for a model with level shifts the first holds the incumbent's state
+    before it), re-read on restore like ``recent``.
 
     Codec: ``to_bytes`` writes JSON (floats as hex, bit-exact) headed by ``magic``, which names
     the layout's version (``MAGIC``); ``from_bytes`` reads every version it knows and refuses
@@ -115,11 +118,12 @@ class DetectorState:
     events: int = 0
     challengers: list[Challenger] = field(default_factory=list)
     recent: list[Recent] = field(default_factory=list)
+    dropped: list[Recent] = field(default_factory=list)
 
     def copy(self) -> "DetectorState":
         """A copy whose signals, challengers and recent list can change without touching this one."""
         return replace(self, level=replace(self.level), steps=replace(self.steps), cusum=replace(self.cusum),
-                       challengers=[replace(c) for c in self.challengers], recent=list(self.recent))
+                       challengers=[replace(c) for c in self.challengers], recent=list(self.recent), dropped=list(self.dropped))
 
     def to_bytes(self) -> bytes:
         lv, st, cu = self.level, self.steps, self.cusum
@@ -131,6 +135,9 @@ class DetectorState:
             "cusum": [cu.lo.hex(), cu.hi.hex(), cu.lo_from, cu.hi_from],
             "recent": [[r.seq, r.chunk, r.start, r.base.hex(), r.lp.hex(), r.level.hex(), r.spread.hex()]
                        + ([base64.b64encode(r.state).decode()] if r.state is not None else []) for r in self.recent],
+            **({"dropped": [[r.seq, r.chunk, r.start, r.base.hex(), r.lp.hex()]
+                            + ([base64.b64encode(r.state).decode()] if r.state is not None else []) for r in self.dropped]}
+               if self.dropped else {}),
             "rng": base64.b64encode(self.rng.numpy().tobytes()).decode(),
             "challengers": [
                 {"start": c.start, "chunk": c.chunk, "seqs": c.seqs, "base": c.base_log_evidence.hex(),
@@ -156,7 +163,8 @@ class DetectorState:
 
     def oldest_seq(self) -> int | None:
         """The first input seq a restore needs (None: no challengers)."""
-        return min([c.seqs[0] for c in self.challengers if c.seqs] + [r.seq for r in self.recent], default=None)
+        return min([c.seqs[0] for c in self.challengers if c.seqs] + [r.seq for r in self.recent + self.dropped],
+                   default=None)
 
 
 def _decode_v1(h: dict) -> DetectorState:
@@ -184,7 +192,9 @@ def _decode_v1(h: dict) -> DetectorState:
         recent=[Recent(seq=r[0], chunk=r[1], start=r[2], base=f(r[3]), lp=f(r[4]),
                        level=f(r[5]) if len(r) > 5 else 0.0, spread=f(r[6]) if len(r) > 6 else 0.0,
                        state=base64.b64decode(r[7]) if len(r) > 7 else None)
-                for r in h["recent"]])
+                for r in h["recent"]],
+        dropped=[Recent(seq=r[0], chunk=r[1], start=r[2], base=f(r[3]), lp=f(r[4]),
+                        state=base64.b64decode(r[5]) if len(r) > 5 else None) for r in h.get("dropped", [])])
 
 
 #: layout magic -> decoder: every layout this version reads
