@@ -399,6 +399,26 @@ def test_point_by_point_level_shift_placement_restores_bit_for_bit():
     assert [e["location"] for _, ev in full for e in ev] == [301]
 
 
+def test_a_detector_state_from_before_the_anchor_still_places_changes():
+    """A state written before ``DetectorState.dropped`` and the anchor existed (no "dropped", no
+    state with the recent rows) restores and goes on: the change of the test above is reported,
+    placed as before among ``recent`` alone (the row where its challenger started, 331), and the
+    next change after it gets an anchor again."""
+    x = torch.as_tensor(_latency_shift(3))[:, None]
+    sampler = build_sampler(build_model("level", 1, None), SGAISConfig())
+    run = OfflineRun(sampler, 0, DetectorConfig())
+    for t in range(340):
+        run.step(x[t : t + 1])
+    old = json.loads(run.dstate.to_bytes())
+    assert len(old.pop("dropped")[0]) > 5  # the rows kept beyond recent, the first with the anchor
+    old["recent"] = [r[:7] for r in old["recent"]]
+    run.dstate = Detector(sampler, DetectorConfig()).restore(DetectorState.from_bytes(json.dumps(old).encode()),
+                                                             lambda seqs: {q: x[q : q + 1] for q in seqs})
+    events = [e for t in range(340, 400) for e in run.step(x[t : t + 1])[1]]
+    assert [e.location for e in events] == [331]
+    assert (run.dstate.dropped or run.dstate.recent)[0].state is not None  # the new regime's anchor
+
+
 def test_renominated_candidates_restore_bit_for_bit():
     from bench.detect import mean_shift
 
