@@ -122,6 +122,17 @@ def _skip(reason: str) -> dict:
     return {"status": "skipped", "reason": reason}
 
 
+def _reference(r: dict, what: str) -> dict:
+    """A reference run's result; one that failed (out of memory, a library's error) is a
+    table cell that says so, and the larger n after it are skipped: a reference is there to
+    check cusp, and one that cannot run does not end the benchmark."""
+    if r["status"] != "error":
+        return r
+    _log(f"{what} failed: {r['error']}")
+    first = r["error"].splitlines()[0] if r["error"] else "error"
+    return _skip(f"failed ({first[:120]})")
+
+
 def run_ais(key: str, ns: list[int], cap: float, per_row: bool = False) -> dict[int, dict]:
     out: dict[int, dict] = {}
     prev: tuple[int, dict] | None = None
@@ -129,7 +140,8 @@ def run_ais(key: str, ns: list[int], cap: float, per_row: bool = False) -> dict[
         if prev is not None:
             pn, pr = prev
             if pr["status"] != "ok":
-                out[n] = _skip(f"n={fmt_n(pn)} did not finish within the cap")
+                out[n] = _skip(f"n={fmt_n(pn)} " + ("failed" if pr.get("reason", "").startswith("failed")
+                                                     else "did not finish within the cap"))
                 continue
             pred = pr["seconds"] * (n / pn) * 1.2
             if pred > 2 * cap:
@@ -137,7 +149,7 @@ def run_ais(key: str, ns: list[int], cap: float, per_row: bool = False) -> dict[
                 prev = (n, out[n])
                 continue
         _log(f"AIS{' per-row' if per_row else ''} {key} n={n}")
-        r = _checked(T.isolated("ais_run", timeout=cap, key=key, n=n, per_row=per_row), f"AIS {key} n={n}")
+        r = _reference(T.isolated("ais_run", timeout=cap, key=key, n=n, per_row=per_row), f"AIS {key} n={n}")
         out[n] = r
         prev = (n, r)
     return out
@@ -150,7 +162,8 @@ def run_dynesty(key: str, ns: list[int], cap: float) -> dict[int, dict]:
         if prev is not None:
             pn, pr = prev
             if not (pr["status"] == "ok" and pr.get("finished")):
-                out[n] = _skip(f"n={fmt_n(pn)} did not finish within the cap")
+                out[n] = _skip(f"n={fmt_n(pn)} " + ("failed" if pr.get("reason", "").startswith("failed")
+                                                     else "did not finish within the cap"))
                 continue
             # predicted = calls x (dynesty's own overhead per call + one full-data likelihood at n)
             c_prev = _checked(T.isolated("loglike_cost", key=key, n=pn), "loglike_cost")["seconds"]
@@ -162,7 +175,7 @@ def run_dynesty(key: str, ns: list[int], cap: float) -> dict[int, dict]:
                 prev = (n, out[n])
                 continue
         _log(f"dynesty {key} n={n}")
-        r = _checked(T.isolated("dynesty_run", timeout=cap + 120, key=key, n=n, cap=cap), f"dynesty {key} n={n}")
+        r = _reference(T.isolated("dynesty_run", timeout=cap + 120, key=key, n=n, cap=cap), f"dynesty {key} n={n}")
         if r["status"] == "timeout":
             r = {"status": "ok", "finished": False, "seconds": cap}
         out[n] = r

@@ -87,8 +87,28 @@ def _context():
     return _CTX
 
 
+#: the share of the machine's memory a work unit's address space may take (``_limit_memory``)
+MEMORY_SHARE = 0.6
+
+
+def _limit_memory(share: float = MEMORY_SHARE) -> None:
+    """Cap this process's address space at ``share`` of the machine's memory, so that a run that
+    grows without bound fails in its own process with MemoryError, which ``_child`` reports,
+    instead of waking the kernel's OOM killer (seen: dynesty on 1e6 rows of linear regression
+    reached 24 GB beside another benchmark; the killer ended it, and ``cusp bench paper`` with
+    it, after 30 minutes, and might as well have ended the other job)."""
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        _, hard = resource.getrlimit(resource.RLIMIT_AS)
+        cap = int(total * share) if hard == resource.RLIM_INFINITY else min(int(total * share), hard)
+        resource.setrlimit(resource.RLIMIT_AS, (cap, hard))
+    except (ValueError, OSError):  # pragma: no cover - no such limit here
+        pass
+
+
 def _child(conn, name: str, kwargs: dict) -> None:
     torch.set_num_threads(1)
+    _limit_memory()
     try:
         out = {"status": "ok", **globals()[name](**kwargs)}
     except BaseException as exc:  # report everything, the parent decides
@@ -98,8 +118,9 @@ def _child(conn, name: str, kwargs: dict) -> None:
 
 
 def isolated(name: str, timeout: float | None = None, **kwargs: Any) -> dict:
-    """Run work unit ``name(**kwargs)`` in a fresh child; returns its dict with ``status``
-    'ok', 'error' or 'timeout' (killed after ``timeout`` seconds) and ``wall`` (parent-side)."""
+    """Run work unit ``name(**kwargs)`` in a fresh child (its address space capped at
+    ``MEMORY_SHARE`` of the machine's memory); returns its dict with ``status`` 'ok', 'error' or
+    'timeout' (killed after ``timeout`` seconds) and ``wall`` (parent-side)."""
     ctx = _context()
     recv, send = ctx.Pipe(duplex=False)
     p = ctx.Process(target=_child, args=(send, name, kwargs), daemon=True)
@@ -314,6 +335,11 @@ def dynesty_run(key: str, n: int, seed: int = 0, data_seed: int = 0, cap: float 
         "finished": True, "seconds": time.perf_counter() - t0, "calls": calls[0], "niter": int(res.niter),
         "log_evidence": float(res.logz[-1]), "log_evidence_err": float(res.logzerr[-1]),
     }
+
+
+def allocate(gib: float) -> dict:
+    """Reserve ``gib`` GiB (not touched): checks ``_limit_memory`` (tests)."""
+    return {"bytes": np.empty(int(gib * 2**30), dtype=np.uint8).nbytes}
 
 
 def loglike_cost(key: str, n: int, data_seed: int = 0, reps: int = 20) -> dict:

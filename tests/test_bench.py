@@ -104,3 +104,20 @@ def test_service_bench_smoke(tmp_path):
     write_section(out, "service", "## Service: throughput and latency\n\nrerun\n")  # a rerun replaces it
     assert out.read_text() == ("# Benchmarks\n\n## 1. Other section\n\nkept\n\n<!-- cusp bench service: begin -->\n"
                                "## Service: throughput and latency\n\nrerun\n<!-- cusp bench service: end -->\n")
+
+
+def test_a_work_unit_past_its_memory_share_fails_in_its_own_process():
+    """``bench.tasks.isolated`` caps a child's address space (``MEMORY_SHARE`` of the machine), so
+    a reference that outgrows memory is a reported MemoryError, not the OOM killer's victim (a
+    dynesty run at 1e6 rows reached 24 GB and took ``cusp bench paper`` down); the paper bench
+    shows it as a failed cell and goes on. A small unit runs as before."""
+    import os
+
+    from bench import paper, tasks
+
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    r = tasks.isolated("allocate", gib=total * (tasks.MEMORY_SHARE + 0.2))
+    assert r["status"] == "error" and r["error"].startswith("MemoryError"), r
+    assert tasks.isolated("allocate", gib=0.01)["status"] == "ok"
+    cell = paper._ref_cell(paper._reference(r, "allocate"))
+    assert cell[0].startswith("skipped: failed (MemoryError") and cell[1] == "—", cell
