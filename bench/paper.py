@@ -133,6 +133,12 @@ def _reference(r: dict, what: str) -> dict:
     return _skip(f"failed ({first[:120]})")
 
 
+def _after(pn: int, pr: dict) -> dict:
+    """The cell of a larger n after the reference at ``pn`` gave no result (``pr``)."""
+    why = "failed" if pr.get("reason", "").startswith("failed") else "did not finish within the cap"
+    return _skip(f"n={fmt_n(pn)} {why}")
+
+
 def run_ais(key: str, ns: list[int], cap: float, per_row: bool = False) -> dict[int, dict]:
     out: dict[int, dict] = {}
     prev: tuple[int, dict] | None = None
@@ -140,8 +146,7 @@ def run_ais(key: str, ns: list[int], cap: float, per_row: bool = False) -> dict[
         if prev is not None:
             pn, pr = prev
             if pr["status"] != "ok":
-                out[n] = _skip(f"n={fmt_n(pn)} " + ("failed" if pr.get("reason", "").startswith("failed")
-                                                     else "did not finish within the cap"))
+                out[n] = _after(pn, pr)
                 continue
             pred = pr["seconds"] * (n / pn) * 1.2
             if pred > 2 * cap:
@@ -162,8 +167,7 @@ def run_dynesty(key: str, ns: list[int], cap: float) -> dict[int, dict]:
         if prev is not None:
             pn, pr = prev
             if not (pr["status"] == "ok" and pr.get("finished")):
-                out[n] = _skip(f"n={fmt_n(pn)} " + ("failed" if pr.get("reason", "").startswith("failed")
-                                                     else "did not finish within the cap"))
+                out[n] = _after(pn, pr)
                 continue
             # predicted = calls x (dynesty's own overhead per call + one full-data likelihood at n)
             c_prev = _checked(T.isolated("loglike_cost", key=key, n=pn), "loglike_cost")["seconds"]

@@ -507,7 +507,7 @@ class Detector:
             return
         if self.shifts and not s.dropped and gone.state is None:
             return  # no anchor (a state saved before anchors were kept): placement over ``recent`` only
-        s.dropped = s.dropped + [replace(gone, before=None, state=gone.state if not s.dropped else None)]
+        s.dropped.append(replace(gone, before=None, state=gone.state if not s.dropped else None))  # (a copy's list)
         if len(s.dropped) >= PLACEMENT_ROWS + ANCHOR_ROWS:
             cut = s.dropped[:ANCHOR_ROWS]
             s.dropped = s.dropped[ANCHOR_ROWS:]

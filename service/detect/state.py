@@ -121,7 +121,7 @@ class DetectorState:
     dropped: list[Recent] = field(default_factory=list)
 
     def copy(self) -> "DetectorState":
-        """A copy whose signals, challengers and recent list can change without touching this one."""
+        """A copy whose signals, challengers, recent and dropped lists can change without touching this one."""
         return replace(self, level=replace(self.level), steps=replace(self.steps), cusum=replace(self.cusum),
                        challengers=[replace(c) for c in self.challengers], recent=list(self.recent), dropped=list(self.dropped))
 
