@@ -250,9 +250,9 @@ class GaussianMixture(Model):
             sub = all_rows[torch.randperm(len(all_rows), generator=generator)[:refine_rows]]
         w, mu, var, _ = _em_matrix((sub[:, :d].numpy() - centre) / spread, fit[1], refine, start=fit)
         th = as_theta(w, mu, var)
-        mode = float(self.log_prior(th)[0] + all_scale * self.log_likelihood(th, all_rows).sum())
+        mode = float(self.log_prior(th)[0] + all_scale * self.total_log_likelihood(th, all_rows)[0])
         if joint is None:
-            joint = self.log_prior(theta) + all_scale * self.log_likelihood(theta, all_rows).sum(1)
+            joint = self.log_prior(theta) + all_scale * self.total_log_likelihood(theta, all_rows)
         return ModeFit(mode - float(joint.max()), th, len(sub))
 
     #: the Student-t degrees of freedom of ``propose_configuration``'s means and log variances, and
@@ -374,11 +374,13 @@ class GaussianMixture(Model):
         r_hist = history.shape[0]
         pick = torch.randperm(r_hist, generator=generator)[:fit_rows] if r_hist > fit_rows else torch.arange(r_hist)
         y_chunk = chunk[:, :d].numpy()
-        # standardised by the centre and spread of all rows, history and chunk, without copying the
-        # history: only the fit's rows are copied out (all of them with ``refine``)
-        h, total = history[:, :d].numpy(), r_hist + len(y_chunk)
-        centre = (h.sum(0) + y_chunk.sum(0)) / total
-        spread = np.sqrt((np.square(h - centre).sum(0) + np.square(y_chunk - centre).sum(0)) / total)
+        # standardised by the centre and spread of all rows, history and chunk; the history's columns
+        # are copied out as contiguous rows first: summed along them, 14x faster than down the
+        # strided columns of the featurized history (4 of 12 ms a call at 100,000 rows before)
+        h, total = np.ascontiguousarray(history[:, :d].numpy().T), r_hist + len(y_chunk)  # [d, R]
+        centre = (h.sum(1) + y_chunk.sum(0)) / total
+        spread = np.sqrt((np.square(h - centre[:, None]).sum(1) + np.square(y_chunk - centre).sum(0)) / total)
+        del h
         spread = np.where(spread > 0, spread, 1.0)
         sample = (np.concatenate([history[pick, :d].numpy(), y_chunk]) - centre) / spread
         if refine:
@@ -646,20 +648,20 @@ def _em_matrix(y: np.ndarray, means: np.ndarray, iterations: int, start=None):
     """``_em`` in matrix form (one product per step, not an [n, K, d] broadcast), on rows ``y [n, d]``
     that should be standardised, from ``means [K, d]`` (hard assignment to the nearest) or from
     ``start`` = (weights, means, variances): (weights [K], means [K, d], variances [K, d],
-    responsibilities [n, K])."""
+    responsibilities [n, K]). The responsibilities are kept as [K, n] inside: the reductions over
+    the K components then run along rows of n, about 2x faster than along rows of K."""
     n, d = y.shape
     k = means.shape[0]
     floor = 1e-6
     feats = np.concatenate([np.ones((n, 1)), y, y * y], axis=1)  # [n, 1 + 2d]
-    resp = np.zeros((n, k))
     if start is None:
-        nearest = ((y[:, None, :] - means[None]) ** 2).sum(-1).argmin(1)
-        resp[np.arange(n), nearest] = 1.0
+        nearest = np.stack([((y - means[j]) ** 2).sum(-1) for j in range(k)]).argmin(0)
+        resp = (nearest[None] == np.arange(k)[:, None]).astype(np.float64)  # [K, n]
     for i in range(iterations + 1):
         if i == 0 and start is not None:
             w, mu, var = start
         else:
-            st = resp.T @ feats  # [K, 1 + 2d]
+            st = resp @ feats  # [K, 1 + 2d]
             nk = st[:, 0] + 1e-9
             w = nk / nk.sum()
             mu = np.where(st[:, :1] > 0, st[:, 1 : 1 + d] / nk[:, None], means)
@@ -669,19 +671,21 @@ def _em_matrix(y: np.ndarray, means: np.ndarray, iterations: int, start=None):
         coef = np.concatenate([
             (np.log(w) - 0.5 * (np.log(var).sum(1) + (mu * mu * prec).sum(1)))[:, None], mu * prec, -0.5 * prec,
         ], axis=1)  # [K, 1 + 2d]
-        lj = feats @ coef.T
-        lj -= lj.max(1, keepdims=True)
+        lj = coef @ feats.T  # [K, n]
+        lj -= lj.max(0)
         resp = np.exp(lj)
-        resp /= resp.sum(1, keepdims=True)
-    return w, mu, var, resp
+        resp /= resp.sum(0)
+    return w, mu, var, resp.T
 
 
 def _kmeanspp(y: np.ndarray, k: int, rng: np.random.Generator) -> np.ndarray:
     """k-means++ seeding: ``k`` rows of ``y [n, d]``, each drawn with probability proportional to its
-    squared distance from the nearest one drawn before."""
+    squared distance from the nearest one drawn before (kept as a running minimum)."""
     centres = [y[rng.integers(len(y))]]
+    d2 = None
     for _ in range(1, k):
-        d2 = ((y[:, None, :] - np.array(centres)[None]) ** 2).sum(-1).min(1)
+        new = ((y - centres[-1]) ** 2).sum(-1)
+        d2 = new if d2 is None else np.minimum(d2, new)
         total = d2.sum()
         centres.append(y[rng.choice(len(y), p=d2 / total)] if total > 0 else y[rng.integers(len(y))])
     return np.array(centres)

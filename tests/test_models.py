@@ -72,6 +72,19 @@ def test_minibatch_sums_equal_full_batch(name):
     assert torch.allclose(gfull, gparts, rtol=1e-10, atol=1e-9)
 
 
+@pytest.mark.parametrize("rows", [7, 8, 9, 30])
+def test_total_log_likelihood_in_blocks_equals_the_summed_rows(name, rows, monkeypatch):
+    # blocks of 8 rows: 7 rows is one partial block, 8 exactly one, 9 and 30 several with a remainder
+    m = make(name)
+    monkeypatch.setattr(type(m), "TOTAL_BLOCK_ROWS", 8)
+    th = m.sample_prior(torch.Generator().manual_seed(3), 5)
+    x = m.featurize(data_for(name, rows, seed=4))
+    total = m.total_log_likelihood(th, x)
+    assert total.shape == (5,)
+    # rounding only: the blocks are summed in another order (1e-12 relative, 200x float64's epsilon)
+    assert torch.allclose(total, m.log_likelihood(th, x).sum(1), rtol=1e-12, atol=1e-9)
+
+
 def test_closed_form_gradients_match_autograd(name):
     m = make(name)
     th = m.sample_prior(torch.Generator().manual_seed(3), 6)

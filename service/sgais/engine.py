@@ -486,7 +486,7 @@ class Sampler(SamplerBase):
             return model.log_prior(th) + lam * chunk_ll, chunk_ll
 
         def history(th: torch.Tensor) -> torch.Tensor:
-            return scale * model.log_likelihood(th, res).sum(1) if r_size else torch.zeros(th.shape[0], dtype=torch.float64)
+            return scale * model.total_log_likelihood(th, res) if r_size else torch.zeros(th.shape[0], dtype=torch.float64)
 
         lt_local, chunk_ll = local(theta)
         if screen:  # the current particles' log-likelihoods on the sample, carried like lt_local
@@ -575,7 +575,7 @@ class Sampler(SamplerBase):
             fit = res
         scale = new.n / res.shape[0]
         all_scale = new.n / reservoir.size
-        joint = self.model.log_prior(new.theta) + all_scale * self.model.log_likelihood(new.theta, reservoir.data).sum(1)
+        joint = self.model.log_prior(new.theta) + all_scale * self.model.total_log_likelihood(new.theta, reservoir.data)
         found = self.model.mode_fit(new.theta, fit, res, scale, g, reservoir.data, all_scale, joint=joint)
         gap, theta = found.gap, new.theta
         limit = max(10.0 * self.model.dim, 1e-3 * abs(float(joint.max())))
