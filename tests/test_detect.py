@@ -402,8 +402,9 @@ def test_point_by_point_level_shift_placement_restores_bit_for_bit():
 def test_a_detector_state_from_before_the_anchor_still_places_changes():
     """A state written before ``DetectorState.dropped`` and the anchor existed (no "dropped", no
     state with the recent rows) restores and goes on: the change of the test above is reported,
-    placed as before among ``recent`` alone (the row where its challenger started, 331), and the
-    next change after it gets an anchor again."""
+    placed as before among ``recent`` alone, and the next change after it gets an anchor again.
+    (Placed at 301: ``recent`` reaches back to the start of the challenger watched past its age,
+    ``Detector.long_age``; before that watch, 331, where the challenger that won started.)"""
     x = torch.as_tensor(_latency_shift(3))[:, None]
     sampler = build_sampler(build_model("level", 1, None), SGAISConfig())
     run = OfflineRun(sampler, 0, DetectorConfig())
@@ -412,11 +413,48 @@ def test_a_detector_state_from_before_the_anchor_still_places_changes():
     old = json.loads(run.dstate.to_bytes())
     assert len(old.pop("dropped")[0]) > 5  # the rows kept beyond recent, the first with the anchor
     old["recent"] = [r[:7] for r in old["recent"]]
+    assert old["recent"][0][2] <= 301  # the rows the placement reads: ``recent`` alone
     run.dstate = Detector(sampler, DetectorConfig()).restore(DetectorState.from_bytes(json.dumps(old).encode()),
                                                              lambda seqs: {q: x[q : q + 1] for q in seqs})
     events = [e for t in range(340, 400) for e in run.step(x[t : t + 1])[1]]
-    assert [e.location for e in events] == [331]
+    assert [e.location for e in events] == [301]
     assert (run.dstate.dropped or run.dstate.recent)[0].state is not None  # the new regime's anchor
+
+
+def _ar_shift(seed):
+    """Latencies with AR(1) noise (phi 0.7, sd 20 around 250 ms), +60 ms at 250 (n = 400)."""
+    r = np.random.default_rng([seed, 18])
+    e = r.standard_normal(400) * math.sqrt(1 - 0.7**2)
+    z = np.empty(400)
+    z[0] = r.standard_normal()
+    for i in range(1, 400):
+        z[i] = 0.7 * z[i - 1] + e[i]
+    y = 250 + 20 * z
+    y[250:] += 60
+    return y
+
+
+@pytest.mark.parametrize("seed", [2, 5, 6])
+def test_a_level_shift_an_ar_model_follows_is_found_by_the_long_watch(seed):
+    """An AR incumbent follows a level shift (its intercept moves), so a restart at the change
+    gains slowly: 12-15 nats after 70-130 rows, past ``max_age`` (20 x train = 60 rows for
+    ``ar``). The best challenger ahead at its age is watched on (``Detector.long_age``), and an
+    exact unimodal model's restart that wins is a change (``Detector._eligible``). Seeds where it
+    is found 70-90 rows late; with ``max_age`` set to the old 60 (then the limit), not at all."""
+    y = _ar_shift(seed)
+    found = detect_series(y, "ar", chunk_size=1, seed=0)
+    assert len(found) == 1 and abs(found[0].location - 250) <= 5 and found[0].detected_at > 310
+    assert detect_series(y, "ar", chunk_size=1, seed=0, config=DetectorConfig(max_age=60)) == []
+
+
+def test_the_long_watch_restores_bit_for_bit():
+    """Cut while the watched challenger is past its age (seed 2: the restart at 249 is 62-70 rows
+    old from 310 on, the change reported at 321): the same numbers and events after a restore."""
+    x = torch.as_tensor(_ar_shift(2))[:, None]
+    sampler = build_sampler(build_model("ar", 1, None), SGAISConfig())
+    full, alive = _restores(sampler, DetectorConfig(), x, 1, 340, (305, 312, 318), seed=0)
+    assert [e["location"] for _, ev in full for e in ev] == [249]
+    assert alive > 0
 
 
 def test_renominated_candidates_restore_bit_for_bit():

@@ -63,8 +63,18 @@ is judged once more on the incumbent's own older rows (an evenly spaced sample o
 reservoir, which the worker and ``OfflineRun`` pass in): a poor mode fits those worse too, a
 change does not.
 
+A winning restart of a sampled model must also show that the incumbent's own predictive moved
+off its running level (``level_shift`` standard errors, ``_moved``): a restart beats particles
+stuck in a poor mode without any change. The exact method on a unimodal model skips this
+(``_eligible``): no particles, so a restart that wins wins on the data, while an incumbent that
+follows the new regime part way (an AR model's intercept after a level shift) brings its
+predictive back to its level as the restart's lead grows.
+
 A challenger retires when it is clearly losing (log BF < ``retire_log_bf``) or older than
-``max_age`` observations. Everything random comes from the detector's own generator, saved
+``max_age`` observations, except one: of those ahead at their age the one with the highest
+log BF is watched on, up to ``Detector.long_age`` = 20 x max(train, 10) observations (a
+``max_age`` set in the config is the limit), since a model with few parameters gains its last
+nats on a small sustained shift slowly. Everything random comes from the detector's own generator, saved
 with its state; challengers' rows are not saved (they are the stream's own chunks since t,
 re-read from the input stream on restore), so the state stays small.
 

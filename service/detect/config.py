@@ -41,11 +41,12 @@ class DetectorConfig:
     sustained shifts, point-by-point data); level_shift: a change is reported only if the
     incumbent's mean log predictive per observation since the candidate is this many standard
     errors off its level before it (0: off; it keeps a restart that merely escapes a poor
-    posterior mode from counting as a change); step_spike: annealing steps above running mean + this many
+    posterior mode from counting as a change; sampled models only, ``Detector._eligible``); step_spike: annealing steps above running mean + this many
     sd that nominate one; train: observations a challenger sees before it is compared (at
     least its first chunk; 0 = max(10, 2 x parameters)); retire_log_bf: a challenger whose
     log BF falls below this is dropped; max_age: observations after which a challenger is
-    dropped (0 = 20 x train; at least 8 of its first chunks; at most the reservoir capacity); warmup: chunks of running level needed
+    dropped (0 = 20 x train, and the one furthest ahead at that age is watched on up to 20 x
+    max(train, 10), ``Detector.long_age``; at least 8 of its first chunks; at most the reservoir capacity); warmup: chunks of running level needed
     after a start or a change before nominating; smoothing: weight of the newest chunk in
     the running levels (before ``warmup`` chunks, a chunk whose log predictive per
     observation falls below the mean so far is a candidate); enabled: run the detector at all."""

@@ -81,6 +81,12 @@ class Detector:
         # a challenger must keep all its rows in its reservoir (no sampling), so it retires
         # before outgrowing the capacity; then promoting it hands over its exact history
         self.max_age = self.config.max_age or 20 * self.train
+        # one challenger that is ahead when it reaches ``max_age`` is watched on up to this age (the
+        # best of those ahead; the others retire): a small sustained shift that a model with few
+        # parameters (a short ``train``) tracks only slowly gains its last nats after 20 x train
+        # rows (an AR(1) latency series, +3 sd at 250: the restart there stood 10 nats ahead when
+        # it retired at 310 and needed about 12). Only one, so the cost stays that of one challenger
+        self.long_age = self.config.max_age or max(self.max_age, 20 * max(self.train, 10))  # a set max_age is the limit
         self.capacity = sampler.config.reservoir_capacity
         self.run_length_seconds = self.config.run_length_seconds
         self.scale_free = self.config.expected_run_length == AUTO
@@ -213,17 +219,26 @@ class Detector:
         # change): its own comparison says where its advantage began, a candidate for step 2.
         kept: list[Challenger] = []
         again: list[int] = []
+        aged: list[Challenger] = []  # past their age and ahead: the best of them is watched on (``long_age``)
         for c in new.challengers:
             if not self._feed(c, chunk, seq, lp, inc_rows):
                 continue  # a challenger that cannot take the data is no evidence of a change
             if c.compared and c.log_bf < cfg.retire_log_bf:
                 continue
-            if c.state.n > self.capacity or c.state.n - c.memory_rows > max(self.max_age, 8 * c.first_rows):
-                at = self._where(c)
-                if c.compared and c.log_bf > 0.0 and at > 0:
-                    again.append(c.seqs[c.memory + at])
+            age = c.state.n - c.memory_rows
+            if c.state.n > self.capacity or age > max(self.max_age, 8 * c.first_rows):
+                if c.compared and c.log_bf > 0.0 and c.state.n <= self.capacity and age <= self.long_age:
+                    aged.append(c)
+                    continue
+                self._renominate(c, again)
                 continue
             kept.append(c)
+        if aged:
+            watched = max(aged, key=lambda c: c.log_bf)
+            kept.append(watched)
+            for c in aged:
+                if c is not watched:
+                    self._renominate(c, again)
         new.challengers = kept
 
         # 2. nominate candidates: this chunk when it stands out from the running level, or
@@ -287,7 +302,7 @@ class Detector:
         events: list[Event] = []
         best, confidence = decide(new.challengers, lambda c: self._log_odds(c, c.start - new.offset_n),
                                   cfg.threshold,
-                                  eligible=self._moved,
+                                  eligible=self._eligible,
                                   data_moved=lambda c, others: self._data_moved(
                                       c, after, new.recent, others,
                                       lambda: self._history(reservoir, before.n, new.memory_rows,
@@ -376,6 +391,14 @@ class Detector:
         new.rng = g.get_state()
         step.result = replace(result, n=new.offset_n + after.n, log_evidence=new.offset_log_evidence + after.log_evidence)
         return step
+
+    def _renominate(self, c: Challenger, again: list[int]) -> None:
+        """A challenger retired for its age while ahead started too early (a CUSUM excursion that
+        began in noise before the change): its own comparison says where its advantage began, a
+        candidate for step 2 (``again``)."""
+        at = self._where(c)
+        if c.compared and c.log_bf > 0.0 and at > 0:
+            again.append(c.seqs[c.memory + at])
 
     def _pending(self, s: DetectorState) -> list[tuple[int, float]]:
         """The open challengers' say on a change: (location, posterior probability) for each place
@@ -666,6 +689,14 @@ class Detector:
         change costs 0.05-0.3)."""
         d = float(self.sampler.model.dim)
         return 0.5 * d * (1.0 / max(n_restart, 1) + 1.0 / max(n_incumbent, 1))
+
+    def _eligible(self, c: Challenger) -> bool:
+        """May this challenger's win be a change? Always for the exact method on a unimodal model:
+        its evidence has no particles to get stuck, so a restart that wins wins on the data, and
+        an incumbent that follows the new regime (an AR model's intercept after a level shift)
+        brings its predictive back to its level while the restart's lead keeps growing (an AR(1)
+        latency series, +3 sd: restarts 15 nats ahead were refused). Otherwise ``_moved``."""
+        return (self.exact and not self.multimodal) or self._moved(c)
 
     def _moved(self, c: Challenger) -> bool:
         """Did the incumbent's own predictive move since the challenger started? A restart can
