@@ -296,6 +296,7 @@ class EngineRun:
     cpu: float  # CPU seconds for all chunks
     per_chunk: list[float]  # wall seconds of each chunk
     log_evidence: list[float]  # after each chunk
+    method: str = "sgais"  # the sampler's: 'exact' (closed form) or 'sgais'
 
 
 def _engine(case: Case, data: torch.Tensor, stream: str) -> EngineRun:
@@ -317,7 +318,7 @@ def _engine(case: Case, data: torch.Tensor, stream: str) -> EngineRun:
         reservoir.apply(writes)
         per.append(time.perf_counter() - t)
         le.append(result.log_evidence)
-    return EngineRun(time.perf_counter() - t0, time.process_time() - cpu0, per, le)
+    return EngineRun(time.perf_counter() - t0, time.process_time() - cpu0, per, le, getattr(sampler, "method", "sgais"))
 
 
 # --- one model ---------------------------------------------------------------------------------------
@@ -330,6 +331,7 @@ class Outcome:
     engine_cpu: list[float] = field(default_factory=list)  # CPU seconds of the engine runs
     service: dict[str, dict] = field(default_factory=dict)  # setup -> figures
     latency: dict[str, dict] = field(default_factory=dict)
+    method: str = "sgais"  # the engine's sampler: 'exact' or 'sgais'
 
     @property
     def obs(self) -> int:
@@ -418,6 +420,12 @@ def report(outcomes: list[Outcome], setups: list[str], quick: bool, minutes: flo
         for s in setups:
             r = o.service[s]["rate"] / o.engine_rate
             what = "one GMM model (the issue's target)" if o.case.key == "gmm" else f"one {o.case.key} model"
+            if o.method == "exact":
+                # a closed form costs well under a millisecond a chunk: the ratio is the service's own
+                # cost (HTTP, JSON, Redis) against it, which no service reaches; stated, not judged
+                rows.append([f"{s}: {what} (exact engine: the service's own cost), service obs/s",
+                             f"{o.service[s]['rate']:,.0f} ({r:.0%} of the engine's {o.engine_rate:,.0f})", "(stated)"])
+                continue
             rows.append([f"{s}: {what}, service >= {TARGET_RATIO:.0%} of engine obs/s", f"{r:.0%}", verdict(r >= TARGET_RATIO)])
     lines += [markdown_table(["target", "measured", "result"], rows, align="llc"), "### Throughput", ""]
     head = ["model", "observations", "engine obs/s"]
@@ -492,7 +500,7 @@ def run(args: argparse.Namespace) -> int:
                 e = _engine(c, tp_data, f"tp-{k}")
                 o.engine_s.append(e.seconds)
                 o.engine_cpu.append(e.cpu)
-                o.engine_le = e.log_evidence
+                o.engine_le, o.method = e.log_evidence, e.method
                 _log(f"engine {c.spec}: {o.obs / e.seconds:,.0f} obs/s ({_ms(float(np.median(e.per_chunk)))} per chunk)")
                 plans.append((o, tp_data, lat_data))
             for s in setups:
