@@ -14,7 +14,7 @@ import torch
 
 from models import build_model
 from service.detect import Detector, DetectorConfig, DetectorState, Event, OfflineRun, detect_series, model_averaged_changes
-from service.sgais import ConfigError, Reservoir, SGAISConfig, SGAISState, build_sampler, load_state
+from service.sgais import ConfigError, Reservoir, SGAISConfig, build_sampler, load_state
 
 
 def shifts(seed=1):
