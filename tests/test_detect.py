@@ -161,8 +161,8 @@ def test_model_averaged_changes_weigh_each_models_event_by_its_posterior_probabi
 def test_a_model_yet_to_report_counts_with_its_open_challengers():
     """Equal evidence: a's event alone is worth half its confidence (no change, as above); b has not
     reported, but its open challenger at 1,010 (within the window) puts a change there at 0.99
-    (``Detector._pending``): 0.5 x 0.999 + 0.5 x 0.99 >= 0.99, a change, located where a, the model
-    that reported, put it. Pending probabilities are not kept: the next chunk without them drops
+    (``Detector._pending``), and b's evidence counting that change is 100 times its running one:
+    a change, located where a, the model that reported, put it. Pending probabilities are not kept: the next chunk without them drops
     to a's half again, and one far off (2,000) or of a model that reported counts nothing extra."""
     ns = [500, 1000, 1500, 2000]
     eq = {"a": [(n, -float(n)) for n in ns], "b": [(n, -float(n)) for n in ns]}
@@ -171,8 +171,12 @@ def test_a_model_yet_to_report_counts_with_its_open_challengers():
     at = [[], [], [(1010, 0.99)], []]
     got = model_averaged_changes(events, eq, window=500, pending={"a": none, "b": at})
     assert [(c.location, c.detected_at) for c in got] == [(1000, 1500)]
-    assert got[0].confidence == pytest.approx(0.5 * 0.999 + 0.5 * 0.99)
-    assert got[0].support == {"a": (0.5, 0.999), "b": (0.5, 0.99)}
+    # b's evidence over both of its hypotheses is its running one / (1 - 0.99): weights 0.5 and 50
+    wa, wb = 0.5 / 50.5, 50.0 / 50.5
+    assert got[0].confidence == pytest.approx(wa * 0.999 + wb * 0.99, rel=1e-12)
+    assert sorted(got[0].support) == ["a", "b"]
+    assert got[0].support["a"] == pytest.approx((wa, 0.999), rel=1e-12)
+    assert got[0].support["b"] == pytest.approx((wb, 0.99), rel=1e-12)
     late = [[], [], [], [(1010, 0.99)]]  # b's say comes a chunk later: the change with it
     assert [c.detected_at for c in model_averaged_changes(events, eq, window=500, pending={"a": none, "b": late})] == [2000]
     far = [[], [], [(2000, 0.99)], []]
@@ -181,6 +185,34 @@ def test_a_model_yet_to_report_counts_with_its_open_challengers():
     assert model_averaged_changes(events, eq, window=500, pending={"a": none, "b": weak}) == []
     # a's own open challengers do not add to its event
     assert model_averaged_changes(events, eq, window=500, pending={"a": [[], [], [(1000, 0.999)], []], "b": none}) == []
+
+
+def test_the_stream_answer_weighs_each_model_by_its_evidence_over_both_hypotheses():
+    """The stream's probability of a change at l is the posterior over the hypotheses (model m, no
+    change) and (model m, change at its candidate near l), brute force: a model with an open
+    challenger has running evidence Z0 (no change) and a change with evidence Z1 and prior
+    probability pi, so P(change | m) = c = sigmoid(log Z1 - log Z0 + log pi / (1 - pi)) and its
+    weight is Z0 + Z1 pi / (1 - pi) (times the common 1 - pi); a model that reported (restarted)
+    there counts with its running evidence, which holds the change, and its event's confidence."""
+    from service.detect import StreamAnswer
+
+    rng = np.random.default_rng(3)
+    for _ in range(20):
+        log_z0 = {m: float(v) for m, v in zip("bcd", rng.normal(-1000.0, 3.0, 3))}
+        log_z1 = {m: log_z0[m] + float(rng.normal(4.0, 4.0)) for m in "bcd"}
+        lpo = float(rng.uniform(-8.0, -3.0))  # log pi / (1 - pi)
+        conf = {m: 1.0 / (1.0 + math.exp(-(log_z1[m] - log_z0[m] + lpo))) for m in "bcd"}
+        log_za, conf_a = float(rng.normal(-1000.0, 3.0)), 0.995
+        answer = StreamAnswer(["a", "b", "c", "d"], window=10, threshold=0.0)
+        found = answer.step(100, 100, {"a": log_za, **log_z0}, {"a": [_event(50, 100, conf_a)]},
+                            {m: [(52, conf[m])] for m in "bcd"})
+        top = max([log_za] + list(log_z0.values()))
+        za = math.exp(log_za - top)
+        z0 = {m: math.exp(log_z0[m] - top) for m in "bcd"}
+        z1 = {m: math.exp(log_z1[m] - top + lpo) for m in "bcd"}
+        want = (za * conf_a + sum(z1.values())) / (za + sum(z0[m] + z1[m] for m in "bcd"))
+        assert [c.location for c in found] == [50]
+        assert found[0].confidence == pytest.approx(want, rel=1e-9), (found[0].confidence, want)
 
 
 def test_a_model_that_misses_a_change_does_not_hide_it_from_the_stream():

@@ -35,10 +35,13 @@ class StreamAnswer:
     and ``cusp.Detector`` all use this class, so they give the same answer):
 
         P(change near l | data) = sum_m p(m | data) P(change near l | data, m)
-                                >= sum over models m with an event within ``window`` of l of p(m | data) x its confidence
 
-    (a model with no such event counts with its open challengers' probability of a change within
-    ``window`` of l at this chunk, ``Detector._pending``, or 0: a lower bound). After each chunk every event reported
+    over the hypotheses (model m, no change near l) and (model m, its change near l): a model
+    with an event within ``window`` of l counts with its confidence and its running evidence,
+    which holds the change it restarted at; one without counts with its open challengers'
+    highest probability c of a change within ``window`` of l at this chunk (``Detector._pending``),
+    or 0, and with its evidence over both hypotheses, its running (no-change) evidence / (1 - c)
+    (``_with_changes``; changes elsewhere are left out). After each chunk every event reported
     so far (each model's events are candidates, in the order they were first reported) that is not
     within ``window`` of a change already found is checked; the first whose bound reaches
     ``threshold`` becomes a stream change, located where the reporting model that weighs most in
@@ -115,6 +118,8 @@ class StreamAnswer:
                 for where, conf in places:
                     if m in probs and abs(where - loc) <= self.window and conf > best.get(m, (0.0, 0.0, 0, None))[1]:
                         best[m] = (probs[m], float(conf), int(where), None)
+            weights = _with_changes(probs, {m: best[m][1] for m in best if m not in reported})
+            best = {m: (weights[m], c, where, when) for m, (_, c, where, when) in best.items()}
             bound = sum(p * c for p, c, _, _ in best.values())
             if bound >= self.threshold:
                 top = max(reported, key=lambda m: best[m][0] * best[m][1])
@@ -154,6 +159,23 @@ class StreamAnswer:
                        for e in d["events"]]
         self.changes = [int(c) for c in d["changes"]]
         return self
+
+
+def _with_changes(probs: dict[str, float], pending: dict[str, float]) -> dict[str, float]:
+    """The models' posterior probabilities when each model in ``pending`` may also have changed
+    at its open challenger, P(change | data, m) = c: the evidence of m over both hypotheses,
+    no change and that change, is its running evidence (no change) times 1 / (1 - c), up to the
+    prior probability of no change, which all models share (``decision.posterior``: c is the
+    sigmoid of log BF + log prior odds). A model whose event is already reported restarted
+    there: its running evidence holds the change, it keeps its probability."""
+    lift = {m: probs[m] / (1.0 - min(float(c), _MAX_CONFIDENCE)) for m, c in pending.items()}
+    w = {m: lift.get(m, p) for m, p in probs.items()}
+    z = sum(w.values())
+    return {m: v / z for m, v in w.items()} if z > 0 else dict(probs)
+
+
+# a challenger's probability counts at most this close to 1 (its evidence ratio <= 1e12)
+_MAX_CONFIDENCE = 1.0 - 1e-12
 
 
 def model_averaged_changes(events: dict[str, list[Event]], log_evidence: dict[str, list[tuple[int, float]]],

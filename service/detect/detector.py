@@ -402,7 +402,7 @@ class Detector:
 
     def _pending(self, s: DetectorState) -> list[tuple[int, float]]:
         """The open challengers' say on a change: (location, posterior probability) for each place
-        where a compared challenger that passes ``_moved`` puts one (``_where``), the highest there,
+        where a compared challenger that ``decide`` could take (``_eligible``) puts one (``_where``), the highest there,
         below ``threshold`` (or it would have been reported) and at least ``PENDING_FLOOR``. The
         stream's answer weighs them with the model's probability like reported events, so a model
         that has not (yet) reported a change another model reports still counts with what its
@@ -412,7 +412,7 @@ class Detector:
             return []
         places: dict[int, float] = {}
         for c in s.challengers:
-            if not c.compared or not self._moved(c):
+            if not c.compared or not self._eligible(c):
                 continue
             q = posterior(c.log_bf, self._log_odds(c, c.start - s.offset_n))
             if q < PENDING_FLOOR:
