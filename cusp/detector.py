@@ -307,7 +307,7 @@ class Detector:
         """The stream's change points: each model's events weighted by its posterior probability
         (``service.detect.StreamAnswer``; with one model, its own events). Each has
         ``location`` (index of the first observation of the new regime), ``detected_at``,
-        ``confidence``, ``support`` (model -> [posterior probability, event confidence]) and
+        ``confidence``, ``support`` (model -> [posterior probability over no change and this change, event confidence]) and
         ``location_time`` (epoch seconds, where ``update`` was given times; else None)."""
         return sorted(self._changes, key=lambda c: c.location)
 

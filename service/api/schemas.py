@@ -255,7 +255,7 @@ class StreamChangepointEntry(BaseModel):
     detected_at: int = Field(None, description="observations seen when it was found")
     confidence: float = Field(None, description="a lower bound on the posterior probability of a change within the "
                                                 "stream's resolution of location")
-    support: dict[str, tuple[float, float]] = Field(None, description="model -> [posterior probability, event confidence]")
+    support: dict[str, tuple[float, float]] = Field(None, description="model -> [posterior probability (over no change and this change), event confidence]")
     location_time: str | None = Field(None, description="the time of the observation at location (RFC 3339, UTC); null when unknown")
     detected_time: str | None = Field(None, description="the time of the last observation when it was reported (RFC 3339, UTC)")
     delay_seconds: float | None = Field(None, description="detected_time - location_time, in seconds. detected_time is the "
@@ -394,7 +394,7 @@ class DetectChange(BaseModel):
     time: str | float | None = Field(None, description="that row's time, as given (null without times)")
     detected_at: int = Field(description="rows seen when the evidence for it first reached the threshold")
     confidence: float = Field(description="a lower bound on the posterior probability of a change within one chunk of index")
-    support: dict[str, tuple[float, float]] = Field(description="model -> [posterior probability, event confidence]")
+    support: dict[str, tuple[float, float]] = Field(description="model -> [posterior probability (over no change and this change), event confidence]")
 
 
 class DetectModel(BaseModel):

@@ -13,9 +13,10 @@ from service.detect.state import Event
 @dataclass(frozen=True)
 class StreamChange:
     """A change point of a stream with several models, averaged over them: location (from the
-    model that weighs most in its support), detected_at (observations seen when the bound below
-    first reached the threshold), confidence (that bound), and each supporting model's
-    posterior probability and event confidence at that time; location_time: the time of the
+    model that weighs most in its support), detected_at (observations seen when the probability of
+    ``StreamAnswer`` first reached the threshold), confidence (that probability), and each supporting model's
+    posterior probability (over its hypotheses no change and this change, ``_with_changes``) and
+    event confidence at that time; location_time: the time of the
     observation at location, from that model's event (epoch seconds; None where the events had
     none)."""
 
@@ -43,7 +44,7 @@ class StreamAnswer:
     or 0, and with its evidence over both hypotheses, its running (no-change) evidence / (1 - c)
     (``_with_changes``; changes elsewhere are left out). After each chunk every event reported
     so far (each model's events are candidates, in the order they were first reported) that is not
-    within ``window`` of a change already found is checked; the first whose bound reaches
+    within ``window`` of a change already found is checked; the first whose probability reaches
     ``threshold`` becomes a stream change, located where the reporting model that weighs most in
     its support put it. A misspecified model that misses a change (a 3-component mixture when 3 clusters
     become 5) does not hide it, and one that fires alone while the data overwhelmingly favour the
