@@ -352,10 +352,13 @@ class GaussianMixture(Model):
     #: to fewer rows is no law to draw from)
     FIRST_ROWS_PER_COMPONENT = 10
 
-    def first_draws(self, rows: torch.Tensor, generator: torch.Generator, count: int) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """``count`` draws for importance sampling of the first chunk's posterior (``rows [B, 2d]``,
-        featurized, no history) and their log proposal densities: ([count, D], [count]); None when the
-        chunk has fewer than ``FIRST_ROWS_PER_COMPONENT`` rows per component.
+    def first_draws(self, rows: torch.Tensor, generator: torch.Generator, count: int,
+                    fit: "ModeFit | None" = None) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """``count`` draws for importance sampling of the posterior given ``rows [B, 2d]`` (featurized;
+        the first chunk, or every row seen at a mode check: ``Sampler._check_modes``) and their log
+        proposal densities: ([count, D], [count]); None when there are fewer than
+        ``FIRST_ROWS_PER_COMPONENT`` rows per component. ``fit``: a mode fit to start from (the mode
+        check's), else one is made on ``rows``.
 
         The proposal is ``propose_configuration``'s law around a mode fit of the chunk (``mode_fit``:
         EM from k-means++ starts, the best on the chunk's log joint): every component's mean and log
@@ -370,13 +373,14 @@ class GaussianMixture(Model):
         b = int(rows.shape[0])
         if count <= 0 or b < self.FIRST_ROWS_PER_COMPONENT * k:
             return None
-        fit = self.mode_fit(rows.new_zeros((1, self.dim)), rows, rows, 1.0, generator, rows, 1.0,
-                            joint=torch.zeros(1, dtype=torch.float64))
+        if fit is None or fit.theta is None:
+            fit = self.mode_fit(rows.new_zeros((1, self.dim)), rows, rows, 1.0, generator, rows, 1.0,
+                                joint=torch.zeros(1, dtype=torch.float64))
         t = fit.theta[0].numpy()
         w, mu, var = _map_em(rows[:, :d].numpy(), np.exp(t[:k] - _logsumexp(t[:k], 0)), t[k : k + k * d].reshape(k, d),
                              np.exp(t[k + k * d :]).reshape(k, d), self.FIRST_MAP_STEPS)
         fit = ModeFit(0.0, torch.from_numpy(np.concatenate([np.log(w), mu.ravel(), np.log(var).ravel()]))[None], b)
-        cands = self.assignment_rows(rows[:0], rows, 0, generator)
+        cands = self.assignment_rows(rows, rows[:0], b, generator)  # (up to 10,000 of the rows)
         loc, scale = self._configuration_law(fit, b)
         blocks = self._configuration_blocks(loc, scale, count, generator)
         bad = ~self._sane(blocks, d)

@@ -88,13 +88,13 @@ class Detector:
         # it retired at 310 and needed about 12). Only one, so the cost stays that of one challenger
         self.long_age = self.config.max_age or max(self.max_age, 20 * max(self.train, 10))  # a set max_age is the limit
         self.capacity = sampler.config.reservoir_capacity
-        # the challengers' sampler: the stream's, without the first chunk's importance draws
-        # (``SGAISConfig.first_draws``). With them, a mixture's restart fitted to its first chunk beat
+        # the challengers' sampler: the stream's, without the importance draws (``SGAISConfig.
+        # first_draws``, ``check_draws``). With them, a mixture's restart fitted to its first chunk beat
         # incumbents in poorer modes of misspecified models (K = 3 and 7 on the paper's 7 clusters,
         # 15-21 nats) that nothing had moved: false alarms at 13,500 and 18,000 (``cusp bench detect``)
         self.restarts = sampler
         if getattr(sampler.config, "first_draws", 0) and hasattr(model, "first_draws"):
-            self.restarts = build_sampler(model, sampler.config.replace(first_draws=0))
+            self.restarts = build_sampler(model, sampler.config.replace(first_draws=0, check_draws=0))
         self.run_length_seconds = self.config.run_length_seconds
         self.scale_free = self.config.expected_run_length == AUTO
         self.log_hazard = -math.log(DEFAULT_RUN_LENGTH if self.run_length_seconds is not None or self.scale_free

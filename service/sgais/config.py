@@ -49,6 +49,10 @@ class SGAISConfig:
     law fitted to the chunk, and the two unbiased estimates of its evidence, the annealing's and
     the draws', are averaged (``Sampler._first_chunk``); 0 turns it off (annealing alone). The
     stream's first chunk only: the detector's restarts run without (``Detector.restarts``).
+    check_draws: the same at the mixture's mode checks after a surprising chunk (new clusters),
+    while the reservoir holds every row, with this many draws around the check's fit: a fresh
+    estimate of the evidence so far, averaged with the running one (``Sampler._check_modes``);
+    0 turns it off.
     """
 
     particles: int | None = None
@@ -67,6 +71,7 @@ class SGAISConfig:
     jumps: int = 1
     warmup: float | None = None
     first_draws: int = 1000
+    check_draws: int = 300
 
     def __post_init__(self) -> None:
         def need(cond: bool, msg: str) -> None:
@@ -95,6 +100,8 @@ class SGAISConfig:
         need(isinstance(self.jumps, int) and not isinstance(self.jumps, bool) and 0 <= self.jumps <= 100, "jumps must be an integer in [0, 100]")
         need(isinstance(self.first_draws, int) and not isinstance(self.first_draws, bool) and 0 <= self.first_draws <= 100_000,
              "first_draws must be an integer in [0, 100000]")
+        need(isinstance(self.check_draws, int) and not isinstance(self.check_draws, bool) and 0 <= self.check_draws <= 100_000,
+             "check_draws must be an integer in [0, 100000]")
 
     @classmethod
     def preset(cls, name: str, **overrides: Any) -> "SGAISConfig":
@@ -146,7 +153,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     # the paper's settings plus this engine's corrections (mode jumps, first-chunk warm-up, control
     # variates where the model asks for them); "paper-plain": the paper's Algorithm 1 as published
     "paper": {},
-    "paper-plain": {"jumps": 0, "warmup": 0.0, "first_draws": 0, "control_variates": False, "particles": PARTICLES, "lr": LR},
+    "paper-plain": {"jumps": 0, "warmup": 0.0, "first_draws": 0, "check_draws": 0, "control_variates": False, "particles": PARTICLES, "lr": LR},
     # lower bias (docs/benchmarks.md): BAOAB splitting, control-variate history gradients,
     # more particles
     "accurate": {"integrator": "baoab", "control_variates": True, "particles": 30},
