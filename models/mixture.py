@@ -348,6 +348,11 @@ class GaussianMixture(Model):
     #: far from 0) is larger than the data's, and the draws around the likelihood's mode missed the
     #: posterior (clusters around 1,000 with spreads of 30: an effective sample of 1-2 in 20,000)
     FIRST_MAP_STEPS = 20
+    #: the rows (a uniform sample) under which ``first_draws`` counts each draw's rows per component
+    #: for its weights' Dirichlet (``_weight_counts``, whose cost is draws x K x rows x 20 sweeps)
+    FIRST_ASSIGN_ROWS = 2_000
+    #: the rows (a uniform sample) ``_map_em`` runs on in ``first_draws``, its statistics scaled to all
+    FIRST_MAP_ROWS = 5_000
     #: ``first_draws`` needs at least this many rows per component in the chunk (a fit of K components
     #: to fewer rows is no law to draw from)
     FIRST_ROWS_PER_COMPONENT = 10
@@ -377,10 +382,13 @@ class GaussianMixture(Model):
             fit = self.mode_fit(rows.new_zeros((1, self.dim)), rows, rows, 1.0, generator, rows, 1.0,
                                 joint=torch.zeros(1, dtype=torch.float64))
         t = fit.theta[0].numpy()
-        w, mu, var = _map_em(rows[:, :d].numpy(), np.exp(t[:k] - _logsumexp(t[:k], 0)), t[k : k + k * d].reshape(k, d),
-                             np.exp(t[k + k * d :]).reshape(k, d), self.FIRST_MAP_STEPS)
+        y, weight = rows[:, :d].numpy(), 1.0
+        if b > self.FIRST_MAP_ROWS:  # the EM under the prior on a uniform sample, its statistics scaled to b
+            y, weight = y[torch.randperm(b, generator=generator)[: self.FIRST_MAP_ROWS].numpy()], b / self.FIRST_MAP_ROWS
+        w, mu, var = _map_em(y, np.exp(t[:k] - _logsumexp(t[:k], 0)), t[k : k + k * d].reshape(k, d),
+                             np.exp(t[k + k * d :]).reshape(k, d), self.FIRST_MAP_STEPS, weight)
         fit = ModeFit(0.0, torch.from_numpy(np.concatenate([np.log(w), mu.ravel(), np.log(var).ravel()]))[None], b)
-        cands = self.assignment_rows(rows, rows[:0], b, generator)  # (up to 10,000 of the rows)
+        cands = self.assignment_rows(rows, rows[:0], b, generator, rows=self.FIRST_ASSIGN_ROWS)
         loc, scale = self._configuration_law(fit, b)
         blocks = self._configuration_blocks(loc, scale, count, generator)
         bad = ~self._sane(blocks, d)
@@ -734,13 +742,14 @@ def _em_matrix(y: np.ndarray, means: np.ndarray, iterations: int, start=None):
     return w, mu, var, resp.T
 
 
-def _map_em(y: np.ndarray, w: np.ndarray, mu: np.ndarray, var: np.ndarray, iterations: int):
+def _map_em(y: np.ndarray, w: np.ndarray, mu: np.ndarray, var: np.ndarray, iterations: int, weight: float = 1.0):
     """EM for the mode of ``GaussianMixture``'s posterior in its parameters (theta: log weights
     up to a constant, means, log variances), on rows ``y [n, d]`` in their own units, from (w [K],
     mu [K, d], var [K, d]): each M step is the mode of the Normal-Inverse-Gamma posterior of a
     component's means and variances (means N(0, 4 sigma^2), so kappa0 = 1/4; variances
     InvGamma(1, 1)) given its responsibilities, in log variance (sigma^2 = b_n / (a_n + 1/2)), and
-    weights (N_k + 1) / (n + K) (Dirichlet(1) with the log-weights' Jacobian). Returns (w, mu, var)."""
+    weights (N_k + 1) / (n + K) (Dirichlet(1) with the log-weights' Jacobian). ``weight``: each row
+    stands for this many (a sample of the rows). Returns (w, mu, var)."""
     n, d = y.shape
     feats = np.concatenate([np.ones((n, 1)), y, y * y], axis=1)  # [n, 1 + 2d]
     k = w.shape[0]
@@ -754,12 +763,14 @@ def _map_em(y: np.ndarray, w: np.ndarray, mu: np.ndarray, var: np.ndarray, itera
         resp = np.exp(lj)
         resp /= resp.sum(0)
         st = resp @ feats  # [K, 1 + 2d]
+        if weight != 1.0:
+            st *= weight
         nk = st[:, :1]
         kappa = 0.25 + nk
         mu = st[:, 1 : 1 + d] / kappa
         b_n = 1.0 + 0.5 * np.maximum(st[:, 1 + d :] - kappa * mu * mu, 0.0)
         var = b_n / (1.0 + 0.5 * nk + 0.5)
-        w = (st[:, 0] + 1.0) / (n + k)
+        w = (st[:, 0] + 1.0) / (n * weight + k)
     return w, mu, var
 
 

@@ -336,7 +336,7 @@ def test_the_checks_after_new_clusters_draw_a_fresh_estimate_of_the_evidence():
     reference (``bench.reference``). The chunk at 5,000 surprises the particles; the mode checks
     1,000 and 2,000 rows later also estimate the evidence so far by importance sampling around
     their fit and average it with the running estimate (``SGAISConfig.check_draws``). Measured,
-    sampler seeds 0-5: -0.9 to -4.3 nats with the draws, -126 to -251 without (``check_draws`` 0:
+    sampler seeds 0-5: -3.9 to -11 nats with the draws, -126 to -251 without (``check_draws`` 0:
     the nats lost while the clusters appeared stay lost)."""
     from bench.reference import laplace_log_evidence
 
@@ -350,5 +350,5 @@ def test_the_checks_after_new_clusters_draw_a_fresh_estimate_of_the_evidence():
         return state.log_evidence - ref
 
     for seed in (0, 1):
-        assert -30.0 < error(300, seed) < 10.0, seed  # measured -4.3 to -0.9 (6 seeds)
+        assert -40.0 < error(300, seed) < 10.0, seed  # measured -11 to -3.9 (6 seeds)
     assert error(0, 0) < -100.0  # measured -251 to -126: the check above can fail
