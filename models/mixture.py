@@ -731,15 +731,22 @@ def _em_matrix(y: np.ndarray, means: np.ndarray, iterations: int, start=None):
             mu = np.where(st[:, :1] > 0, st[:, 1 : 1 + d] / nk[:, None], means)
             var = np.maximum(st[:, 1 + d :] / nk[:, None] - mu * mu, floor)
             var = np.where(st[:, :1] > 1.0, var, 1.0)  # a component with (almost) no rows: unit variance
-        prec = 1.0 / var
-        coef = np.concatenate([
-            (np.log(w) - 0.5 * (np.log(var).sum(1) + (mu * mu * prec).sum(1)))[:, None], mu * prec, -0.5 * prec,
-        ], axis=1)  # [K, 1 + 2d]
-        lj = coef @ feats.T  # [K, n]
-        lj -= lj.max(0)
-        resp = np.exp(lj)
-        resp /= resp.sum(0)
+        resp = _responsibilities(feats, w, mu, var)
     return w, mu, var, resp.T
+
+
+def _responsibilities(feats: np.ndarray, w: np.ndarray, mu: np.ndarray, var: np.ndarray) -> np.ndarray:
+    """The E step of a diagonal Gaussian mixture on rows featurized as (1, y, y^2) ``feats [n, 1 + 2d]``:
+    responsibilities [K, n] (one product, the components along rows)."""
+    prec = 1.0 / var
+    coef = np.concatenate([
+        (np.log(w) - 0.5 * (np.log(var).sum(1) + (mu * mu * prec).sum(1)))[:, None], mu * prec, -0.5 * prec,
+    ], axis=1)  # [K, 1 + 2d]
+    lj = coef @ feats.T  # [K, n]
+    lj -= lj.max(0)
+    resp = np.exp(lj)
+    resp /= resp.sum(0)
+    return resp
 
 
 def _map_em(y: np.ndarray, w: np.ndarray, mu: np.ndarray, var: np.ndarray, iterations: int, weight: float = 1.0):
@@ -754,15 +761,7 @@ def _map_em(y: np.ndarray, w: np.ndarray, mu: np.ndarray, var: np.ndarray, itera
     feats = np.concatenate([np.ones((n, 1)), y, y * y], axis=1)  # [n, 1 + 2d]
     k = w.shape[0]
     for _ in range(iterations):
-        prec = 1.0 / var
-        coef = np.concatenate([
-            (np.log(w) - 0.5 * (np.log(var).sum(1) + (mu * mu * prec).sum(1)))[:, None], mu * prec, -0.5 * prec,
-        ], axis=1)  # [K, 1 + 2d]
-        lj = coef @ feats.T  # [K, n]
-        lj -= lj.max(0)
-        resp = np.exp(lj)
-        resp /= resp.sum(0)
-        st = resp @ feats  # [K, 1 + 2d]
+        st = _responsibilities(feats, w, mu, var) @ feats  # [K, 1 + 2d]
         if weight != 1.0:
             st *= weight
         nk = st[:, :1]
