@@ -395,7 +395,7 @@ class GaussianMixture(Model):
         blocks = np.where(bad[:, None, None], loc[None], blocks)  # placeholders, given no weight
         mu, s = blocks[:, :, :d], blocks[:, :, d:]
         alpha = self._weight_counts(mu, s, cands, 1.0, b)
-        z, _ = _propose_weights(generator, np.zeros((count, k)), alpha, alpha)
+        z = _draw_weights(generator, alpha)
         log_q = self._configuration_log_q(blocks, loc, scale) + _log_q_weights(z, alpha)
         theta = np.concatenate([z, mu.reshape(count, k * d), s.reshape(count, k * d)], 1)
         return torch.from_numpy(theta), torch.from_numpy(np.where(bad, np.inf, log_q))
@@ -657,12 +657,17 @@ def _propose_weights(generator: torch.Generator, z: np.ndarray, alpha_old: np.nd
     behind the proposed components), S ~ Gamma(K, 1); the reverse density uses alpha_old (the counts
     behind the current components). Returns z' and log q(z | alpha_old) - log q(z' | alpha_new):
     ([M, K], [M])."""
-    k = z.shape[1]
-    w_draw = standard_gamma_rows(generator, alpha_new)  # [M, K] Gamma(alpha) draws
-    tot = standard_gamma(generator, float(k), (z.shape[0],)).numpy()  # S ~ Gamma(K, 1)
-    w = w_draw / w_draw.sum(1, keepdims=True)
-    new_z = np.log(np.maximum(w, 1e-300)) + np.log(tot)[:, None]
+    new_z = _draw_weights(generator, alpha_new)
     return new_z, _log_q_weights(z, alpha_old) - _log_q_weights(new_z, alpha_new)
+
+
+def _draw_weights(generator: torch.Generator, alpha: np.ndarray) -> np.ndarray:
+    """z = log(w S) with w ~ Dirichlet(alpha [M, K]) and S ~ Gamma(K, 1): [M, K] (density ``_log_q_weights``)."""
+    k = alpha.shape[1]
+    w_draw = standard_gamma_rows(generator, alpha)  # [M, K] Gamma(alpha) draws
+    tot = standard_gamma(generator, float(k), (alpha.shape[0],)).numpy()  # S ~ Gamma(K, 1)
+    w = w_draw / w_draw.sum(1, keepdims=True)
+    return np.log(np.maximum(w, 1e-300)) + np.log(tot)[:, None]
 
 
 def standard_gamma_rows(generator: torch.Generator, alpha: np.ndarray) -> np.ndarray:

@@ -27,7 +27,7 @@ from service.sgais.config import SGAISConfig
 from service.sgais.kernel import GRAD_EVALS, INTEGRATORS
 from service.sgais.reservoir import Reservoir, ReservoirWrites, algorithm_r
 from service.sgais.state import SGAISState
-from service.sgais.weights import choose_delta, ess, resample_indices, reweight
+from service.sgais.weights import choose_delta, ess, log_normalise, resample_indices, reweight
 
 
 class EngineError(RuntimeError):
@@ -406,19 +406,15 @@ class Sampler(SamplerBase):
         one, in expectation nothing. Returns (particles, uniform log-weights, log of the mean)."""
         lw = (self.model.log_prior(draws) + self.model.total_log_likelihood(draws, rows)).numpy() - log_q.numpy()
         lw = np.where(np.isnan(lw), -np.inf, lw)
-        top = float(lw.max())
-        if not math.isfinite(top) or not math.isfinite(log_z):
+        if not np.isfinite(lw.max()) or not math.isfinite(log_z):
             return theta, logw, log_z
-        lw_sum = top + math.log(float(np.exp(lw - top).sum()))
+        lw, lw_sum = log_normalise(lw)
         log_is = lw_sum - math.log(len(lw))
         both = max(log_z, log_is) + math.log1p(math.exp(-abs(log_z - log_is)))
         # the union: each sampler's normalised weights times its estimate (the common 1/2 dropped)
-        union = np.concatenate([logw + log_z, lw - lw_sum + log_is]) - both
+        union = np.concatenate([logw + log_z, lw + log_is]) - both
         m = theta.shape[0]
-        cdf = np.cumsum(np.exp(union))
-        cdf[-1] = 1.0
-        u = (float(torch.rand((), generator=g, dtype=torch.float64)) + np.arange(m)) / m
-        idx = np.minimum(np.searchsorted(cdf, u, side="right"), len(union) - 1)
+        idx = resample_indices(g, union, "systematic", count=m)
         pool = torch.cat([theta, draws.to(theta.dtype)])
         return pool[torch.from_numpy(idx)].contiguous(), np.full(m, -math.log(m)), both - math.log(2.0)
 

@@ -110,9 +110,11 @@ def reweight(logw: np.ndarray, ll: np.ndarray, delta: float) -> tuple[np.ndarray
     return log_normalise(logw + inc)
 
 
-def resample_indices(generator: torch.Generator, logw: np.ndarray, scheme: str) -> np.ndarray:
-    """Ancestor indices ``[M]`` drawn proportionally to the weights: 'systematic' (one uniform) or 'multinomial'."""
-    m = len(logw)
+def resample_indices(generator: torch.Generator, logw: np.ndarray, scheme: str, count: int | None = None) -> np.ndarray:
+    """Ancestor indices ``[count]`` (None: as many as the weights, ``[M]``) drawn proportionally to the
+    weights ``logw [M]``: 'systematic' (one uniform) or 'multinomial'."""
+    n = len(logw)
+    m = n if count is None else int(count)
     W = np.exp(logw - np.max(logw))
     cdf = np.cumsum(W / W.sum())
     cdf[-1] = 1.0
@@ -123,4 +125,4 @@ def resample_indices(generator: torch.Generator, logw: np.ndarray, scheme: str) 
         u = np.sort(torch.rand(m, generator=generator, dtype=torch.float64).numpy())
     else:
         raise ValueError(f"unknown resampling scheme {scheme!r}")
-    return np.minimum(np.searchsorted(cdf, u, side="right"), m - 1)
+    return np.minimum(np.searchsorted(cdf, u, side="right"), n - 1)
