@@ -121,13 +121,17 @@ def test_a_stuck_seven_component_run_is_flagged_and_a_healthy_one_is_not(monkeyp
     first chunk's importance draws (``SGAISConfig.first_draws``, 2026-11-27) the generator's stream
     differs from the first chunk on: sampler seeds 0-15 give gaps -94 to -76 except seeds 8, 11 and
     14 (424, 421, 414: flagged) and 3 (286); seed 8 is the stuck one here, seed 0 (-89) the healthy
-    one."""
+    one. Since the checks at every power of two while the reservoir holds the history (2026-11-27),
+    with the configuration move and the fresh estimate at the check where the particles sit far below
+    its fit, seed 8 is not stuck at 16,384 any more (the check at 1,024 or 4,096 draws it out), so here
+    the checks run at the powers of four only and without the fresh estimate, as before."""
     import service.sgais.engine as engine
     from bench import data as D
 
     monkeypatch.setattr(engine, "SURPRISE_CHECK_ROWS", ())
+    monkeypatch.setattr(engine, "_mode_check_due", lambda n_prev, n, capacity: (n_prev.bit_length() - 1) // 2 != (n.bit_length() - 1) // 2)
     x, _ = D.distribution_shift_data(100_000, 1)
-    sampler = build_sampler(build_model("gmm:components=7", 2), SGAISConfig.preset("paper"))
+    sampler = build_sampler(build_model("gmm:components=7", 2), SGAISConfig.preset("paper").replace(check_draws=0))
     stuck, last = [(s, r) for s, r, _ in sampler.run(x[:16_500], 500, 8)][-1]
     assert stuck.mode_gap > stuck.mode_limit and "stuck_mode" in last.warnings, stuck.mode_gap
     healthy, last = [(s, r) for s, r, _ in sampler.run(x[:16_500], 500, 0)][-1]

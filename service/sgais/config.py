@@ -49,10 +49,11 @@ class SGAISConfig:
     law fitted to the chunk, and the two unbiased estimates of its evidence, the annealing's and
     the draws', are averaged (``Sampler._first_chunk``); 0 turns it off (annealing alone). The
     stream's first chunk only: the detector's restarts run without (``Detector.restarts``).
-    check_draws: the same at the mixture's mode checks after a surprising chunk (new clusters),
-    while the reservoir holds every row, with this many draws around the check's fit: a fresh
-    estimate of the evidence so far, averaged with the running one (``Sampler._check_modes``);
-    0 turns it off.
+    check_draws: the same at the mixture's mode checks after a surprising chunk (new clusters)
+    and at those that find the particles more than 3 nats per parameter below the check's fit
+    (the posterior moved to another mode), while the reservoir holds every row, with this many
+    draws around the check's fit: a fresh estimate of the evidence so far, averaged with the
+    running one (``Sampler._check_modes``); 0 turns it off.
     """
 
     particles: int | None = None

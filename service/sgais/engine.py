@@ -141,6 +141,17 @@ SURPRISE_CONFIG_GAP = 1.0
 REFERENCE_TOLERANCE = 1e-2
 
 
+def _mode_check_due(n_prev: int, n: int, capacity: int) -> bool:
+    """Whether rows n_prev + 1 .. n pass a mode check's n: a power of two from 1,024 while the reservoir
+    (``capacity`` rows) holds the whole history, a power of four beyond."""
+    p = 1 << max(10, n_prev.bit_length())  # the first power of two above n_prev (and >= 1,024)
+    while p <= n:
+        if p <= capacity or (p.bit_length() - 1) % 2 == 0:
+            return True
+        p <<= 1
+    return False
+
+
 def _holds_multiple(n_prev: int, b: int, every: int) -> bool:
     """Whether rows n_prev .. n_prev + b - 1 (0-based) hold a multiple of ``every``: a schedule in rows,
     so that the work per row does not grow as the chunks get smaller (chunks of 500 aligned to
@@ -574,7 +585,8 @@ class Sampler(SamplerBase):
 
     def _check_modes(self, old: SGAISState, new: SGAISState, reservoir: Reservoir, rows: torch.Tensor) -> SGAISState:
         """For a model with poor local modes (``Model.checks_modes``): whenever n passes a power of
-        four (1,024, 4,096, 16,384, ...), how far the particles sit below the best mode the model's
+        two while the reservoir holds the whole history, a power of four beyond
+        (``_mode_check_due``: 1,024, 2,048, ..., 65,536, 262,144, ... at the default capacity), how far the particles sit below the best mode the model's
         own optimiser finds (``mode_gap``): EM fits on a uniform sample of the history
         (``MODE_CHECK_ROWS`` rows of the reservoir), the best of them judged on another such sample,
         then refined on the reservoir, where it and the particles are compared (log-likelihoods
@@ -606,10 +618,14 @@ class Sampler(SamplerBase):
         (``_with_draws``): the chunks where clusters appear lose 200-450 nats that no later move
         gives back (3 clusters, 2 more from 25,000: -205 to -453 at 26,000 against the Laplace
         reference), while the fresh estimate there is within about 20; the particles are then drawn
-        from both samples. The result's log-evidence takes the step; its log predictive does not."""
+        from both samples. The result's log-evidence takes the step; its log predictive does not.
+        The fresh estimate also runs at any check that finds the particles more than ``CONFIG_GAP``
+        nats per parameter below its fit: the posterior moved to another mode while they stayed
+        (K = 3 on the paper's five clusters: another merge of the clusters wins between 5,000 and
+        7,000 rows; at 10,000 the evidence was 184-196 nats low, now within 4, 10 seeds)."""
         after_surprise = new.surprise_n > 0 and any(old.n < new.surprise_n + r <= new.n for r in SURPRISE_CHECK_ROWS)
         if (not self.model.checks_modes or new.n < 1024 or reservoir.size == 0
-                or ((old.n.bit_length() - 1) // 2 == (new.n.bit_length() - 1) // 2 and not after_surprise)):
+                or not (after_surprise or _mode_check_due(old.n, new.n, self.config.reservoir_capacity))):
             return new
         g = torch.Generator().manual_seed(new.n)
         res = reservoir.data
@@ -635,7 +651,9 @@ class Sampler(SamplerBase):
             theta = self._jump(theta, 1.0, rows, reservoir.data, old.n, propose, g, steps=CONFIG_JUMPS)[0]
         jumps_left = max(new.jumps_left, JUMP_FOLLOW) if gap > limit else new.jumps_left
         new = replace(new, theta=theta, mode_gap=gap, mode_limit=limit, jumps_left=jumps_left)
-        if after_surprise and self.config.check_draws and reservoir.size == old.n and hasattr(self.model, "first_draws"):
+        moved = gap > CONFIG_GAP * self.model.dim and found.theta is not None
+        if ((after_surprise or moved) and self.config.check_draws and reservoir.size == old.n
+                and hasattr(self.model, "first_draws")):
             # every row is at hand (the reservoir holds the history): a fresh estimate of the
             # evidence so far, averaged with the running one (``_with_draws``)
             everything = torch.cat([reservoir.data, rows])
