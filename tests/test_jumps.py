@@ -361,20 +361,29 @@ def test_a_check_that_finds_the_posterior_moved_draws_a_fresh_estimate_too():
     and, without a fresh estimate, the evidence ends 184-196 nats below the Laplace reference
     (10 seeds). The check at 8,192 (every power of two while the reservoir holds the history) finds
     the particles more than ``CONFIG_GAP`` nats per parameter below its fit and, as after a surprise,
-    estimates the evidence afresh (``SGAISConfig.check_draws``): -3.5 to +0.6 (10 seeds)."""
+    estimates the evidence afresh (``SGAISConfig.check_draws``): -3.5 to +0.6 (10 seeds). The chunk
+    says so: its log-evidence steps by its log predictive plus ``restated``, beyond 10 nats, with the
+    warning ``evidence_restated``."""
     from bench.reference import laplace_log_evidence
 
     x = D.distribution_shift_data(10_000, 0)[0]
     model = build_model("gmm:components=3", n_columns=2)
     ref = laplace_log_evidence(model, model.featurize(x)).log_evidence
 
-    def error(draws: int, seed: int) -> float:
-        state = [s for s, _, _ in build_sampler(model, SGAISConfig(check_draws=draws)).run(x, 500, seed=seed)][-1]
-        return state.log_evidence - ref
+    def run(draws: int, seed: int) -> tuple[float, list]:
+        out = [(s, r) for s, r, _ in build_sampler(model, SGAISConfig(check_draws=draws)).run(x, 500, seed=seed)]
+        return out[-1][0].log_evidence - ref, [r for _, r in out]
 
     for seed in (0, 1):
-        assert -20.0 < error(300, seed) < 10.0, seed  # measured -3.5 to +0.6 (10 seeds)
-    assert error(0, 0) < -100.0  # measured -196 to -184: the check above can fail
+        error, results = run(300, seed)
+        assert -20.0 < error < 10.0, seed  # measured -3.5 to +0.6 (10 seeds)
+        before, at = results[15], results[16]  # the chunk that passes 8,192
+        assert at.n == 8_500 and "evidence_restated" in at.warnings and not at.reliable, at
+        assert 100.0 < at.restated < 300.0, at.restated  # measured 169-184 (10 seeds)
+        assert at.log_evidence == pytest.approx(before.log_evidence + at.log_predictive + at.restated, abs=1e-6)
+    error, results = run(0, 0)
+    assert error < -100.0  # measured -196 to -184: the check above can fail
+    assert not any("evidence_restated" in r.warnings or r.restated for r in results)
 
 
 @pytest.mark.parametrize("n_prev,n,due", [(0, 1_023, False), (1_000, 1_500, True), (1_024, 2_047, False), (2_000, 2_048, True),

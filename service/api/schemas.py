@@ -206,11 +206,15 @@ class ResultEntry(BaseModel):
     log_evidence_per_observation: float = None
     method: Literal["exact", "sgais"] = Field(None, description="exact (closed form) or sgais")
     warnings: list[str] = Field(None, description="why the result may be unreliable (README, Reliability): "
-                                                  "'capped', 'reference_mismatch'; empty when nothing is wrong")
+                                                  "'capped', 'reference_mismatch', 'stuck_mode', 'evidence_restated', "
+                                                  "'quadrature_edge'; empty when nothing is wrong")
     reliable: bool = Field(None, description="no warnings")
     reference_log_evidence: float | None = Field(
         None, description="the exact log-evidence beside an SGAIS estimate (a conjugate model run with sampler=sgais)")
     conditioned: int = Field(None, description="rows of the chunk a model conditioned on without scoring them (its warm-up)")
+    restated: float = Field(None, description="nats the log-evidence moved at this chunk beside its log predictive: a fresh "
+                                              "estimate of the evidence so far was averaged in (a mixture's mode check); "
+                                              "the earlier log-evidence was low by about this much (0: none)")
     time_start: str | None = Field(None, description="the time of the chunk's first row (RFC 3339, UTC): as sent, or its arrival time")
     time_end: str | None = Field(None, description="the time of the chunk's last row (RFC 3339, UTC)")
 

@@ -46,7 +46,10 @@ class ChunkResult:
     reference_log_evidence: the exact log-evidence beside an SGAIS estimate, for a conjugate
     model run with ``sampler=sgais`` (None otherwise); conditioned: rows of this chunk the model
     conditioned on without scoring them (its warm-up, ``models/timeseries.py``): log_predictive
-    covers the other ``rows - conditioned``."""
+    covers the other ``rows - conditioned``; restated: nats the log-evidence moved at this chunk
+    beside its log predictive, where a fresh estimate of the evidence so far was averaged in (a
+    mixture's mode check, ``check_draws``): the earlier results' log-evidence was low by about
+    this much (0 otherwise)."""
 
     n: int
     rows: int
@@ -63,6 +66,7 @@ class ChunkResult:
     warnings: tuple[str, ...] = ()
     reference_log_evidence: float | None = None
     conditioned: int = 0
+    restated: float = 0.0
 
     @property
     def reliable(self) -> bool:
@@ -95,6 +99,9 @@ WARNINGS = {
     "stuck_mode": "the particles sit far below the model's dominant mode (a mixture stuck with merged or empty "
                   "components): the log-evidence is too low, by up to thousands of nats, and its model probability "
                   "with it",
+    "evidence_restated": "a fresh estimate of the evidence so far moved the log-evidence by more than 10 nats (the "
+                         "result's 'restated'): the earlier results' log-evidence, and the model probabilities from "
+                         "it, were too low by about that much",
 }
 #: the most history rows ``Sampler._check_modes`` fits the model's modes on (2,000 until 2026-11-27: such
 #: a fit merged two overlapping clusters as the particles did, and the check saw a gap of 21 nats where
@@ -139,6 +146,10 @@ SURPRISE_CHECK_ROWS = (1_000, 2_000, 4_000)
 SURPRISE_CONFIG_GAP = 1.0
 #: relative distance between an SGAIS log-evidence and the exact one beyond which ``reference_mismatch`` is raised
 REFERENCE_TOLERANCE = 1e-2
+#: a fresh estimate of the evidence (``_check_modes``) that moves the log-evidence up by more than this many
+#: nats raises ``evidence_restated``: averaging two right estimates moves it by at most log 2 down and a
+#: few nats up (the draws' own spread), so a larger step says the running estimate was that low
+RESTATED_NATS = 10.0
 
 
 def _mode_check_due(n_prev: int, n: int, capacity: int) -> bool:
@@ -255,10 +266,14 @@ class Sampler(SamplerBase):
             rows = prepare(self.model, self.config, state.n, chunk, reservoir)
             out = self._update(state, rows, reservoir)
             new_state, steps, lp, ess0, ess_min, resamples, capped, writes = out
-            new_state = self._check_modes(state, new_state, reservoir, rows)
+            checked = self._check_modes(state, new_state, reservoir, rows)
+            restated = checked.log_evidence - new_state.log_evidence  # a fresh estimate's step (0: none)
+            new_state = checked
             warnings, reference = ["capped"] if capped else [], None
             if new_state.mode_gap > new_state.mode_limit:
                 warnings.append("stuck_mode")
+            if restated > RESTATED_NATS:
+                warnings.append("evidence_restated")
             if new_state.ref_post.numel():
                 post, ref_lp = self.model.exact_update(new_state.ref_post, rows)
                 new_state = replace(new_state, ref_post=post, ref_log_evidence=new_state.ref_log_evidence + ref_lp)
@@ -269,7 +284,7 @@ class Sampler(SamplerBase):
             n=new_state.n, rows=int(rows.shape[0]), log_evidence=new_state.log_evidence, log_predictive=lp,
             annealing_steps=steps, ess_before=ess0, ess_after=new_state.ess(), ess_min=ess_min,
             resamples=resamples, capped=capped, seconds=time.perf_counter() - t0,
-            warnings=tuple(warnings), reference_log_evidence=reference,
+            warnings=tuple(warnings), reference_log_evidence=reference, restated=restated,
         )
         return new_state, result, writes
 
