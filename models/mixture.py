@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
@@ -573,6 +573,22 @@ class GaussianMixture(Model):
         return torch.from_numpy(out), torch.from_numpy(log_ratio)
 
     def _weight_counts(self, mu: np.ndarray, s: np.ndarray, cands: "JumpCandidates", lam: float, b: int) -> np.ndarray:
+        """``_particle_counts`` once per distinct particle (resampled particles are copies) and once per
+        ``cands``: an MH move's later steps meet its current particles again, as they were proposed or
+        kept (``cands.memo``; the same numbers, computed once)."""
+        m = mu.shape[0]
+        keys = [(lam, b, mu[i].tobytes(), s[i].tobytes()) for i in range(m)]
+        memo, todo = cands.memo, {}
+        for i, key in enumerate(keys):
+            if key not in memo and key not in todo:
+                todo[key] = i
+        if todo:
+            idx = np.fromiter(todo.values(), dtype=np.int64, count=len(todo))
+            for key, row in zip(todo, self._particle_counts(mu[idx], s[idx], cands, lam, b)):
+                memo[key] = row
+        return np.stack([memo[key] for key in keys])
+
+    def _particle_counts(self, mu: np.ndarray, s: np.ndarray, cands: "JumpCandidates", lam: float, b: int) -> np.ndarray:
         """1 + the counts behind the weights' proposal, [M, K]: the assignment rows' responsibilities under
         (mu [M, K, d], s [M, K, d]) with the weights that ``WEIGHT_SWEEPS`` EM steps on the weights alone
         (fewer once they settle: ``WEIGHT_TOL``) give them from equal ones (a function of the means and
@@ -652,6 +668,9 @@ class JumpCandidates:
     assign: np.ndarray = None
     assign_hist: int = 0
     n_prev: int = 0
+    #: ``GaussianMixture._weight_counts`` of the particles seen with these rows, by their means,
+    #: variances, lambda and chunk size: a move's later steps meet the same particles again
+    memo: dict = field(default_factory=dict, compare=False, repr=False)
 
 
 #: EM steps on the weights alone behind the weights' proposal of ``GaussianMixture.propose_jump``.
