@@ -307,6 +307,29 @@ def test_the_weights_proposal_is_centred_on_a_particles_own_weights_at_the_mode(
     assert np.abs(counts / counts.sum() - w).max() < 1e-3, (counts / counts.sum(), w)
 
 
+def test_a_particles_weight_counts_do_not_depend_on_the_particles_beside_it():
+    """The reverse density of a move uses the counts of the particle it came from, computed in
+    another batch (``_weight_counts``: EM sweeps that stop per particle once its weights settle,
+    each distinct particle once per ``JumpCandidates``). So a particle's counts must be the same
+    numbers alone, among other particles, and as a copy, or the move's ratio is not the one its
+    detailed balance needs."""
+    rng = np.random.default_rng(0)
+    y = np.array([[-1.5, 0.0], [1.5, 0.0], [0.0, 2.0]])[rng.choice(3, 4_000, p=[0.5, 0.3, 0.2])] + rng.standard_normal((4_000, 2))
+    model = build_model("gmm:components=3", 2)
+    mu = np.array([[-1.5, 0.0], [1.5, 0.0], [0.0, 2.0]])[None] + 0.3 * rng.standard_normal((6, 3, 2))
+    s = 0.2 * rng.standard_normal((6, 3, 2))
+    mu[4], s[4] = mu[1], s[1]  # a copy
+
+    def cands():
+        return model.assignment_rows(torch.as_tensor(y), torch.as_tensor(y[:500]), 3_500, torch.Generator(), rows=3_500)
+
+    together = model._weight_counts(mu, s, cands(), 0.5, 500)
+    assert np.array_equal(together[4], together[1])
+    for i in range(6):
+        assert np.array_equal(model._weight_counts(mu[i : i + 1], s[i : i + 1], cands(), 0.5, 500)[0], together[i]), i
+        assert np.array_equal(model._particle_counts(mu[i : i + 1], s[i : i + 1], cands(), 0.5, 500)[0], together[i]), i
+
+
 @pytest.mark.parametrize("offset,scale", [(1000.0, 100.0), (-1000.0, 1e4)])
 def test_the_first_chunks_draws_keep_a_mixture_in_raw_units_near_its_reference(offset, scale):
     """The stationary 5-cluster data moved to raw units, K = 5, two chunks of 500 rows, against the
