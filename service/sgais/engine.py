@@ -267,7 +267,8 @@ class Sampler(SamplerBase):
             out = self._update(state, rows, reservoir)
             new_state, steps, lp, ess0, ess_min, resamples, capped, writes = out
             checked = self._check_modes(state, new_state, reservoir, rows)
-            restated = checked.log_evidence - new_state.log_evidence  # a fresh estimate's step (0: none)
+            # a fresh estimate's step (0: none; never inf - inf)
+            restated = checked.log_evidence - new_state.log_evidence if checked.log_evidence != new_state.log_evidence else 0.0
             new_state = checked
             warnings, reference = ["capped"] if capped else [], None
             if new_state.mode_gap > new_state.mode_limit:
@@ -600,9 +601,9 @@ class Sampler(SamplerBase):
 
     def _check_modes(self, old: SGAISState, new: SGAISState, reservoir: Reservoir, rows: torch.Tensor) -> SGAISState:
         """For a model with poor local modes (``Model.checks_modes``): whenever n passes a power of
-        two while the reservoir holds the whole history, a power of four beyond
-        (``_mode_check_due``: 1,024, 2,048, ..., 65,536, 262,144, ... at the default capacity), how far the particles sit below the best mode the model's
-        own optimiser finds (``mode_gap``): EM fits on a uniform sample of the history
+        two while the reservoir holds the whole history, a power of four beyond (``_mode_check_due``:
+        1,024, 2,048, ..., 65,536, 262,144, ... at the default capacity), how far the particles sit
+        below the best mode the model's own optimiser finds (``mode_gap``): EM fits on a uniform sample of the history
         (``MODE_CHECK_ROWS`` rows of the reservoir), the best of them judged on another such sample,
         then refined on the reservoir, where it and the particles are compared (log-likelihoods
         scaled to n). The limit
