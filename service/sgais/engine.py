@@ -604,7 +604,7 @@ class Sampler(SamplerBase):
         two while the reservoir holds the whole history, a power of four beyond (``_mode_check_due``:
         1,024, 2,048, ..., 65,536, 262,144, ... at the default capacity), how far the particles sit
         below the best mode the model's own optimiser finds (``mode_gap``): EM fits on a uniform sample of the history
-        (``MODE_CHECK_ROWS`` rows of the reservoir), the best of them judged on another such sample,
+        (``MODE_CHECK_ROWS`` rows of the reservoir), the best of them judged on the whole reservoir,
         then refined on the reservoir, where it and the particles are compared (log-likelihoods
         scaled to n). The limit
         is max(10 D, 1e-3 of the log joint): samples of the posterior sit about D/2 below its mode,
@@ -645,15 +645,15 @@ class Sampler(SamplerBase):
             return new
         g = torch.Generator().manual_seed(new.n)
         res = reservoir.data
-        if res.shape[0] >= 2 * MODE_CHECK_ROWS:  # fit on some rows, compare on others
-            order = torch.randperm(res.shape[0], generator=g)
-            fit, res = res[order[:MODE_CHECK_ROWS]], res[order[MODE_CHECK_ROWS : 2 * MODE_CHECK_ROWS]]
-        else:  # few rows (n about the reservoir): fit and compare on all, flattering the fit by about D/2
-            fit = res
-        scale = new.n / res.shape[0]
+        fit = res
+        if res.shape[0] >= 2 * MODE_CHECK_ROWS:  # the fits on a sample of the history
+            fit = res[torch.randperm(res.shape[0], generator=g)[:MODE_CHECK_ROWS]]
         all_scale = new.n / reservoir.size
         joint = self.model.log_prior(new.theta) + all_scale * self.model.total_log_likelihood(new.theta, reservoir.data)
-        found = self.model.mode_fit(new.theta, fit, res, scale, g, reservoir.data, all_scale, joint=joint)
+        # the fits judged on the whole reservoir: on a second sample of MODE_CHECK_ROWS rows, two merges
+        # of K = 3 components over 7 clusters 120 nats apart at 16,500 rows were ranked wrongly in 4 of
+        # 20 draws of the samples (the paper's clusters, data seed 1), and the check saw no gap
+        found = self.model.mode_fit(new.theta, fit, res, all_scale, g, res, all_scale, joint=joint)
         gap, theta = found.gap, new.theta
         limit = max(10.0 * self.model.dim, 1e-3 * abs(float(joint.max())))
         if (self.config.jumps > 0 and gap > (SURPRISE_CONFIG_GAP if after_surprise else CONFIG_GAP) * self.model.dim
