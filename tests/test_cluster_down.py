@@ -4,6 +4,7 @@ Its own small cluster: the session's is shared by other tests."""
 
 from __future__ import annotations
 
+import contextlib
 import signal
 
 import pytest
@@ -11,7 +12,9 @@ import pytest
 from tests.service_fixtures import LiveServer
 
 
-def test_cluster_down_answers_503_not_500(tmp_path):
+@contextlib.contextmanager
+def _cluster_with_streams(tmp_path, names: list[str]):
+    """A cluster of its own, an API on it, and ``names`` created (spread over the shards)."""
     from tests.redis_cluster import RedisClusterProcs, redis_server_binary
 
     if redis_server_binary() is None:
@@ -20,9 +23,18 @@ def test_cluster_down_answers_503_not_500(tmp_path):
     live = None
     try:
         live = LiveServer(cluster.url)
-        names = [f"s{i}" for i in range(6)]  # spread over the shards
         for s in names:
             assert live.client.post("/v1/streams", json={"name": s, "columns": ["v"], "models": ["gaussian"]}).status_code == 201
+        yield cluster, live
+    finally:
+        if live is not None:
+            live.stop()
+        cluster.close()
+
+
+def test_cluster_down_answers_503_not_500(tmp_path):
+    names = [f"s{i}" for i in range(6)]
+    with _cluster_with_streams(tmp_path, names) as (cluster, live):
         cluster.procs[1].send_signal(signal.SIGKILL)  # one shard gone
         cluster.procs[1].wait(10)
         codes = {}
@@ -39,10 +51,6 @@ def test_cluster_down_answers_503_not_500(tmp_path):
         for path in ("/v1/streams", f"/v1/streams/{names[0]}"):
             r = live.client.get(path)
             assert r.status_code == 503 and r.json()["code"] == "redis_unavailable", (path, r.status_code, r.text)
-    finally:
-        if live is not None:
-            live.stop()
-        cluster.close()
 
 
 def test_concurrent_calls_after_the_nodes_lose_their_scripts_get_no_500(tmp_path):
@@ -57,17 +65,8 @@ def test_concurrent_calls_after_the_nodes_lose_their_scripts_get_no_500(tmp_path
     import httpx
     import redis
 
-    from tests.redis_cluster import RedisClusterProcs, redis_server_binary
-
-    if redis_server_binary() is None:
-        pytest.skip("no redis-server binary")
-    cluster = RedisClusterProcs(tmp_path / "cluster")
-    live = None
-    try:
-        live = LiveServer(cluster.url)
-        names = [f"s{i}" for i in range(8)]  # spread over the shards
-        for s in names:
-            assert live.client.post("/v1/streams", json={"name": s, "columns": ["v"], "models": ["gaussian"]}).status_code == 201
+    names = [f"s{i}" for i in range(8)]
+    with _cluster_with_streams(tmp_path, names) as (cluster, live):
         for port in cluster.ports:
             with redis.Redis(host="127.0.0.1", port=port) as node:
                 node.script_flush()
@@ -84,7 +83,3 @@ def test_concurrent_calls_after_the_nodes_lose_their_scripts_get_no_500(tmp_path
             out = list(pool.map(call, range(16)))
         codes = collections.Counter(code for code, _ in out)
         assert codes == {201: 8, 202: 8}, out
-    finally:
-        if live is not None:
-            live.stop()
-        cluster.close()
