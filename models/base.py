@@ -180,7 +180,7 @@ class Model:
         return lambda theta, i: self.grad_from_stats(theta, stats[i]) + self.grad_log_prior(theta)
 
     # --- a check against the dominant mode (optional; models with poor local modes) -------------
-    #: True when the model gives ``mode_gap(theta, fit_rows, rows, scale, generator, all_rows, all_scale)
+    #: True when the model gives ``mode_gap(theta, fit_rows, generator, all_rows, all_scale)
     #: -> float``: how far (nats of the log joint, the history's log-likelihood estimated by
     #: ``all_rows`` times ``all_scale``) the best particle sits below the best mode the model's own
     #: optimiser finds from ``fit_rows`` (``models/mixture.py``); with ``mode_fit`` (the gap and the fit)

@@ -87,7 +87,7 @@ def test_the_gap_is_zero_at_the_mode_itself():
     theta = torch.tensor([np.log(np.mean(lab == j)) for j in (0, 1)]
                          + [v for j in (0, 1) for v in y[lab == j].mean(0)]
                          + [v for j in (0, 1) for v in np.log(y[lab == j].var(0))], dtype=torch.float64)[None]
-    gap = m.mode_gap(theta, rows, rows, 1.0, torch.Generator().manual_seed(0), rows, 1.0)
+    gap = m.mode_gap(theta, rows, torch.Generator().manual_seed(0), rows, 1.0)
     assert abs(gap) < 1.0  # EM and the hard-assignment fit agree on separated clusters (measured 0.05)
 
 
