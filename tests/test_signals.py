@@ -13,7 +13,7 @@ import torch
 
 from service.detect import MAGIC, DetectorState
 from service.detect.decision import decide, posterior
-from service.detect.signals import Cusum, RunningLevel, StepSpike, weight
+from service.detect.signals import Cusum, RunningLevel, StepSpike, Windows, weight
 
 
 def test_running_level_is_a_plain_mean_first_then_exponential():
@@ -68,6 +68,41 @@ def test_cusum_nominates_where_the_excursion_began():
     assert (up.lo, up.hi) == (0.0, 0.0)
 
 
+def test_windows_nominate_the_first_chunk_of_a_window_that_moved_off_its_level():
+    """Rows of one, level 0 and spread 1 before each: 40 rows at 0, then 0.6 a row (far inside
+    the 3 sd surprise; 0.1 a row above the CUSUM's drift, 50 rows to its threshold of 5 even
+    were the running level not to follow). The 32-row window's z is
+    0.6 k / sqrt(32) with k rows at 0.6 in it: below 3 for k = 28, 3.08 for k = 29, so it fires
+    first when row 68 arrives, naming the window's first row, 37; the 8-row window never does
+    (at most 0.6 x 8 / sqrt(8) = 1.7)."""
+    win = Windows((8, 32), 3.0)
+    rows = [(0.0, 1, 0.0, 1.0)] * 40 + [(0.6, 1, 0.0, 1.0)] * 40
+    fired = {n: win.nominate(rows[:n]) for n in range(1, 81)}
+    assert all(fired[n] == [] for n in range(1, 69))
+    assert fired[69] == [37]
+    # the other side alike (a variance rise makes rows less likely; a fall, more)
+    assert Windows((32,), 3.0).nominate([(0.0, 1, 0.0, 1.0)] * 40 + [(-0.6, 1, 0.0, 1.0)] * 29) == [37]
+
+
+def test_windows_clip_each_chunk_as_the_cusum_does_and_need_two_chunks_and_a_level():
+    win = Windows((8,), 3.0)
+    # one wild row (log predictive -100, 100 sd) among 7 at the level: clipped at -3, the
+    # window's mean is -3 / 8, z = -3 / sqrt(8) = -1.06: nothing (unclipped, z would be -35)
+    assert win.nominate([(0.0, 1, 0.0, 1.0)] * 7 + [(-100.0, 1, 0.0, 1.0)]) == []
+    # ... while 8 rows at -1.1 each (z = -1.1 x sqrt(8) = -3.11) fire
+    assert win.nominate([(0.0, 1, 0.0, 1.0)] * 3 + [(-1.1, 1, 0.0, 1.0)] * 8) == [3]
+    # a chunk of 10 rows is a window only with another: one chunk is the surprise signal's business
+    assert win.nominate([(-20.0, 10, 0.0, 1.0)]) == []
+    # two chunks of 10 at -1 a row: z = -1 x sqrt(20) = -4.5 (clipping at 3 x 1 / sqrt(10) = 0.95
+    # a row: -0.95 x sqrt(20) = -4.2), from the first chunk
+    assert win.nominate([(-10.0, 10, 0.0, 1.0), (-10.0, 10, 0.0, 1.0)]) == [0]
+    # no level before the window (spread 0: the warm-up, or a new regime): nothing to compare with
+    assert win.nominate([(0.0, 1, 0.0, 0.0)] + [(-2.0, 1, 0.0, 1.0)] * 7) == []
+    # a window longer than the rows kept: none, and no longer one either
+    assert Windows((50,), 3.0).nominate([(-2.0, 1, 0.0, 1.0)] * 20) == []
+    assert Windows((8, 50), 3.0).nominate([(-2.0, 1, 0.0, 1.0)] * 20) == [12]
+
+
 @dataclass
 class Ch:
     name: str
@@ -103,11 +138,14 @@ def test_state_codec_reads_its_layout_and_refuses_others_by_name():
     assert (back.level, back.steps, back.cusum) == (st.level, st.steps, st.cusum)
     # the layout's fields are where version 1 put them (states saved before the signals were objects)
     head = json.loads(st.to_bytes())
-    assert head["magic"] == MAGIC == "cusp-detector-1"
+    assert head["magic"] == MAGIC == "cusp-detector-2"
     assert (head["count"], float.fromhex(head["level"]), float.fromhex(head["steps_mean"])) == (1, -1.25, 6.0)
     assert head["cusum"][0] == (-1.5).hex() and head["cusum"][2] == 0
-    with pytest.raises(ValueError, match="cusp-detector-9.*known: cusp-detector-1"):
+    with pytest.raises(ValueError, match="cusp-detector-9.*known: cusp-detector-1, cusp-detector-2"):
         DetectorState.from_bytes(json.dumps({**head, "magic": "cusp-detector-9"}).encode())
+    # version 1 (a challenger's shift at most 1) is read as it was written
+    old = DetectorState.from_bytes(json.dumps({**head, "magic": "cusp-detector-1"}).encode())
+    assert old.to_bytes() == st.to_bytes()
     assert base64.b64decode(head["rng"]) == g.get_state().numpy().tobytes()
     # memory_rows came later: written only when set, read as 0 from states saved before it
     assert "memory_rows" not in head

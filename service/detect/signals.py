@@ -11,8 +11,15 @@ indices (tests/test_signals.py).
 - ``Cusum``: a two-sided CUSUM of the (winsorised) z-scores with drift 0.5; when a side's
   excursion crosses ``DetectorConfig.cusum`` it nominates the chunk where the excursion began
   (small sustained shifts, point-by-point data).
+- ``Windows``: the mean log predictive per observation of the last ``W`` rows (each chunk
+  winsorised as for the CUSUM) against the level before them, for a few window lengths ``W``;
+  one that lies ``DetectorConfig.surprise`` standard errors off nominates the window's first
+  chunk (a sustained change too small per row for the CUSUM, whose drift of 0.5 sd a row it
+  never exceeds, and slow enough for the running level to follow: a fall in volatility, where
+  each row is only about 0.5 sd more likely than before).
 
-The detector's state holds one of each and saves their fields (``DetectorState.to_bytes``).
+The detector's state holds one of each of the first three and saves their fields
+(``DetectorState.to_bytes``); ``Windows`` keeps nothing (it reads the detector's recent chunks).
 """
 
 from __future__ import annotations
@@ -130,3 +137,43 @@ class Cusum:
 
     def reset(self) -> None:
         self.lo, self.hi = 0.0, 0.0
+
+
+@dataclass(frozen=True)
+class Windows:
+    """Window shifts: ``lengths`` (rows, shortest first). ``nominate(chunks)`` takes the recent
+    chunks, oldest first, each (log predictive, rows, level, spread): the incumbent's log
+    predictive of the chunk and the running level and per-observation sd before it (spread 0:
+    none yet). For each length W, the shortest suffix of two or more chunks with at least W rows
+    is a window; each chunk's log predictive per observation is clipped to within
+    ``threshold`` of its sd (spread / sqrt(rows)) of the level before the window, as the CUSUM's
+    z-scores are, so one wild row moves it little; the window fires when its mean lies
+    ``threshold`` standard errors (spread / sqrt(rows in it)) or more from that level, either side.
+    Returns the indices of the first chunks of the windows that fired, each once, shortest first.
+    Stateless: it reads the chunks the detector keeps anyway."""
+
+    lengths: tuple[int, ...]
+    threshold: float
+
+    def nominate(self, chunks: list[tuple[float, int, float, float]]) -> list[int]:
+        out: list[int] = []
+        if len(chunks) < 2:
+            return out
+        for w in self.lengths:
+            rows, i = 0, len(chunks)
+            while i > 0 and (rows < w or len(chunks) - i < 2):
+                i -= 1
+                rows += chunks[i][1]
+            if rows < w:
+                break  # the chunks kept hold no window this long (nor a longer one)
+            _, _, level, spread = chunks[i]
+            if spread <= 0.0:
+                continue
+            total = 0.0
+            for lp, b, _, _ in chunks[i:]:
+                half = self.threshold * spread / math.sqrt(b)
+                total += b * min(max(lp / b, level - half), level + half)
+            z = (total / rows - level) / (spread / math.sqrt(rows))
+            if abs(z) >= self.threshold and i not in out:
+                out.append(i)
+        return out
