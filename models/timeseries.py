@@ -229,6 +229,47 @@ class TimeSeriesRegression(_Exact):
         parts["z"][:, 0] = 0.0
         return new
 
+    def exact_kink(self, post: torch.Tensor, jump: bool = False) -> torch.Tensor | None:
+        """A restart at a change of slope (a kink): the series goes on from the level it had
+        reached, at a new rate; everything else holds. With t0 the time index of the next row,
+        the level there, L = intercept + t0 slope, keeps its posterior (as do the seasonal terms,
+        the lags' coefficients and the noise variance), and the slope's information is replaced
+        by its prior, N(0, s2 coef_scale^2), drawn afresh. Exact: the coefficients
+        (intercept, slope, rest) = M (slope, L, rest), so [R | z] in those becomes R M, brought
+        back to triangular by a QR (R M = Q T, z -> Q^T z); the slope is then the first, its row
+        is all its information and is set to the prior's; then back to (intercept, slope, ...)
+        the same way. One new parameter, as for a level shift (``SHIFT_TRAIN``). A level that
+        jumps while the slope holds is ``exact_shift``; a slope change at a level that holds is
+        this. With ``jump`` the level also jumps there, by N(0, s2 coef_scale^2) (a break: both at
+        once, two new parameters; added to L's posterior covariance, then back to the square root).
+        None without a slope (``trend`` 0) or during the warm-up (no frame yet)."""
+        if not self.trend or int(post[0]) < self.warmup:
+            return None
+        new = post.clone()
+        parts = self._parts(new)
+        t0 = float(post[0])
+        d = self.n_coef
+        to_level = torch.eye(d, dtype=torch.float64)  # (intercept, slope, ...) = M (slope, L, ...)
+        to_level[:2, :2] = torch.tensor([[-t0, 1.0], [1.0, 0.0]], dtype=torch.float64)
+        back = torch.eye(d, dtype=torch.float64)  # (slope, L, ...) = M^-1 (intercept, slope, ...)
+        back[:2, :2] = torch.tensor([[0.0, 1.0], [1.0, t0]], dtype=torch.float64)
+        r, z = parts["r"], parts["z"]
+        q, t = torch.linalg.qr(r @ to_level)
+        zt = (q.transpose(-1, -2) @ z[..., None])[..., 0]
+        t[:, 0] = 0.0
+        t[:, 0, 0] = 1.0 / self.coef_scale
+        zt[:, 0] = 0.0
+        if jump:
+            mean = torch.linalg.solve_triangular(t, zt[..., None], upper=True)
+            cov = torch.cholesky_inverse(t, upper=True)  # (T^T T)^-1
+            cov[:, 1, 1] += self.coef_scale ** 2
+            t = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(cov)), upper=True)
+            zt = (t @ mean)[..., 0]
+        q2, r2 = torch.linalg.qr(t @ back)
+        r[:] = r2
+        z[:] = (q2.transpose(-1, -2) @ zt[..., None])[..., 0]
+        return new
+
     def frame(self, post: torch.Tensor) -> tuple[float, float] | None:
         """(centre, scale) of the reference frame, None during the warm-up."""
         return (float(post[1]), float(post[2])) if int(post[0]) >= self.warmup else None

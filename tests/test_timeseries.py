@@ -316,6 +316,36 @@ def test_a_level_shift_restart_is_the_exact_model_with_two_levels(spec):
     assert m.exact_shift(early) is None  # no frame yet
 
 
+@pytest.mark.parametrize("jump", [False, True])
+@pytest.mark.parametrize("spec", ["trend", "trend:order=1", "seasonal:period=7,harmonics=3,trend=1,order=2"])
+def test_a_slope_change_restart_is_the_exact_model_with_a_kink(spec, jump):
+    """``exact_kink`` at tau: the rows before tau under the model, then the rows from tau under its
+    posterior with a new slope from the level reached, are the evidence of the model whose time
+    column is min(t, tau) plus a new column max(t - tau, 0) with an independent coefficient of the
+    same prior (a continuous kink at tau); with ``jump`` also a column 1{t >= tau} (a level jump
+    there, the same prior). The dense 60-digit reference; 1e-9 relative as above."""
+    y, tau = series(40), 23
+    m = build_model(spec, 1)
+    k = m.warmup
+    centre, scale = float(np.mean(y[:k])), float(np.std(y[:k], ddof=1))
+    z = (y - centre) / scale
+    phi = design(spec, z)
+    t = np.arange(len(y), dtype=float)
+    kinked = phi.copy()
+    kinked[:, 1] = np.minimum(t, tau)
+    extra = [np.maximum(t - tau, 0)[:, None]] + ([(t >= tau).astype(float)[:, None]] if jump else [])
+    full = np.concatenate([kinked] + extra, axis=1)
+    ref = float(nig_log_marginal(full, z, m.coef_scale, m.alpha0, m.beta0)
+                - nig_log_marginal(full[:k], z[:k], m.coef_scale, m.alpha0, m.beta0)) - (len(y) - k) * math.log(scale)
+    rows = torch.from_numpy(y[:, None])
+    post, before = m.exact_update(m.exact_init(), rows[:tau])
+    _, since = m.exact_update(m.exact_kink(post, jump), rows[tau:])
+    assert abs(before + since - ref) <= 1e-9 * abs(ref), (before + since, ref)
+    early, _ = m.exact_update(m.exact_init(), rows[: k - 1])
+    assert m.exact_kink(early) is None  # no frame yet
+    assert build_model("level", 1).exact_kink(post[:0]) is None  # no slope
+
+
 def test_a_level_shift_on_a_trend_is_placed_at_its_row():
     """A series rising by 350 a step (noise 200) that jumps by 1,500 at 200 of 320, point by point,
     six data seeds: the `trend` model reports the jump at 200 on every seed. A restart from the
@@ -327,6 +357,31 @@ def test_a_level_shift_on_a_trend_is_placed_at_its_row():
         y = 1e5 + 350 * np.arange(320) + r.normal(0, 200, 320)
         y[200:] += 1500
         assert detect("trend", y, 1) == [200], seed
+
+
+def test_a_change_of_slope_is_one_change_for_a_trend_model(monkeypatch):
+    """A series rising by 5 a step (noise 20) whose rise triples at 150 of 300, point by point,
+    8 data seeds, ``trend``. A restart that keeps the slope (a level shift) wins first, a few rows
+    after the kink, and then the next one a few rows later, and so on: measured without slope
+    changes, 82 reports on the 8 seeds (up to 18 on one). With them (a slope-change restart,
+    ``exact_kink``, and the change's restart holding both, the level reached and the slope new):
+    one report on every seed, 7 of them within 5 rows of 150 (154, 154, 156, 151, 151, 147, 154, 153)."""
+    import models.timeseries as ts
+
+    def run():
+        located = []
+        for seed in range(8):
+            r = np.random.default_rng([seed, 5])
+            t = np.arange(300.0)
+            y = 1000 + 5 * t + 10 * np.maximum(t - 150, 0) + r.normal(0, 20, 300)
+            located.append(detect("trend", y, 1))
+        return located
+
+    located = run()
+    assert sum(map(len, located)) <= 10, located
+    assert sum(any(abs(x - 150) <= 5 for x in found) for found in located) >= 6, located
+    monkeypatch.setattr(ts.TimeSeriesRegression, "exact_kink", None)
+    assert sum(map(len, run())) >= 30
 
 
 def test_open_challengers_are_passed_on_before_their_model_reports():

@@ -4,7 +4,10 @@ continues" and "the model restarted at candidate time t".
 Per chunk the incumbent SGAIS instance gives log p(chunk | history) (its log predictive).
 Cheap signals nominate candidate change points: a chunk whose log predictive per
 observation is far from its running level (|z| >= ``surprise``, both directions: a
-variance drop makes data *more* likely) or whose annealing-step count spikes. A candidate
+variance drop makes data *more* likely) or whose annealing-step count spikes; for models with
+a closed form also the first chunk of a window of the last 4, 8 or 16 training samples whose
+mean log predictive lies ``surprise`` standard errors off the level before it (``signals.
+Windows``: a fall in volatility point by point, too small a row for the others). A candidate
 starts a **challenger**: a fresh SGAIS instance of the same model, from the prior, fed the
 same chunks from t on. After a short training sample (``train`` observations, so that the
 comparison does not hinge on how vague the prior is: a partial / intrinsic Bayes factor),
@@ -23,7 +26,9 @@ models' one-step predictives (``row_fits``).
 
 The metric-series regressions also get a **level shift** at each candidate: the incumbent's
 posterior given the rows before t with the level alone drawn afresh from its prior
-(``Model.exact_shift``), exact, compared after one training row (its one new parameter). When it reaches
+(``Model.exact_shift``), exact, compared after one training row (its one new parameter), and those
+with a slope a **slope change** (``exact_kink``: a new slope from the level reached; a shift of
+either kind that wins is placed at a row, and restarts there as both at once, ``Detector._refine``). When it reaches
 ``threshold`` an Event is reported with that probability as its confidence. With ``adapt``
 the challenger replaces the incumbent (its posterior and its history since t), so later
 changes are measured against the new regime; the running log-evidence then continues as

@@ -11,7 +11,7 @@ import torch
 
 from service.detect.config import AUTO, AUTO_ALPHA, AUTO_R0, DEFAULT_RUN_LENGTH, DetectorConfig
 from service.detect.decision import decide, posterior
-from service.detect.signals import weight
+from service.detect.signals import Windows, weight
 from service.detect.state import Challenger, DetectorState, Event, Recent, Refined, Step
 from service.sgais import ChunkResult, ExactState, Reservoir, ReservoirWrites, Sampler, SGAISState, build_sampler, load_state
 
@@ -31,6 +31,10 @@ PENDING_FLOOR = 1e-3
 #: sunspots' record peak of 1957, a count series' change of mean and variance split in two)
 SHIFT_TRAIN = 1
 
+#: the restarts that keep the incumbent's posterior but one parameter (``Challenger.shift``): a
+#: level shift (``Model.exact_shift``) and a slope change (``exact_kink``)
+SHIFTS = {"shift": 1, "kink": 2}
+
 #: a change's location moves off the chunk boundary the detector found only when another row of
 #: that chunk or the one before is more probable by more than this (``Detector._refine``)
 SUPPORT_NATS = 3.0
@@ -44,6 +48,12 @@ PLACEMENT_ROWS = 96
 #: before the first (the anchor ``Detector._refine`` replays from) is brought over them in one
 #: update (one a row cost about 11 % of a default-portfolio stream's time)
 ANCHOR_ROWS = 32
+
+#: the window lengths of the window-shift signal (``signals.Windows``), in training samples
+#: (``training_rows``): the longest, 16, stays within the rows the detector keeps (``max_age``,
+#: 20). A fall in volatility by half (each row about 0.5 sd of the log predictive more likely
+#: than before) reaches 3 standard errors after about 36 rows
+WINDOW_TRAINS = (4, 8, 16)
 
 #: rows of the incumbent's own history (its reservoir) a mixture's restart is judged on besides
 #: the rows just before it (``Detector._history``, ``_data_moved``): evenly spaced, so the check
@@ -87,6 +97,14 @@ class Detector:
         # rows (an AR(1) latency series, +3 sd at 250: the restart there stood 10 nats ahead when
         # it retired at 310 and needed about 12). Only one, so the cost stays that of one challenger
         self.long_age = self.config.max_age or max(self.max_age, 20 * max(self.train, 10))  # a set max_age is the limit
+        # window shifts (``signals.Windows``): 4, 8 and 16 training samples, within the rows kept
+        # (``max_age``). Exact models only: their restarts cost a few arithmetic operations a row
+        # and their log predictives carry no sampling noise; a sampled model's restart is a
+        # fresh SGAIS run, and its chunks are usually large enough for the surprise alone
+        self.windows = None
+        if getattr(sampler, "method", "sgais") == "exact":
+            lengths = tuple(k * self.train for k in WINDOW_TRAINS if k * self.train <= self.max_age)
+            self.windows = Windows(lengths, self.config.surprise) if lengths else None
         self.capacity = sampler.config.reservoir_capacity
         # the challengers' sampler: the stream's, without the importance draws (``SGAISConfig.
         # first_draws``, ``check_draws``). With them, a mixture's restart fitted to its first chunk beat
@@ -101,8 +119,10 @@ class Detector:
                                     else float(self.config.expected_run_length))
         self.multimodal = bool(getattr(model, "multimodal", False))
         self.exact = getattr(sampler, "method", "sgais") == "exact"
-        # a level shift (``Model.exact_shift``): a restart that keeps all but the level
+        # a level shift (``Model.exact_shift``): a restart that keeps all but the level; for a
+        # model with a slope also a slope change (``exact_kink``): all but the slope, from the level reached
         self.shifts = self.exact and callable(getattr(model, "exact_shift", None))
+        self.kinks = self.shifts and bool(getattr(model, "trend", 0)) and callable(getattr(model, "exact_kink", None))
         # challengers alive at once: ``max_challengers``; with level shifts, that many places, each
         # with all its kinds of restart, so that a level shift, compared at once, is not crowded
         # out by the next place's restarts that are still training (exact restarts cost a few
@@ -141,9 +161,12 @@ class Detector:
 
     def _kinds(self, rows: int) -> tuple[str, ...]:
         """The restarts a candidate whose first chunk has ``rows`` rows gets: from the prior, with a
-        short memory (``with_memory``), and a level shift (``shifts``: the incumbent's posterior
-        with a new level, for models that have ``exact_shift``)."""
-        return ("prior",) + (("memory",) if self.with_memory(rows) else ()) + (("shift",) if self.shifts else ())
+        short memory (``with_memory``), a level shift (``shifts``: the incumbent's posterior
+        with a new level, for models that have ``exact_shift``) and, for a model with a slope, a
+        slope change (``kinks``: the incumbent's posterior with a new slope from the level reached,
+        ``exact_kink``; a growth rate that changes is not a run of level shifts)."""
+        return (("prior",) + (("memory",) if self.with_memory(rows) else ()) + (("shift",) if self.shifts else ())
+                + (("kink",) if self.kinks else ()))
 
     def restart_log_prior_odds(self, rows: int, since: int = 0) -> float:
         """The prior odds of one restart: a change at the candidate is split evenly between the
@@ -273,6 +296,14 @@ class Detector:
                 before_rows += int(new.recent[first].rows.shape[0])
                 first += 1
             starts += [max(at, first) for at in new.cusum.alarms(cfg.cusum)]
+            if self.windows is not None:
+                # a window's shift that no challenger near its start tests yet (one per window
+                # length, not one a row while the window slides over the change)
+                for i in self.windows.nominate([(r.lp, int(r.rows.shape[0]), r.level, r.spread) for r in new.recent]):
+                    span = start + b - new.recent[i].start
+                    if not any(abs(c.start - new.recent[i].start) < span for c in new.challengers) and not any(
+                            abs(new.recent[j].start - new.recent[i].start) < span for j in starts):
+                        starts.append(i)
             starts += [j for j, r in enumerate(new.recent) if r.seq in again and j >= first]
             taken = {c.start for c in new.challengers}
             for i in sorted(set(starts)):
@@ -284,7 +315,7 @@ class Detector:
                         if not weakest.compared:
                             break  # all still training: keep the earlier candidates
                         new.challengers.remove(weakest)
-                    c = self._challenger(g, new.recent, i, kind == "memory", before, frame=before, shift=kind == "shift",
+                    c = self._challenger(g, new.recent, i, kind == "memory", before, frame=before, shift=SHIFTS.get(kind, 0),
                                          last_rows=inc_rows)
                     if c is not None:
                         # the baseline is the level before the candidate: a CUSUM start lies
@@ -299,7 +330,7 @@ class Detector:
             for kind in self._kinds(int(new.recent[-1].rows.shape[0])):
                 if len(new.challengers) < self.max_restarts:
                     c = self._challenger(g, new.recent, len(new.recent) - 1, kind == "memory", before, frame=before,
-                                         shift=kind == "shift")
+                                         shift=SHIFTS.get(kind, 0))
                     if c is not None:
                         c.level = new.level.mean
                         new.challengers.append(c)
@@ -429,13 +460,14 @@ class Detector:
             places[at] = max(places.get(at, 0.0), q)
         return sorted(places.items())
 
-    def _refine(self, recent: list[Recent], i: int, frame, shift: bool = False,
+    def _refine(self, recent: list[Recent], i: int, frame, shift: int = 0,
                 dropped: list[Recent] | None = None) -> "Refined | None":
         """Where the change began, for the exact method: the row j that maximises log p(rows
         before j | incumbent) + log p(rows from j to now | a restart at j), the change's most
         probable place (the prior of a change is the same for every row); with what a restart
         there needs; with ``shift`` the restart at j is a level shift from the incumbent's
-        posterior before row j.
+        posterior before row j (for a model with a slope, a level shift or a slope change: the
+        break, both at once, ``exact_kink`` with ``jump``).
 
         In chunks of several rows (chunks place a change at their first row otherwise) j is a
         row of chunk i or of the chunk before it, and the chunk's own first row stays when it is
@@ -477,7 +509,14 @@ class Detector:
             # (the rows after the span as one block, then one row at a time): the same evidence,
             # in another order, for one update a row instead of one a candidate row
             suffix = self._suffixes(fresh, rows, span) if fresh is not None and model.exchangeable else None
-            scores, befores, restarts = [], [], []
+            # a level shift or a slope change that won: placed at the row where either is most
+            # probable (one new parameter each, the same prior), and restarted there as both at
+            # once (the break: the level reached plus a jump, and a new slope). A few rows after a
+            # kink the two explain the data about equally well; an incumbent that kept the old
+            # slope reported the change again every few rows (a trend whose growth tripled:
+            # level shifts 4, 13 and 21 rows after it, and on)
+            kinds = [1, 2] if shift and self.kinks else [shift]
+            scores, befores, restarts, posts = [], [], [], []  # [row][kind]
             before = 0.0
             for j in range(span):
                 if j:
@@ -486,27 +525,32 @@ class Detector:
                     else:
                         post, lp = model.exact_update(post, rows[j - 1 : j])
                     before += lp
-                start = model.exact_shift(post) if shift else fresh
-                if start is None:
+                posts.append(post)
+                starts = [(model.exact_shift(post) if kind == 1 else model.exact_kink(post)) if kind else fresh
+                          for kind in kinds]
+                if any(s is None for s in starts):
                     if pointwise:
-                        scores.append(-math.inf), befores.append(before), restarts.append(None)
+                        scores.append([-math.inf]), befores.append(before), restarts.append([None])
                         continue
                     return None
-                scores.append(before + (suffix[j] if suffix is not None else model.exact_update(start, rows[j:])[1]))
+                scores.append([before + (suffix[j] if suffix is not None else model.exact_update(s, rows[j:])[1])
+                               for s in starts])
                 befores.append(before)
-                restarts.append(start)
-            top = max(scores)
+                restarts.append(starts)
+            best = [max(v) for v in scores]
+            top = max(best)
             if top == -math.inf:
                 return None
             at = sum(int(r.rows.shape[0]) for r in recent[lo:i])
             if pointwise:
-                j = max(range(span), key=lambda k: (scores[k], -abs(k - at)))
+                j = max(range(span), key=lambda k: (best[k], -abs(k - at)))
             else:
                 # the rows within SUPPORT_NATS of the best are the change's support set: of those,
                 # the one nearest the chunk boundary the detector found
-                j = min((k for k, v in enumerate(scores) if v >= top - SUPPORT_NATS), key=lambda k: (abs(k - at), k))
+                j = min((k for k, v in enumerate(best) if v >= top - SUPPORT_NATS), key=lambda k: (abs(k - at), k))
             before = befores[j]
-            new_post, lp_new = model.exact_update(restarts[j], rows[j:])
+            start = model.exact_kink(posts[j], jump=True) if len(kinds) > 1 else restarts[j][0]
+            new_post, lp_new = model.exact_update(start, rows[j:])
         ends = [r.start + int(r.rows.shape[0]) for r in recent[lo:]]
         chunk = lo + next(k for k, e in enumerate(ends) if recent[lo].start + j < e)
         return Refined(location=recent[lo].start + j, chunk=chunk, base=recent[lo].base + before,
@@ -724,7 +768,7 @@ class Detector:
 
     def _challenger(self, g: torch.Generator, recent: list[Recent], i: int, memory: bool = False,
                     incumbent: SGAISState | None = None, frame: SGAISState | None = None,
-                    shift: bool = False, last_rows: Callable[[], RowFits] | None = None) -> Challenger | None:
+                    shift: int = 0, last_rows: Callable[[], RowFits] | None = None) -> Challenger | None:
         """A restart at ``recent[i]``, fed ``recent[i:]`` (up to this chunk). From the prior, or
         with ``memory`` from the posterior given the last rows before the change (at least
         ``train`` of them, and as many as the restart's first chunk has): a change that adds to
@@ -743,7 +787,7 @@ class Detector:
         first = recent[i]
         if shift:
             at = self._state_at(recent, i)
-            state = None if at is None else self.sampler.shift(seed, at)
+            state = None if at is None else self.sampler.shift(seed, at, shift)
             if state is None:
                 return None
         else:
