@@ -152,6 +152,11 @@ def simulations(seed: int) -> list[Series]:
     y[spots] += 20 * r.uniform(8, 12, size=4) * r.choice([-1.0, 1.0], size=4)
     out.append(_sim("spikes", "latency (250 +- 20 ms) with 4 single-reading spikes of 8-12 sd, +60 ms at 400 (n = 800)",
                     y, (400,), seed))
+    # growth that slows, no jump (a kink): added with the slope-change restarts, after the others;
+    # parameters fixed before cusp ran on them
+    y = 2e4 + 40 * t[:400] - 30 * np.maximum(t[:400] - 260, 0) + r.normal(0, 150, 400)
+    out.append(_sim("slope-change", "growth slows: +40 a step, +10 from 260 (noise 150, around 2e4; n = 400)", y, (260,),
+                    seed))
     return out
 
 
