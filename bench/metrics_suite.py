@@ -157,6 +157,12 @@ def simulations(seed: int) -> list[Series]:
     y = 2e4 + 40 * t[:400] - 30 * np.maximum(t[:400] - 260, 0) + r.normal(0, 150, 400)
     out.append(_sim("slope-change", "growth slows: +40 a step, +10 from 260 (noise 150, around 2e4; n = 400)", y, (260,),
                     seed))
+    # growth and a daily cycle together, then a level shift: added after a similar series (other
+    # numbers) showed that no model of the portfolio had both; parameters fixed before cusp ran on it
+    y = 4000 + 1.5 * t[:600] + 60 * np.sin(2 * np.pi * t[:600] / 24) + r.normal(0, 25, 600)
+    y[420:] += 100
+    out.append(_sim("trend-season-shift", "hourly traffic growing 1.5 a step with a daily cycle (amplitude 60, noise 25), "
+                    "+100 at 420 (n = 600)", y, (420,), seed))
     return out
 
 
