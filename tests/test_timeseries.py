@@ -363,9 +363,10 @@ def test_a_change_of_slope_is_one_change_for_a_trend_model(monkeypatch):
     """A series rising by 5 a step (noise 20) whose rise triples at 150 of 300, point by point,
     8 data seeds, ``trend``. A restart that keeps the slope (a level shift) wins first, a few rows
     after the kink, and then the next one a few rows later, and so on: measured without slope
-    changes, 82 reports on the 8 seeds (up to 18 on one). With them (a slope-change restart,
-    ``exact_kink``, and the change's restart holding both, the level reached and the slope new):
-    one report on every seed, 7 of them within 5 rows of 150 (154, 154, 156, 151, 151, 147, 154, 153)."""
+    changes, 82 reports on the 8 seeds (up to 18 on one). With them (the winning shift placed where
+    a level shift or a slope change, ``exact_kink``, is most probable, and restarted there with
+    both free: the level reached plus a jump, and a new slope): one report on every seed, 7 of
+    them within 5 rows of 150 (154, 154, 156, 151, 151, 147, 154, 153)."""
     import models.timeseries as ts
 
     def run():

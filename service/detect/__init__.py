@@ -26,9 +26,10 @@ models' one-step predictives (``row_fits``).
 
 The metric-series regressions also get a **level shift** at each candidate: the incumbent's
 posterior given the rows before t with the level alone drawn afresh from its prior
-(``Model.exact_shift``), exact, compared after one training row (its one new parameter), and those
-with a slope a **slope change** (``exact_kink``: a new slope from the level reached; a shift of
-either kind that wins is placed at a row, and restarts there as both at once, ``Detector._refine``). When it reaches
+(``Model.exact_shift``), exact, compared after one training row (its one new parameter); on a model
+with a slope one that wins is placed where a level shift or a slope change (``exact_kink``: a new
+slope from the level reached) is most probable and restarts there as both at once
+(``Detector._refine``). When it reaches
 ``threshold`` an Event is reported with that probability as its confidence. With ``adapt``
 the challenger replaces the incumbent (its posterior and its history since t), so later
 changes are measured against the new regime; the running log-evidence then continues as

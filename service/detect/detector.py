@@ -31,9 +31,6 @@ PENDING_FLOOR = 1e-3
 #: sunspots' record peak of 1957, a count series' change of mean and variance split in two)
 SHIFT_TRAIN = 1
 
-#: the restarts that keep the incumbent's posterior but one parameter (``Challenger.shift``): a
-#: level shift (``Model.exact_shift``) and a slope change (``exact_kink``)
-SHIFTS = {"shift": 1, "kink": 2}
 
 #: a change's location moves off the chunk boundary the detector found only when another row of
 #: that chunk or the one before is more probable by more than this (``Detector._refine``)
@@ -120,7 +117,7 @@ class Detector:
         self.multimodal = bool(getattr(model, "multimodal", False))
         self.exact = getattr(sampler, "method", "sgais") == "exact"
         # a level shift (``Model.exact_shift``): a restart that keeps all but the level; for a
-        # model with a slope also a slope change (``exact_kink``): all but the slope, from the level reached
+        # model with a slope, one that wins is placed and restarted as a break (``_refine``)
         self.shifts = self.exact and callable(getattr(model, "exact_shift", None))
         self.kinks = self.shifts and bool(getattr(model, "trend", 0)) and callable(getattr(model, "exact_kink", None))
         # challengers alive at once: ``max_challengers``; with level shifts, that many places, each
@@ -161,12 +158,11 @@ class Detector:
 
     def _kinds(self, rows: int) -> tuple[str, ...]:
         """The restarts a candidate whose first chunk has ``rows`` rows gets: from the prior, with a
-        short memory (``with_memory``), a level shift (``shifts``: the incumbent's posterior
-        with a new level, for models that have ``exact_shift``) and, for a model with a slope, a
-        slope change (``kinks``: the incumbent's posterior with a new slope from the level reached,
-        ``exact_kink``; a growth rate that changes is not a run of level shifts)."""
-        return (("prior",) + (("memory",) if self.with_memory(rows) else ()) + (("shift",) if self.shifts else ())
-                + (("kink",) if self.kinks else ()))
+        short memory (``with_memory``), and a level shift (``shifts``: the incumbent's posterior
+        with a new level, for models that have ``exact_shift``). (Slope changes, ``exact_kink``, as
+        challengers of their own were tried: a curved rise became a run of them, US CPI 8 -> 16
+        reports; they enter where a shift has won, ``_refine``.)"""
+        return ("prior",) + (("memory",) if self.with_memory(rows) else ()) + (("shift",) if self.shifts else ())
 
     def restart_log_prior_odds(self, rows: int, since: int = 0) -> float:
         """The prior odds of one restart: a change at the candidate is split evenly between the
@@ -315,7 +311,7 @@ class Detector:
                         if not weakest.compared:
                             break  # all still training: keep the earlier candidates
                         new.challengers.remove(weakest)
-                    c = self._challenger(g, new.recent, i, kind == "memory", before, frame=before, shift=SHIFTS.get(kind, 0),
+                    c = self._challenger(g, new.recent, i, kind == "memory", before, frame=before, shift=kind == "shift",
                                          last_rows=inc_rows)
                     if c is not None:
                         # the baseline is the level before the candidate: a CUSUM start lies
@@ -330,7 +326,7 @@ class Detector:
             for kind in self._kinds(int(new.recent[-1].rows.shape[0])):
                 if len(new.challengers) < self.max_restarts:
                     c = self._challenger(g, new.recent, len(new.recent) - 1, kind == "memory", before, frame=before,
-                                         shift=SHIFTS.get(kind, 0))
+                                         shift=kind == "shift")
                     if c is not None:
                         c.level = new.level.mean
                         new.challengers.append(c)
@@ -460,7 +456,7 @@ class Detector:
             places[at] = max(places.get(at, 0.0), q)
         return sorted(places.items())
 
-    def _refine(self, recent: list[Recent], i: int, frame, shift: int = 0,
+    def _refine(self, recent: list[Recent], i: int, frame, shift: bool = False,
                 dropped: list[Recent] | None = None) -> "Refined | None":
         """Where the change began, for the exact method: the row j that maximises log p(rows
         before j | incumbent) + log p(rows from j to now | a restart at j), the change's most
@@ -509,13 +505,13 @@ class Detector:
             # (the rows after the span as one block, then one row at a time): the same evidence,
             # in another order, for one update a row instead of one a candidate row
             suffix = self._suffixes(fresh, rows, span) if fresh is not None and model.exchangeable else None
-            # a level shift or a slope change that won: placed at the row where either is most
-            # probable (one new parameter each, the same prior), and restarted there as both at
-            # once (the break: the level reached plus a jump, and a new slope). A few rows after a
-            # kink the two explain the data about equally well; an incumbent that kept the old
-            # slope reported the change again every few rows (a trend whose growth tripled:
-            # level shifts 4, 13 and 21 rows after it, and on)
-            kinds = [1, 2] if shift and self.kinks else [shift]
+            # a level shift that won on a model with a slope: placed at the row where a level shift
+            # or a slope change (``exact_kink``) is most probable (one new parameter each, the same
+            # prior), and restarted there as both at once (the break: the level reached plus a
+            # jump, and a new slope). A slope change reads as a level shift a few rows late; an
+            # incumbent that kept the old slope reported it again every few rows (a trend whose
+            # growth tripled: level shifts 4, 13 and 21 rows after it, and on)
+            kinds = [1, 2] if shift and self.kinks else [int(shift)]
             scores, befores, restarts, posts = [], [], [], []  # [row][kind]
             before = 0.0
             for j in range(span):
@@ -768,7 +764,7 @@ class Detector:
 
     def _challenger(self, g: torch.Generator, recent: list[Recent], i: int, memory: bool = False,
                     incumbent: SGAISState | None = None, frame: SGAISState | None = None,
-                    shift: int = 0, last_rows: Callable[[], RowFits] | None = None) -> Challenger | None:
+                    shift: bool = False, last_rows: Callable[[], RowFits] | None = None) -> Challenger | None:
         """A restart at ``recent[i]``, fed ``recent[i:]`` (up to this chunk). From the prior, or
         with ``memory`` from the posterior given the last rows before the change (at least
         ``train`` of them, and as many as the restart's first chunk has): a change that adds to
@@ -787,7 +783,7 @@ class Detector:
         first = recent[i]
         if shift:
             at = self._state_at(recent, i)
-            state = None if at is None else self.sampler.shift(seed, at, shift)
+            state = None if at is None else self.sampler.shift(seed, at)
             if state is None:
                 return None
         else:

@@ -12,9 +12,7 @@ import torch
 from service.detect.signals import Cusum, RunningLevel, StepSpike
 from service.sgais import ChunkResult, Reservoir, ReservoirWrites, SGAISState, load_state
 
-#: version 2: a challenger's ``shift`` may be 2 (a slope change), which version 1's readers would
-#: take for a level shift; the layout is otherwise version 1's, which this version still reads
-MAGIC = "cusp-detector-2"
+MAGIC = "cusp-detector-1"
 
 
 @dataclass(frozen=True)
@@ -66,7 +64,7 @@ class Challenger:
     memory_rows: int = 0
     old_seqs: list[int] = field(default_factory=list)  # chunks just before ``start``, and the incumbent's
     old_fit: float = 0.0  # fit of them (mean log predictive per row) when the challenger started
-    shift: int = 0  # 1: a level shift, 2: a slope change (``Detector._kinds``): the incumbent's posterior with a new level or slope
+    shift: bool = False  # a level shift (``Detector._kinds``): the incumbent's posterior with a new level
     top_row: float = 0.0  # its largest advantage in one row of a compared chunk of several (``Detector._log_odds``)
     reservoir: Reservoir | None = None  # not saved: re-read from the stream's chunks
 
@@ -146,7 +144,7 @@ class DetectorState:
                  "first_rows": c.first_rows, "level": [c.level.hex(), c.spread.hex(), c.incumbent_all.hex()], "train": None if c.train_log_z is None else c.train_log_z.hex(),
                  "inc": c.incumbent_lp.hex(), "compared": c.compared, "bf": c.log_bf.hex(),
                  "diffs": [d.hex() for d in c.diffs], "memory": [c.memory, c.memory_rows],
-                 "old": [c.old_seqs, c.old_fit.hex()], **({"shift": int(c.shift)} if c.shift else {}),
+                 "old": [c.old_seqs, c.old_fit.hex()], **({"shift": 1} if c.shift else {}),
                  **({"top": c.top_row.hex()} if c.top_row else {}),
                  "state": base64.b64encode(c.state.to_bytes()).decode()}
                 for c in self.challengers
@@ -180,7 +178,7 @@ def _decode_v1(h: dict) -> DetectorState:
                    incumbent_lp=f(c["inc"]), compared=c["compared"], log_bf=f(c["bf"]),
                    diffs=[f(d) for d in c["diffs"]], memory=c.get("memory", [0, 0])[0],
                    memory_rows=c.get("memory", [0, 0])[1], old_seqs=list(c.get("old", [[], ""])[0]),
-                   old_fit=f(c["old"][1]) if "old" in c else 0.0, shift=int(c.get("shift", 0)),
+                   old_fit=f(c["old"][1]) if "old" in c else 0.0, shift=bool(c.get("shift", 0)),
                    top_row=f(c["top"]) if "top" in c else 0.0,
                    state=load_state(base64.b64decode(c["state"])))
         for c in h["challengers"]
@@ -200,7 +198,7 @@ def _decode_v1(h: dict) -> DetectorState:
 
 
 #: layout magic -> decoder: every layout this version reads
-DECODERS = {"cusp-detector-1": _decode_v1, MAGIC: _decode_v1}
+DECODERS = {MAGIC: _decode_v1}
 
 
 @dataclass(frozen=True)

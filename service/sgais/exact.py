@@ -81,11 +81,10 @@ class ExactSampler(SamplerBase):
         g = torch.Generator().manual_seed(int(seed))
         return ExactState(post=self.model.exact_restart(incumbent.post), log_evidence=0.0, n=0, chunks=0, rng=g.get_state())
 
-    def shift(self, seed: int, incumbent: ExactState, kind: int = 1) -> ExactState | None:
-        """A restart at a level shift (``kind`` 1): the incumbent's posterior (given the rows before
-        the change) with a new level (``Model.exact_shift``); or (``kind`` 2) with a new slope from
-        the level reached (``exact_kink``). None where the model has none, or has no frame yet."""
-        hook = getattr(self.model, "exact_shift" if kind == 1 else "exact_kink", None)
+    def shift(self, seed: int, incumbent: ExactState) -> ExactState | None:
+        """A restart at a level shift: the incumbent's posterior (given the rows before the change)
+        with a new level (``Model.exact_shift``); None where the model has none, or has no frame yet."""
+        hook = getattr(self.model, "exact_shift", None)
         post = hook(incumbent.post) if hook is not None else None
         if post is None:
             return None
