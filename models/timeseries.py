@@ -524,3 +524,181 @@ class Poisson(_Exact):
         a, b = post[1 : 1 + c], post[1 + c :]
         return (torch.lgamma(a + rows) - torch.lgamma(a) - torch.lgamma(rows + 1.0) + a * torch.log(b / (b + 1.0))
                 - rows * torch.log(b + 1.0)).sum(-1)
+
+
+#: ``local-trend`` without a discount averages over these (module ``LocalTrend``): memories of
+#: about 10, 20, 50 and 100 rows and a straight line (1), the usual range of trend discounts
+#: (West and Harrison 1997, 6.3: 0.9 to 0.99); fixed, not chosen per series
+AUTO_DISCOUNTS = (0.9, 0.95, 0.98, 0.99, 1.0)
+
+
+@dataclass(frozen=True)
+class LocalTrend(_Exact):
+    """A local linear trend: a level and a slope that both drift, with Gaussian noise (a dynamic
+    linear model, West and Harrison 1997, sections 4.5 and 6.3), in the series' own frame.
+
+        z_t = level_t + e_t,   e_t ~ N(0, s2)
+        (level_t, slope_t) = G (level_{t-1}, slope_{t-1}) + w_t,   G = [[1, 1], [0, 1]]
+
+    with the state's evolution variance set by a discount factor d: the prior of the state at t is
+    its posterior at t - 1 moved by G with its covariance divided by d (W_t = G C_{t-1} G^T
+    (1 / d - 1)), so about the last 1 / (1 - d) rows inform it. Everything is scaled by the noise
+    variance s2 ~ InvGamma(alpha0, beta0), and the state's prior before the first row is
+    N(0, s2 coef_scale^2 I) in the frame, so the model is conjugate: each row's one-step
+    predictive is a Student-t with 2 a degrees of freedom, and the evidence, their product, is
+    exact. (C, and so W_t, do not depend on the data's values, only on how many rows came: given
+    s2 the model is a Gaussian process, which ``tests/test_timeseries.py`` checks it against,
+    dense.) How fast a trend drifts is not known in advance, so without a ``discount`` the model
+    is the mixture over ``AUTO_DISCOUNTS`` with equal prior weights, exact as ``seasonal``'s
+    mixture over periods is (each component conditions on the warm-up rows; the weights follow
+    the components' predictives after it). Where ``trend`` reads a curved rise as a run of
+    changes of its fixed slope, this one follows it; a jump is still a surprise. The frame and
+    the warm-up as for the other models (module docstring). ``post`` = (seen, centre, scale,
+    warm-up buffer [warmup], log weights [K], then per component m [2], C [3]: c00, c01, c11, a, b)."""
+
+    name = "local-trend"
+    discount: float = 0.0  # 0: average over AUTO_DISCOUNTS
+    warmup: int = 5
+    coef_scale: float = 10.0
+    alpha0: float = 1.0
+    beta0: float = 1.0
+
+    def __post_init__(self) -> None:
+        n = self.name
+        if self.n_columns != 1:
+            raise ModelError(f"{n} models one column (a univariate series), the stream has {self.n_columns}: "
+                             "give the stream one column, or use gaussian or gmm for several")
+        if not (isinstance(self.discount, (int, float)) and not isinstance(self.discount, bool)
+                and (self.discount == 0 or 0.5 <= self.discount <= 1.0)):
+            raise ModelError(f"{n}: discount must be 0 (average over {', '.join(map(str, AUTO_DISCOUNTS))}) or a number "
+                             f"in [0.5, 1] (1: a straight line), got {self.discount!r}")
+        _check_warmup(n, self.warmup, 2)
+        _check_frame_prior(n, self)
+
+    @property
+    def discounts(self) -> tuple[float, ...]:
+        return (float(self.discount),) if self.discount else AUTO_DISCOUNTS
+
+    @property
+    def dim(self) -> int:
+        return 3  # level, slope, noise variance
+
+    def parameter_names(self) -> list[str]:
+        return ["level", "slope", "noise_var"]
+
+    def featurize(self, data: torch.Tensor) -> torch.Tensor:
+        self.check_width(data)
+        return _check_finite(self.name, data.to(torch.float64))
+
+    def frame(self, post: torch.Tensor) -> tuple[float, float] | None:
+        """(centre, scale) of the reference frame, None during the warm-up."""
+        return (float(post[1]), float(post[2])) if int(post[0]) >= self.warmup else None
+
+    def discount_probabilities(self, post: torch.Tensor) -> dict[float, float] | None:
+        """The posterior probability of each discount given the rows so far; None with a fixed one."""
+        if self.discount:
+            return None
+        k = self.warmup
+        return {d: math.exp(w) for d, w in zip(AUTO_DISCOUNTS, post[3 + k : 3 + k + len(AUTO_DISCOUNTS)].tolist())}
+
+    def _states(self, post: torch.Tensor) -> tuple[list[float], list[list[float]]]:
+        k, c = self.warmup, len(self.discounts)
+        p = post.tolist()
+        logw = p[3 + k : 3 + k + c]
+        flat = p[3 + k + c :]
+        return logw, [flat[7 * j : 7 * j + 7] for j in range(c)]
+
+    def _join(self, head: list[float], buf: list[float], logw: list[float], states: list[list[float]]) -> torch.Tensor:
+        return torch.tensor(head + buf + logw + [v for st in states for v in st], dtype=torch.float64)
+
+    def _prior_states(self) -> tuple[list[float], list[list[float]]]:
+        c2, c = float(self.coef_scale) ** 2, len(self.discounts)
+        return [-math.log(c)] * c, [[0.0, 0.0, c2, 0.0, c2, float(self.alpha0), float(self.beta0)] for _ in range(c)]
+
+    def exact_init(self) -> torch.Tensor:
+        logw, states = self._prior_states()
+        return self._join([0.0, 0.0, 1.0], [0.0] * self.warmup, logw, states)
+
+    @staticmethod
+    def _step(st: list[float], y: float, d: float) -> float:
+        """One row into a component's state ``st`` (changed in place); its one-step log predictive."""
+        m0, m1, c00, c01, c11, a, b = st
+        a0 = m0 + m1
+        r00, r01, r11 = (c00 + 2.0 * c01 + c11) / d, (c01 + c11) / d, c11 / d
+        q = r00 + 1.0
+        e = y - a0
+        lp = (math.lgamma(a + 0.5) - math.lgamma(a) - 0.5 * math.log(2.0 * math.pi * b * q)
+              - (a + 0.5) * math.log1p(e * e / (2.0 * b * q)))
+        k0, k1 = r00 / q, r01 / q
+        st[:] = [a0 + k0 * e, m1 + k1 * e, r00 - k0 * r00, r01 - k0 * r01, r11 - k1 * r01, a + 0.5, b + 0.5 * e * e / q]
+        return lp
+
+    def exact_update(self, post: torch.Tensor, rows: torch.Tensor) -> tuple[torch.Tensor, float]:
+        k = self.warmup
+        head = post[:3].tolist()
+        seen, centre, scale = int(head[0]), head[1], head[2]
+        buf = post[3 : 3 + k].tolist()
+        logw, states = self._states(post)
+        ds = self.discounts
+        y = rows[:, 0].tolist()
+        first = 0
+        if seen < k:  # warm-up: collect, and at its end fix the frame and condition on the rows
+            first = min(k - seen, len(y))
+            buf[seen : seen + first] = y[:first]
+            if seen + first == k:
+                centre = buf[0] + sum(v - buf[0] for v in buf) / k
+                sd = math.sqrt(sum((v - centre) ** 2 for v in buf) / (k - 1))
+                scale = sd if sd > 0 else (abs(centre) if centre != 0 else 1.0)
+                for st, d in zip(states, ds):
+                    for v in buf:
+                        self._step(st, (v - centre) / scale, d)
+        lp = 0.0
+        for v in y[first:]:
+            z = (v - centre) / scale
+            joint = [w + self._step(st, z, d) for w, st, d in zip(logw, states, ds)]
+            top = max(joint)
+            mixed = top + math.log(sum(math.exp(j - top) for j in joint))
+            logw = [j - mixed for j in joint]
+            lp += mixed - math.log(scale)
+        return self._join([float(seen + len(y)), centre, scale], buf, logw, states), lp
+
+    def exact_row_log_predictive(self, post: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """Each row's predictive given ``post`` alone (no update between rows: row h of the chunk is
+        forecast h steps ahead), mixed over the components by their weights; 0 during the warm-up."""
+        fr = self.frame(post)
+        if fr is None:
+            return torch.zeros(rows.shape[0], dtype=torch.float64)
+        centre, scale = fr
+        logw, states = self._states(post)
+        each = []
+        for w, (m0, m1, c00, c01, c11, a, b), d in zip(logw, states, self.discounts):
+            out = []
+            for y in rows[:, 0].tolist():
+                m0 = m0 + m1
+                c00, c01, c11 = (c00 + 2.0 * c01 + c11) / d, (c01 + c11) / d, c11 / d
+                q = c00 + 1.0
+                e = (y - centre) / scale - m0
+                out.append(w + math.lgamma(a + 0.5) - math.lgamma(a) - 0.5 * math.log(2.0 * math.pi * b * q)
+                           - (a + 0.5) * math.log1p(e * e / (2.0 * b * q)) - math.log(scale))
+            each.append(out)
+        return torch.logsumexp(torch.tensor(each, dtype=torch.float64), 0)
+
+    def exact_restart(self, post: torch.Tensor) -> torch.Tensor:
+        """A restart at a change point keeps the incumbent's frame (no warm-up of its own) and
+        starts from the prior in it, with the prior weights; during the incumbent's own warm-up,
+        the prior with a warm-up."""
+        new = self.exact_init()
+        if int(post[0]) >= self.warmup:
+            new[: 3 + self.warmup] = post[: 3 + self.warmup]
+        return new
+
+    def exact_shift(self, post: torch.Tensor) -> torch.Tensor | None:
+        """A restart at a level shift: the level jumps by N(0, s2 coef_scale^2) before the next row,
+        the slope, the noise and the weights hold (each component's posterior with coef_scale^2
+        added to the level's variance: exact). None during the warm-up (no frame yet)."""
+        if int(post[0]) < self.warmup:
+            return None
+        logw, states = self._states(post)
+        for st in states:
+            st[2] += float(self.coef_scale) ** 2
+        return self._join(post[:3].tolist(), post[3 : 3 + self.warmup].tolist(), logw, states)

@@ -62,8 +62,36 @@ def test_counts_and_heavy_tails_through_the_api(live, redis_url):
                                           "periods": None}
 
 
+def test_a_local_trend_through_the_api(live, redis_url):
+    """A bending rise in raw units with a jump (+25, 5 sd, at 200) to a stream of `local-trend` and
+    `trend`, in chunks of 10: the API's change points are the offline detector's, bit for bit,
+    and `local-trend` shows its frame (the warm-up's mean and sd)."""
+    s = "l" + uuid.uuid4().hex[:10]
+    models = ["local-trend", "trend"]
+    assert live.client.post("/v1/streams", json={"name": s, "columns": ["ms"], "seed": 4, "models": models}).status_code == 201
+    t = np.arange(300)
+    y = 250 + 0.5 * t + 0.001 * t**2 + np.random.default_rng(1).normal(0, 5, 300)
+    y[200:] += 25
+    for seq, lo in enumerate(range(0, 300, 10)):
+        rows = [[v] for v in y[lo : lo + 10].tolist()]
+        assert live.client.post(f"/v1/streams/{s}/chunks", json={"seq": seq, "rows": rows}).status_code == 202
+    _drain(redis_url)
+    got = live.client.get(f"/v1/streams/{s}/changepoints").json()
+    per_model, stream = detect_stream(y, models, chunk_size=10, seed=4)
+    by_model = {}
+    for e in got["changepoints"]:
+        by_model.setdefault(e["model"], []).append(e["location"])
+    assert by_model == {m: [e.location for e in evs] for m, evs in per_model.items() if evs}
+    assert [c["location"] for c in got["stream"]] == [c.location for c in stream]
+    assert [e.location for e in per_model["local-trend"]] == [200]
+    info = {m["name"]: m for m in live.client.get(f"/v1/streams/{s}").json()["models"]}
+    assert info["local-trend"]["frame"] == {"warmup_rows": 5, "centre": pytest.approx(float(np.mean(y[:5]))),
+                                            "scale": pytest.approx(float(np.std(y[:5], ddof=1))), "periods": None}
+
+
 @pytest.mark.parametrize("spec,option", [("negbin:per_decade=0", "per_decade"), ("student-t:nu=-2", "nu"),
-                                         ("negbin:dispersion=3", "dispersion"), ("student-t:warmup=1", "warmup")])
+                                         ("negbin:dispersion=3", "dispersion"), ("student-t:warmup=1", "warmup"),
+                                         ("local-trend:discount=1.5", "discount"), ("local-trend:coef_scale=0", "coef_scale")])
 def test_bad_settings_are_refused_with_nothing_stored(live, spec, option):
     s = "b" + uuid.uuid4().hex[:10]
     r = live.client.post("/v1/streams", json={"name": s, "columns": ["x"], "models": [spec]})
