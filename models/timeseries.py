@@ -71,6 +71,12 @@ def _check_frame_prior(name: str, model) -> None:
                              f"got {value!r}")
 
 
+def _check_one_column(name: str, n_columns: int) -> None:
+    if n_columns != 1:
+        raise ModelError(f"{name} models one column (a univariate series), the stream has {n_columns}: "
+                         "give the stream one column, or use gaussian or gmm for several")
+
+
 def _check_finite(name: str, y: torch.Tensor) -> torch.Tensor:
     """``y`` itself, or a ModelError naming the first value that is not a finite number."""
     bad = ~torch.isfinite(y)
@@ -116,9 +122,7 @@ class TimeSeriesRegression(_Exact):
 
     def __post_init__(self) -> None:
         n = self.name
-        if self.n_columns != 1:
-            raise ModelError(f"{n} models one column (a univariate series), the stream has {self.n_columns}: "
-                             "give the stream one column, or use gaussian or gmm for several")
+        _check_one_column(n, self.n_columns)
         if not (isinstance(self.order, int) and 0 <= self.order <= 64):
             raise ModelError(f"{n}: order must be an integer in [0, 64], got {self.order!r}")
         if self.trend not in (0, 1):
@@ -565,9 +569,7 @@ class LocalTrend(_Exact):
 
     def __post_init__(self) -> None:
         n = self.name
-        if self.n_columns != 1:
-            raise ModelError(f"{n} models one column (a univariate series), the stream has {self.n_columns}: "
-                             "give the stream one column, or use gaussian or gmm for several")
+        _check_one_column(n, self.n_columns)
         if not (isinstance(self.discount, (int, float)) and not isinstance(self.discount, bool)
                 and (self.discount == 0 or 0.5 <= self.discount <= 1.0)):
             raise ModelError(f"{n}: discount must be 0 (average over {', '.join(map(str, AUTO_DISCOUNTS))}) or a number "
