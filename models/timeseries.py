@@ -103,8 +103,29 @@ class _Exact(Model):
         return max(0, min(rows, self.warmup - int(post[0])))
 
 
+def _warmup_frame(buf: torch.Tensor) -> tuple[float, float]:
+    """(centre, scale) of the frame from the warm-up rows ``buf``: their mean and standard deviation
+    (n - 1); a constant warm-up takes |centre| (or 1) as its scale."""
+    centre = float(buf[0] + (buf - buf[0]).mean())
+    sd = float(torch.sqrt(((buf - centre) ** 2).sum() / (buf.shape[0] - 1)))
+    return centre, sd if sd > 0 else (abs(centre) if centre != 0 else 1.0)
+
+
+class _Framed(_Exact):
+    """A univariate exact model in a frame fixed by its warm-up (module docstring): ``post`` starts
+    (seen, centre, scale)."""
+
+    def featurize(self, data: torch.Tensor) -> torch.Tensor:
+        self.check_width(data)
+        return _check_finite(self.name, data.to(torch.float64))
+
+    def frame(self, post: torch.Tensor) -> tuple[float, float] | None:
+        """(centre, scale) of the reference frame, None during the warm-up."""
+        return (float(post[1]), float(post[2])) if int(post[0]) >= self.warmup else None
+
+
 @dataclass(frozen=True)
-class TimeSeriesRegression(_Exact):
+class TimeSeriesRegression(_Framed):
     """A univariate series regressed on its past, time and seasonal terms (module docstring).
     ``post`` = (seen, centre, scale, warm-up buffer [warmup], lags [order], then per component
     (``_components``; one, except ``seasonal`` without a period): log weights [K] (only where
@@ -162,10 +183,6 @@ class TimeSeriesRegression(_Exact):
         names = ["intercept"] + (["slope"] if self.trend else [])
         names += [f"{f}[{h}]" for h in range(1, self._max_harmonics + 1) for f in ("sin", "cos")]
         return names + [f"ar[{i}]" for i in range(1, self.order + 1)] + ["noise_var"]
-
-    def featurize(self, data: torch.Tensor) -> torch.Tensor:
-        self.check_width(data)
-        return _check_finite(self.name, data.to(torch.float64))
 
     # --- posterior layout ----------------------------------------------------------------------
     def _parts(self, post: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -274,10 +291,6 @@ class TimeSeriesRegression(_Exact):
         z[:] = (q2.transpose(-1, -2) @ zt[..., None])[..., 0]
         return new
 
-    def frame(self, post: torch.Tensor) -> tuple[float, float] | None:
-        """(centre, scale) of the reference frame, None during the warm-up."""
-        return (float(post[1]), float(post[2])) if int(post[0]) >= self.warmup else None
-
     # --- features ----------------------------------------------------------------------------
     def _design(self, z: torch.Tensor, lags: torch.Tensor, t0: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Features ``[K, B, D]`` of standardised values ``z [B]`` whose predecessors' last ``order``
@@ -323,9 +336,7 @@ class TimeSeriesRegression(_Exact):
             first = min(k - seen, y.shape[0])
             buf[seen : seen + first] = y[:first]
             if seen + first == k:
-                centre = float(buf[0] + (buf - buf[0]).mean())
-                sd = float(torch.sqrt(((buf - centre) ** 2).sum() / (k - 1)))
-                scale = sd if sd > 0 else (abs(centre) if centre != 0 else 1.0)
+                centre, scale = _warmup_frame(buf)
                 phi, lags = self._design((buf - centre) / scale, lags, 0)
                 r, zc, ab, _ = _srif_nig(r, zc, ab, phi, (buf - centre) / scale)
         lp, logw = 0.0, parts.get("logw")
@@ -537,7 +548,7 @@ AUTO_DISCOUNTS = (0.9, 0.95, 0.98, 0.99, 1.0)
 
 
 @dataclass(frozen=True)
-class LocalTrend(_Exact):
+class LocalTrend(_Framed):
     """A local linear trend: a level and a slope that both drift, with Gaussian noise (a dynamic
     linear model, West and Harrison 1997, sections 4.5 and 6.3), in the series' own frame.
 
@@ -588,21 +599,6 @@ class LocalTrend(_Exact):
     def parameter_names(self) -> list[str]:
         return ["level", "slope", "noise_var"]
 
-    def featurize(self, data: torch.Tensor) -> torch.Tensor:
-        self.check_width(data)
-        return _check_finite(self.name, data.to(torch.float64))
-
-    def frame(self, post: torch.Tensor) -> tuple[float, float] | None:
-        """(centre, scale) of the reference frame, None during the warm-up."""
-        return (float(post[1]), float(post[2])) if int(post[0]) >= self.warmup else None
-
-    def discount_probabilities(self, post: torch.Tensor) -> dict[float, float] | None:
-        """The posterior probability of each discount given the rows so far; None with a fixed one."""
-        if self.discount:
-            return None
-        k = self.warmup
-        return {d: math.exp(w) for d, w in zip(AUTO_DISCOUNTS, post[3 + k : 3 + k + len(AUTO_DISCOUNTS)].tolist())}
-
     def _states(self, post: torch.Tensor) -> tuple[list[float], list[list[float]]]:
         k, c = self.warmup, len(self.discounts)
         p = post.tolist()
@@ -622,15 +618,21 @@ class LocalTrend(_Exact):
         return self._join([0.0, 0.0, 1.0], [0.0] * self.warmup, logw, states)
 
     @staticmethod
-    def _step(st: list[float], y: float, d: float) -> float:
+    def _log_t(e: float, q: float, a: float, b: float) -> float:
+        """log of the one-step predictive of a residual ``e`` with scale-free variance ``q``: a
+        Student-t, 2 a degrees of freedom, scale^2 q b / a."""
+        return (math.lgamma(a + 0.5) - math.lgamma(a) - 0.5 * math.log(2.0 * math.pi * b * q)
+                - (a + 0.5) * math.log1p(e * e / (2.0 * b * q)))
+
+    @classmethod
+    def _step(cls, st: list[float], y: float, d: float) -> float:
         """One row into a component's state ``st`` (changed in place); its one-step log predictive."""
         m0, m1, c00, c01, c11, a, b = st
         a0 = m0 + m1
         r00, r01, r11 = (c00 + 2.0 * c01 + c11) / d, (c01 + c11) / d, c11 / d
         q = r00 + 1.0
         e = y - a0
-        lp = (math.lgamma(a + 0.5) - math.lgamma(a) - 0.5 * math.log(2.0 * math.pi * b * q)
-              - (a + 0.5) * math.log1p(e * e / (2.0 * b * q)))
+        lp = cls._log_t(e, q, a, b)
         k0, k1 = r00 / q, r01 / q
         st[:] = [a0 + k0 * e, m1 + k1 * e, r00 - k0 * r00, r01 - k0 * r01, r11 - k1 * r01, a + 0.5, b + 0.5 * e * e / q]
         return lp
@@ -648,9 +650,7 @@ class LocalTrend(_Exact):
             first = min(k - seen, len(y))
             buf[seen : seen + first] = y[:first]
             if seen + first == k:
-                centre = buf[0] + sum(v - buf[0] for v in buf) / k
-                sd = math.sqrt(sum((v - centre) ** 2 for v in buf) / (k - 1))
-                scale = sd if sd > 0 else (abs(centre) if centre != 0 else 1.0)
+                centre, scale = _warmup_frame(torch.tensor(buf, dtype=torch.float64))
                 for st, d in zip(states, ds):
                     for v in buf:
                         self._step(st, (v - centre) / scale, d)
@@ -680,8 +680,7 @@ class LocalTrend(_Exact):
                 c00, c01, c11 = (c00 + 2.0 * c01 + c11) / d, (c01 + c11) / d, c11 / d
                 q = c00 + 1.0
                 e = (y - centre) / scale - m0
-                out.append(w + math.lgamma(a + 0.5) - math.lgamma(a) - 0.5 * math.log(2.0 * math.pi * b * q)
-                           - (a + 0.5) * math.log1p(e * e / (2.0 * b * q)) - math.log(scale))
+                out.append(w + self._log_t(e, q, a, b) - math.log(scale))
             each.append(out)
         return torch.logsumexp(torch.tensor(each, dtype=torch.float64), 0)
 

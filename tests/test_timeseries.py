@@ -49,13 +49,18 @@ def nig_log_marginal(phi: np.ndarray, z: np.ndarray, coef_scale: float, a0: floa
                 - logdet / 2 - n * mpmath.log(2 * mpmath.pi) / 2)
 
 
-def reference_parts(spec: str, y: np.ndarray) -> tuple[mpmath.mpf, mpmath.mpf, float]:
-    """(log p(z_1..n), log p(z_1..k), (n - k) log scale): the warm-up fixes centre and scale (mean,
-    sd with n - 1) of z = (y - centre) / scale."""
+def standardised(spec: str, y: np.ndarray):
+    """(the model, its warm-up k, scale, z): the warm-up fixes centre and scale (mean, sd with
+    n - 1) of z = (y - centre) / scale."""
     m = build_model(spec, 1)
     k = m.warmup
     centre, scale = float(np.mean(y[:k])), float(np.std(y[:k], ddof=1))
-    z = (y - centre) / scale
+    return m, k, scale, (y - centre) / scale
+
+
+def reference_parts(spec: str, y: np.ndarray) -> tuple[mpmath.mpf, mpmath.mpf, float]:
+    """(log p(z_1..n), log p(z_1..k), (n - k) log scale)."""
+    m, k, scale, z = standardised(spec, y)
     phi = design(spec, z)
     full = nig_log_marginal(phi, z, m.coef_scale, m.alpha0, m.beta0)
     head = nig_log_marginal(phi[:k], z[:k], m.coef_scale, m.alpha0, m.beta0)
@@ -292,6 +297,20 @@ def test_a_restart_keeps_the_incumbents_frame():
     assert p.exact_conditioned(fresh, 5) == 0 and float(fresh[1] / fresh[2]) == pytest.approx(float(post[1] / post[2]))
 
 
+def restart_against_reference(spec: str, y: np.ndarray, tau: int, redesign, restart):
+    """(the model, the dense reference of log p(y after the warm-up) for the design
+    ``redesign(phi, t)``, the model's: the rows before tau, then ``restart(model, posterior)``
+    fed the rows from tau)."""
+    m, k, scale, z = standardised(spec, y)
+    full = redesign(design(spec, z), np.arange(len(y), dtype=float))
+    ref = float(nig_log_marginal(full, z, m.coef_scale, m.alpha0, m.beta0)
+                - nig_log_marginal(full[:k], z[:k], m.coef_scale, m.alpha0, m.beta0)) - (len(y) - k) * math.log(scale)
+    rows = torch.from_numpy(y[:, None])
+    post, before = m.exact_update(m.exact_init(), rows[:tau])
+    _, since = m.exact_update(restart(m, post), rows[tau:])
+    return m, ref, before + since
+
+
 @pytest.mark.parametrize("spec", ["level", "ar", "trend:order=1", "seasonal:period=7,harmonics=3,trend=1,order=2"])
 def test_a_level_shift_restart_is_the_exact_model_with_two_levels(spec):
     """``exact_shift`` at tau: the rows before tau under the model, then the rows from tau under its
@@ -299,20 +318,14 @@ def test_a_level_shift_restart_is_the_exact_model_with_two_levels(spec):
     one intercept before tau and another, independent with the same prior, from tau on (the dense
     60-digit reference with the intercept's column split at tau; 1e-9 relative as above)."""
     y, tau = series(40), 23
-    m = build_model(spec, 1)
-    k = m.warmup
-    centre, scale = float(np.mean(y[:k])), float(np.std(y[:k], ddof=1))
-    z = (y - centre) / scale
-    phi = design(spec, z)
-    after = (np.arange(len(y)) >= tau)[:, None]
-    two = np.concatenate([phi[:, :1] * ~after, phi[:, :1] * after, phi[:, 1:]], axis=1)
-    ref = float(nig_log_marginal(two, z, m.coef_scale, m.alpha0, m.beta0)
-                - nig_log_marginal(two[:k], z[:k], m.coef_scale, m.alpha0, m.beta0)) - (len(y) - k) * math.log(scale)
-    rows = torch.from_numpy(y[:, None])
-    post, before = m.exact_update(m.exact_init(), rows[:tau])
-    _, since = m.exact_update(m.exact_shift(post), rows[tau:])
-    assert abs(before + since - ref) <= 1e-9 * abs(ref), (before + since, ref)
-    early, _ = m.exact_update(m.exact_init(), rows[: k - 1])
+
+    def two_levels(phi, t):
+        after = (t >= tau)[:, None]
+        return np.concatenate([phi[:, :1] * ~after, phi[:, :1] * after, phi[:, 1:]], axis=1)
+
+    m, ref, got = restart_against_reference(spec, y, tau, two_levels, lambda m, post: m.exact_shift(post))
+    assert abs(got - ref) <= 1e-9 * abs(ref), (got, ref)
+    early, _ = m.exact_update(m.exact_init(), torch.from_numpy(y[: m.warmup - 1, None]))
     assert m.exact_shift(early) is None  # no frame yet
 
 
@@ -325,25 +338,18 @@ def test_a_slope_change_restart_is_the_exact_model_with_a_kink(spec, jump):
     same prior (a continuous kink at tau); with ``jump`` also a column 1{t >= tau} (a level jump
     there, the same prior). The dense 60-digit reference; 1e-9 relative as above."""
     y, tau = series(40), 23
-    m = build_model(spec, 1)
-    k = m.warmup
-    centre, scale = float(np.mean(y[:k])), float(np.std(y[:k], ddof=1))
-    z = (y - centre) / scale
-    phi = design(spec, z)
-    t = np.arange(len(y), dtype=float)
-    kinked = phi.copy()
-    kinked[:, 1] = np.minimum(t, tau)
-    extra = [np.maximum(t - tau, 0)[:, None]] + ([(t >= tau).astype(float)[:, None]] if jump else [])
-    full = np.concatenate([kinked] + extra, axis=1)
-    ref = float(nig_log_marginal(full, z, m.coef_scale, m.alpha0, m.beta0)
-                - nig_log_marginal(full[:k], z[:k], m.coef_scale, m.alpha0, m.beta0)) - (len(y) - k) * math.log(scale)
-    rows = torch.from_numpy(y[:, None])
-    post, before = m.exact_update(m.exact_init(), rows[:tau])
-    _, since = m.exact_update(m.exact_kink(post, jump), rows[tau:])
-    assert abs(before + since - ref) <= 1e-9 * abs(ref), (before + since, ref)
-    early, _ = m.exact_update(m.exact_init(), rows[: k - 1])
+
+    def kinked(phi, t):
+        out = phi.copy()
+        out[:, 1] = np.minimum(t, tau)
+        extra = [np.maximum(t - tau, 0)[:, None]] + ([(t >= tau).astype(float)[:, None]] if jump else [])
+        return np.concatenate([out] + extra, axis=1)
+
+    m, ref, got = restart_against_reference(spec, y, tau, kinked, lambda m, post: m.exact_kink(post, jump))
+    assert abs(got - ref) <= 1e-9 * abs(ref), (got, ref)
+    early, _ = m.exact_update(m.exact_init(), torch.from_numpy(y[: m.warmup - 1, None]))
     assert m.exact_kink(early) is None  # no frame yet
-    assert build_model("level", 1).exact_kink(post[:0]) is None  # no slope
+    assert build_model("level", 1).exact_kink(early) is None  # no slope
 
 
 def local_trend_reference(z, d: float, m, tau: int | None = None) -> mpmath.mpf:
@@ -403,10 +409,7 @@ def test_local_trend_evidence_matches_the_dense_gaussian_process(spec):
     warm-up: log mean_k p_k(z after | z warm-up)); 1e-9 relative as above. Then the level-shift
     restart (``exact_shift`` before row 17) the same way, and the chunking makes no difference."""
     y = series(30)
-    m = build_model(spec, 1)
-    k = m.warmup
-    centre, scale = float(np.mean(y[:k])), float(np.std(y[:k], ddof=1))
-    z = (y - centre) / scale
+    m, k, scale, z = standardised(spec, y)
 
     def ref(tau=None):
         parts = [local_trend_reference(z, d, m, tau) - local_trend_reference(z[:k], d, m) for d in m.discounts]

@@ -31,7 +31,6 @@ PENDING_FLOOR = 1e-3
 #: sunspots' record peak of 1957, a count series' change of mean and variance split in two)
 SHIFT_TRAIN = 1
 
-
 #: a change's location moves off the chunk boundary the detector found only when another row of
 #: that chunk or the one before is more probable by more than this (``Detector._refine``)
 SUPPORT_NATS = 3.0
@@ -94,14 +93,6 @@ class Detector:
         # rows (an AR(1) latency series, +3 sd at 250: the restart there stood 10 nats ahead when
         # it retired at 310 and needed about 12). Only one, so the cost stays that of one challenger
         self.long_age = self.config.max_age or max(self.max_age, 20 * max(self.train, 10))  # a set max_age is the limit
-        # window shifts (``signals.Windows``): 4, 8 and 16 training samples, within the rows kept
-        # (``max_age``). Exact models only: their restarts cost a few arithmetic operations a row
-        # and their log predictives carry no sampling noise; a sampled model's restart is a
-        # fresh SGAIS run, and its chunks are usually large enough for the surprise alone
-        self.windows = None
-        if getattr(sampler, "method", "sgais") == "exact":
-            lengths = tuple(k * self.train for k in WINDOW_TRAINS if k * self.train <= self.max_age)
-            self.windows = Windows(lengths, self.config.surprise) if lengths else None
         self.capacity = sampler.config.reservoir_capacity
         # the challengers' sampler: the stream's, without the importance draws (``SGAISConfig.
         # first_draws``, ``check_draws``). With them, a mixture's restart fitted to its first chunk beat
@@ -116,6 +107,12 @@ class Detector:
                                     else float(self.config.expected_run_length))
         self.multimodal = bool(getattr(model, "multimodal", False))
         self.exact = getattr(sampler, "method", "sgais") == "exact"
+        # window shifts (``signals.Windows``): 4, 8 and 16 training samples, within the rows kept
+        # (``max_age``). Exact models only: their restarts cost a few arithmetic operations a row
+        # and their log predictives carry no sampling noise; a sampled model's restart is a
+        # fresh SGAIS run, and its chunks are usually large enough for the surprise alone
+        lengths = tuple(k * self.train for k in WINDOW_TRAINS if k * self.train <= self.max_age) if self.exact else ()
+        self.windows = Windows(lengths, self.config.surprise) if lengths else None
         # a level shift (``Model.exact_shift``): a restart that keeps all but the level; for a
         # model with a slope, one that wins is placed and restarted as a break (``_refine``)
         self.shifts = self.exact and callable(getattr(model, "exact_shift", None))
@@ -512,7 +509,7 @@ class Detector:
             # incumbent that kept the old slope reported it again every few rows (a trend whose
             # growth tripled: level shifts 4, 13 and 21 rows after it, and on)
             kinds = [1, 2] if shift and self.kinks else [int(shift)]
-            scores, befores, restarts, posts = [], [], [], []  # [row][kind]
+            scores, befores, posts = [], [], []  # scores: [row][kind]
             before = 0.0
             for j in range(span):
                 if j:
@@ -526,13 +523,12 @@ class Detector:
                           for kind in kinds]
                 if any(s is None for s in starts):
                     if pointwise:
-                        scores.append([-math.inf]), befores.append(before), restarts.append([None])
+                        scores.append([-math.inf]), befores.append(before)
                         continue
                     return None
                 scores.append([before + (suffix[j] if suffix is not None else model.exact_update(s, rows[j:])[1])
                                for s in starts])
                 befores.append(before)
-                restarts.append(starts)
             # (placing by the winning level shift unless a slope change is SUPPORT_NATS ahead kept
             # the AR(1) latency's jump at 250 where a kink at 249 is 0.7 nats ahead four rows after
             # it, but placed the slope-change simulation 6-8 rows late on 3 of 3 seeds, F1 0.83 -> 0.50)
@@ -548,7 +544,7 @@ class Detector:
                 # the one nearest the chunk boundary the detector found
                 j = min((k for k, v in enumerate(best) if v >= top - SUPPORT_NATS), key=lambda k: (abs(k - at), k))
             before = befores[j]
-            start = model.exact_kink(posts[j], jump=True) if len(kinds) > 1 else restarts[j][0]
+            start = (model.exact_kink(posts[j], jump=True) if len(kinds) > 1 else model.exact_shift(posts[j])) if shift else fresh
             new_post, lp_new = model.exact_update(start, rows[j:])
         ends = [r.start + int(r.rows.shape[0]) for r in recent[lo:]]
         chunk = lo + next(k for k, e in enumerate(ends) if recent[lo].start + j < e)
