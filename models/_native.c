@@ -493,6 +493,125 @@ static inline __attribute__((always_inline)) int gmm_loglik_body(
     return 0;
 }
 
+/* EM on a diagonal Gaussian mixture (models/mixture.py, _em_matrix and _map_em): the E step's
+ * responsibilities under (w [K], mu [K, d], var [K, d]) of the rows y [n] (y_j at y[b * stride + j])
+ * and their sums in one pass, stats [K, 1 + 2d] = sum_b r_kb (1, y_b, y_b^2), without the [K, n]
+ * responsibilities numpy writes. Returns 0, or 1 when the scratch could not be allocated. */
+static inline __attribute__((always_inline)) int em_stats_body(
+    int K, int d, long n, const double *y, long stride, const double *w, const double *mu, const double *var, double *stats)
+{
+    const int S = 1 + 2 * d;
+    scratch s;
+    if (scratch_alloc(&s, K, d, n)) return 1;
+    columns_at(d, n, s.padded, 0, y, stride, NULL, s.ycol);
+    for (long b = 0; b < n; b++) s.wcol[b] = 1.0;
+    pad_tail(d, n, s.padded, s.ycol, s.wcol);
+    double a[K * d], c[K * d], cst[K];
+    for (int k = 0; k < K; k++) {
+        double q = 0.0, lv = 0.0;
+        for (int j = 0; j < d; j++) {
+            const int i = k * d + j;
+            const double prec = 1.0 / var[i];
+            a[i] = mu[i] * prec;
+            c[i] = -0.5 * prec;
+            q += mu[i] * a[i];
+            lv += log(var[i]);
+        }
+        cst[k] = log(w[k]) - 0.5 * (lv + q);
+    }
+    double *lj = s.lj, *acc = s.acc, *mx = s.mx, *sm = s.sm, *inv = s.inv, *r = s.r;
+    memset(acc, 0, sizeof(double) * (size_t)K * S * BT);
+    for (long b0 = 0; b0 < s.padded; b0 += BT) {
+        block_softmax_terms(K, d, s.padded, s.ycol + b0, a, c, cst, lj, mx, sm);
+        for (int i = 0; i < BT; i++) inv[i] = s.wcol[b0 + i] / sm[i];
+        for (int k = 0; k < K; k++) {
+            const double *l = lj + (size_t)k * BT;
+            double *a0 = acc + (size_t)k * S * BT;
+            for (int i = 0; i < BT; i++) { r[i] = l[i] * inv[i]; a0[i] += r[i]; }
+            for (int j = 0; j < 2 * d; j++) {
+                const double *yc = s.ycol + (size_t)j * s.padded + b0;
+                double *a1 = a0 + (size_t)(1 + j) * BT;
+                for (int i = 0; i < BT; i++) a1[i] += r[i] * yc[i];
+            }
+        }
+    }
+    for (int q = 0; q < K * S; q++) stats[q] = lane_sum(acc + (size_t)q * BT);
+    free(s.buf);
+    return 0;
+}
+
+/* The weights' EM behind the mixture's jump proposals (models/mixture.py, _particle_counts), per
+ * particle m of M: lik [K, R] = exp(log N(y_r; mu_k, e^s_k) - max over k) (up to the constant, as
+ * numpy forms it) for the rows y [R] (y_j at y[r * stride + j]), then up to `sweeps` EM steps on the
+ * weights alone from w [M, K] (normalised; overwritten with the last weights):
+ * c_k = w_k sum_r wts_r lik_kr / sum_j w_j lik_jr, w <- c / sum c + 1e-12, stopping once no weight
+ * moves more than tol. counts [M, K] <- the last sweep's c. Each particle alone (its counts depend on
+ * its means and variances and start only, as the moves' reverse densities need). Returns 0, or 1
+ * when the scratch could not be allocated. */
+static inline __attribute__((always_inline)) int weight_em_body(
+    int M, int K, int d, long R, const double *y, long stride, const double *wts, const double *mu, const double *sv,
+    int sweeps, double tol, double *w, double *counts)
+{
+    const long padded = (R + BT - 1) / BT * BT;
+    double *buf = aligned_alloc(64, sizeof(double) * ((size_t)(2 * d + K + 3) * padded + (size_t)(K + 2) * BT));
+    if (!buf) return 1;
+    double *ycol = buf, *lik = ycol + (size_t)2 * d * padded, *wcol = lik + (size_t)K * padded;
+    double *den = wcol + padded, *qr = den + padded, *lj = qr + padded, *mx = lj + (size_t)K * BT, *sm = mx + BT;
+    columns_at(d, R, padded, 0, y, stride, NULL, ycol);
+    for (long b = 0; b < R; b++) wcol[b] = wts[b];
+    pad_tail(d, R, padded, ycol, wcol);
+    for (long b = R; b < padded; b++) qr[b] = 0.0; /* padding rows weigh nothing */
+    double a[K * d], c[K * d], cst[K], cnt[K], lane[BT];
+    for (int m = 0; m < M; m++) {
+        const double *mm = mu + (size_t)m * K * d, *ss = sv + (size_t)m * K * d;
+        for (int k = 0; k < K; k++) {
+            double q = 0.0, st = 0.0;
+            for (int j = 0; j < d; j++) {
+                const int i = k * d + j;
+                const double prec = exp(-ss[i]);
+                a[i] = mm[i] * prec;
+                c[i] = -0.5 * prec;
+                q += mm[i] * a[i];
+                st += ss[i];
+            }
+            cst[k] = -0.5 * (st + q);
+        }
+        for (long b0 = 0; b0 < padded; b0 += BT) {
+            block_softmax_terms(K, d, padded, ycol + b0, a, c, cst, lj, mx, sm);
+            for (int k = 0; k < K; k++) memcpy(lik + (size_t)k * padded + b0, lj + (size_t)k * BT, sizeof(double) * BT);
+        }
+        double *wm = w + (size_t)m * K, *cm = counts + (size_t)m * K;
+        for (int t = 0; t < sweeps; t++) {
+            for (long b = 0; b < padded; b++) den[b] = 0.0;
+            for (int k = 0; k < K; k++) {
+                const double wk = wm[k], *l = lik + (size_t)k * padded;
+                for (long b = 0; b < padded; b++) den[b] += wk * l[b];
+            }
+            for (long b = 0; b < R; b++) qr[b] = wcol[b] / den[b];
+            double tot = 0.0;
+            for (int k = 0; k < K; k++) {
+                const double *l = lik + (size_t)k * padded;
+                for (int i = 0; i < BT; i++) lane[i] = 0.0;
+                for (long b0 = 0; b0 < padded; b0 += BT)
+                    for (int i = 0; i < BT; i++) lane[i] += l[b0 + i] * qr[b0 + i];
+                cnt[k] = wm[k] * lane_sum(lane);
+                tot += cnt[k];
+            }
+            tot = tot > 1e-300 ? tot : 1e-300;
+            double moved = 0.0;
+            for (int k = 0; k < K; k++) {
+                const double next = cnt[k] / tot + 1e-12, dw = fabs(next - wm[k]);
+                moved = dw > moved ? dw : moved;
+                wm[k] = next;
+                cm[k] = cnt[k];
+            }
+            if (!(moved > tol)) break;
+        }
+    }
+    free(buf);
+    return 0;
+}
+
 #define GMM_ARGS int M, int K, int d, long B, const double *theta, const double *rows, long stride, \
                  const double *w, double w_total, double *out
 #define GMM_PASS M, K, d, B, theta, rows, stride, w, w_total, out
@@ -576,6 +695,40 @@ int cusp_gmm_run(RUN_ARGS)
 {
     if (isa_chosen < 0) cusp_isa();
     return gmm_run_chosen(RUN_PASS);
+}
+
+#define EM_ARGS int K, int d, long n, const double *y, long stride, const double *w, const double *mu, const double *var, double *stats
+#define EM_PASS K, d, n, y, stride, w, mu, var, stats
+#define WE_ARGS int M, int K, int d, long R, const double *y, long stride, const double *wts, const double *mu, \
+                const double *sv, int sweeps, double tol, double *w, double *counts
+#define WE_PASS M, K, d, R, y, stride, wts, mu, sv, sweeps, tol, w, counts
+#ifdef CUSP_X86
+__attribute__((target("avx512f,avx512dq,avx2,fma"))) static int em_stats_avx512(EM_ARGS) { return em_stats_body(EM_PASS); }
+__attribute__((target("avx2,fma"))) static int em_stats_avx2(EM_ARGS) { return em_stats_body(EM_PASS); }
+__attribute__((target("avx512f,avx512dq,avx2,fma"))) static int weight_em_avx512(WE_ARGS) { return weight_em_body(WE_PASS); }
+__attribute__((target("avx2,fma"))) static int weight_em_avx2(WE_ARGS) { return weight_em_body(WE_PASS); }
+#endif
+static int em_stats_base(EM_ARGS) { return em_stats_body(EM_PASS); }
+static int weight_em_base(WE_ARGS) { return weight_em_body(WE_PASS); }
+
+int cusp_em_stats(EM_ARGS)
+{
+    if (isa_chosen < 0) cusp_isa();
+#ifdef CUSP_X86
+    if (isa_chosen == 2) return em_stats_avx512(EM_PASS);
+    if (isa_chosen == 1) return em_stats_avx2(EM_PASS);
+#endif
+    return em_stats_base(EM_PASS);
+}
+
+int cusp_weight_em(WE_ARGS)
+{
+    if (isa_chosen < 0) cusp_isa();
+#ifdef CUSP_X86
+    if (isa_chosen == 2) return weight_em_avx512(WE_PASS);
+    if (isa_chosen == 1) return weight_em_avx2(WE_PASS);
+#endif
+    return weight_em_base(WE_PASS);
 }
 
 /* Gram matrices of gathered rows (models/linear.py, sampled_stats): out [E, F, F] with

@@ -466,9 +466,10 @@ class GaussianMixture(Model):
             # K, K + 1, ... components: a fit with more components than the model's resolves
             # overlapping clusters that a K-component fit (like stuck particles) merges
             k = min(self.components + extra * i, len(sample))
-            w, mu, var, resp = _em_matrix(sample, _kmeanspp(sample, k, np.random.default_rng(seed)), iterations)
+            w, mu, var, resp = _em_matrix(sample, _kmeanspp(sample, k, np.random.default_rng(seed)), iterations,
+                                          responsibilities=not refine)
             if refine:
-                w, mu, var, resp = _em_matrix(ys, mu, refine, start=(w, mu, var))
+                w, mu, var, resp = _em_matrix(ys, mu, refine, start=(w, mu, var), responsibilities=True)
                 fit_hist = r_hist
             else:
                 fit_hist = n_fit
@@ -608,36 +609,16 @@ class GaussianMixture(Model):
         assign_hist each, chunk rows lambda; the total is then shrunk to the rows behind it (the
         proposal is as wide as the sample allows, not as narrow as the posterior)."""
         y = cands.assign  # [R, d]
-        prec = np.exp(-s)  # [M, K, d]
-        # log N(y; mu_k, s_k) up to a constant: [M, K, R] by one product on (y, y^2)
-        coef = np.concatenate([mu * prec, -0.5 * prec], axis=2)  # [M, K, 2d]
-        const = -0.5 * (s.sum(-1) + (mu * mu * prec).sum(-1))  # [M, K]
-        feats = np.concatenate([y, y * y], axis=1)  # [R, 2d]
-        dens = coef @ feats.T + const[:, :, None]  # [M, K, R]
-        dens -= dens.max(1, keepdims=True)
-        lik = np.exp(dens)
         h = cands.assign_hist
         wts = np.concatenate([np.full(h, cands.n_prev / h if h else 0.0), np.full(len(y) - h, lam)])
         m, k = mu.shape[:2]
-        w = np.full((m, 1, k), 1.0 / k) if start is None else (start / start.sum(1, keepdims=True))[:, None, :].copy()
-        counts = np.zeros((m, k))
-        live, lik_live = np.arange(m), lik  # the particles whose weights still move, and their lik
-        for _ in range(WEIGHT_SWEEPS if sweeps is None else sweeps):  # EM on the weights alone, the means and variances held
-            # counts_k = w_k sum_r wts_r lik_kr / sum_j w_j lik_jr: two batched products over lik
-            # per sweep, no [M, K, R] responsibilities written (4x faster than forming them)
-            w_live = w[live]
-            den = w_live @ lik_live  # [L, 1, R], >= 1e-12 (each row's largest lik is 1)
-            c = w_live[:, 0, :] * (lik_live @ (wts / den[:, 0, :])[:, :, None])[:, :, 0]  # [L, K]
-            w_next = (c / np.maximum(c.sum(1, keepdims=True), 1e-300))[:, None, :] + 1e-12
-            counts[live], w[live] = c, w_next
-            # a particle whose weights have settled stops (its own test: its counts depend on its
-            # means and variances alone, as the moves' reverse densities need)
-            moving = np.abs(w_next - w_live).max((1, 2)) > WEIGHT_TOL
-            if not moving.all():
-                live = live[moving]
-                if len(live) == 0:
-                    break
-                lik_live = lik[live]
+        w = np.full((m, k), 1.0 / k) if start is None else start / start.sum(1, keepdims=True)
+        sweeps = WEIGHT_SWEEPS if sweeps is None else sweeps
+        native = kernels()
+        if native is not None:
+            counts = native.weight_em(y, wts, mu, s, w, sweeps, WEIGHT_TOL)[0]
+        else:
+            counts = _weight_em(np.exp(_component_log_densities(y, mu, s)), wts, w, sweeps)
         total = counts.sum(1, keepdims=True)
         rows_behind = h + lam * (len(y) - h)
         return 1.0 + counts * (rows_behind / np.maximum(total, 1e-12))
@@ -697,6 +678,44 @@ WEIGHT_SWEEPS = 20
 #: in the counts; 2026-11-27: on the paper's 3 -> 5 -> 7 clusters, K = 3, half the particles settle within
 #: 5 sweeps, 90 % within 16: the sweeps were a third of the mixture's default time there)
 WEIGHT_TOL = 1e-10
+
+
+def _component_log_densities(y: np.ndarray, mu: np.ndarray, s: np.ndarray) -> np.ndarray:
+    """log N(y_r; mu_k, e^s_k) up to a constant, minus its largest over k, per particle: ``[M, K, R]``
+    for rows ``y [R, d]`` and particles' ``mu``, ``s [M, K, d]`` (one product on (y, y^2))."""
+    prec = np.exp(-s)  # [M, K, d]
+    coef = np.concatenate([mu * prec, -0.5 * prec], axis=2)  # [M, K, 2d]
+    const = -0.5 * (s.sum(-1) + (mu * mu * prec).sum(-1))  # [M, K]
+    dens = coef @ np.concatenate([y, y * y], axis=1).T + const[:, :, None]  # [M, K, R]
+    dens -= dens.max(1, keepdims=True)
+    return dens
+
+
+def _weight_em(lik: np.ndarray, wts: np.ndarray, w: np.ndarray, sweeps: int) -> np.ndarray:
+    """The weights' EM of ``_particle_counts`` without the native kernel (and its reference in
+    tests/test_native.py): from the normalised weights ``w [M, K]``, on the rows' likelihoods ``lik
+    [M, K, R]`` (each row's largest 1) with the rows' weights ``wts [R]``; the last sweep's counts [M, K]."""
+    m, k = w.shape
+    w = w[:, None, :].copy()
+    counts = np.zeros((m, k))
+    live, lik_live = np.arange(m), lik  # the particles whose weights still move, and their lik
+    for _ in range(sweeps):  # EM on the weights alone, the means and variances held
+        # counts_k = w_k sum_r wts_r lik_kr / sum_j w_j lik_jr: two batched products over lik
+        # per sweep, no [M, K, R] responsibilities written (4x faster than forming them)
+        w_live = w[live]
+        den = w_live @ lik_live  # [L, 1, R], >= 1e-12 (each row's largest lik is 1)
+        c = w_live[:, 0, :] * (lik_live @ (wts / den[:, 0, :])[:, :, None])[:, :, 0]  # [L, K]
+        w_next = (c / np.maximum(c.sum(1, keepdims=True), 1e-300))[:, None, :] + 1e-12
+        counts[live], w[live] = c, w_next
+        # a particle whose weights have settled stops (its own test: its counts depend on its
+        # means and variances alone, as the moves' reverse densities need)
+        moving = np.abs(w_next - w_live).max((1, 2)) > WEIGHT_TOL
+        if not moving.all():
+            live = live[moving]
+            if len(live) == 0:
+                break
+            lik_live = lik[live]
+    return counts
 
 
 def _propose_weights(generator: torch.Generator, z: np.ndarray, alpha_old: np.ndarray,
@@ -761,31 +780,40 @@ def _logsumexp(a: np.ndarray, axis: int) -> np.ndarray:
         return np.squeeze(top, axis) + np.log(np.sum(np.exp(a - top), axis=axis))
 
 
-def _em_matrix(y: np.ndarray, means: np.ndarray, iterations: int, start=None):
+def _em_matrix(y: np.ndarray, means: np.ndarray, iterations: int, start=None, responsibilities: bool = False):
     """``_em`` in matrix form (one product per step, not an [n, K, d] broadcast), on rows ``y [n, d]``
     that should be standardised, from ``means [K, d]`` (hard assignment to the nearest) or from
-    ``start`` = (weights, means, variances): (weights [K], means [K, d], variances [K, d],
-    responsibilities [n, K]). The responsibilities are kept as [K, n] inside: the reductions over
-    the K components then run along rows of n, about 2x faster than along rows of K."""
+    ``start`` = (weights, means, variances): (weights [K], means [K, d], variances [K, d], and the
+    responsibilities [n, K] when ``responsibilities``, else None). Each step's E step and sums are
+    one ``_em_stats``."""
     n, d = y.shape
     k = means.shape[0]
     floor = 1e-6
     feats = np.concatenate([np.ones((n, 1)), y, y * y], axis=1)  # [n, 1 + 2d]
     if start is None:
         nearest = np.stack([((y - means[j]) ** 2).sum(-1) for j in range(k)]).argmin(0)
-        resp = (nearest[None] == np.arange(k)[:, None]).astype(np.float64)  # [K, n]
+        st = (nearest[None] == np.arange(k)[:, None]).astype(np.float64) @ feats  # hard assignments' sums
     for i in range(iterations + 1):
         if i == 0 and start is not None:
             w, mu, var = start
         else:
-            st = resp @ feats  # [K, 1 + 2d]
             nk = st[:, 0] + 1e-9
             w = nk / nk.sum()
             mu = np.where(st[:, :1] > 0, st[:, 1 : 1 + d] / nk[:, None], means)
             var = np.maximum(st[:, 1 + d :] / nk[:, None] - mu * mu, floor)
             var = np.where(st[:, :1] > 1.0, var, 1.0)  # a component with (almost) no rows: unit variance
-        resp = _responsibilities(feats, w, mu, var)
-    return w, mu, var, resp.T
+        if i < iterations:
+            st = _em_stats(y, feats, w, mu, var)
+    return w, mu, var, (_responsibilities(feats, w, mu, var).T if responsibilities else None)
+
+
+def _em_stats(y: np.ndarray, feats: np.ndarray, w: np.ndarray, mu: np.ndarray, var: np.ndarray) -> np.ndarray:
+    """An E step and its sums, [K, 1 + 2d] = sum over the rows of the responsibilities times (1, y,
+    y^2) (``feats``: the rows ``y [n, d]`` so featurized); the native kernel forms no [K, n] array."""
+    native = kernels()
+    if native is not None:
+        return native.em_stats(y, w, mu, var)
+    return _responsibilities(feats, w, mu, var) @ feats
 
 
 def _responsibilities(feats: np.ndarray, w: np.ndarray, mu: np.ndarray, var: np.ndarray) -> np.ndarray:
@@ -814,7 +842,7 @@ def _map_em(y: np.ndarray, w: np.ndarray, mu: np.ndarray, var: np.ndarray, itera
     feats = np.concatenate([np.ones((n, 1)), y, y * y], axis=1)  # [n, 1 + 2d]
     k = w.shape[0]
     for _ in range(iterations):
-        st = _responsibilities(feats, w, mu, var) @ feats  # [K, 1 + 2d]
+        st = _em_stats(y, feats, w, mu, var)  # [K, 1 + 2d]
         if weight != 1.0:
             st *= weight
         nk = st[:, :1]

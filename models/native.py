@@ -35,6 +35,12 @@ class NativeKernels:
         self._gather_gram = lib.cusp_gather_gram
         self._gather_gram.argtypes = [i, L, i, p, L, p, p]
         self._gather_gram.restype = i
+        self._em_stats = lib.cusp_em_stats
+        self._em_stats.argtypes = [i, i, L, p, L, p, p, p, p]
+        self._em_stats.restype = i
+        self._weight_em = lib.cusp_weight_em
+        self._weight_em.argtypes = [i, i, i, L, p, L, p, p, p, i, f, p, p]
+        self._weight_em.restype = i
         lib.cusp_isa.restype = i
         self.isa = ("baseline", "avx2+fma", "avx512")[lib.cusp_isa()]
 
@@ -121,6 +127,37 @@ class NativeKernels:
         if self._gmm_loglik(m, components, d, b, theta.ctypes.data, rows.ctypes.data, f, out.ctypes.data):
             raise MemoryError("gmm_loglik: scratch allocation failed")
         return out
+
+
+    def em_stats(self, y: np.ndarray, w: np.ndarray, mu: np.ndarray, var: np.ndarray) -> np.ndarray:
+        """The E step of a diagonal Gaussian mixture and its sums: ``[K, 1 + 2d]`` = sum over the rows
+        ``y [n, d]`` of the responsibilities under (``w [K]``, ``mu [K, d]``, ``var [K, d]``) times
+        (1, y, y^2) (models/mixture.py, ``_em_stats``)."""
+        y = np.ascontiguousarray(y, dtype=np.float64)
+        k, d = mu.shape
+        w, mu, var = (np.ascontiguousarray(a, dtype=np.float64) for a in (w, mu, var))
+        if y.ndim != 2 or y.shape[1] != d or w.shape != (k,) or var.shape != (k, d):
+            raise ValueError(f"em_stats: y {y.shape}, w {w.shape}, mu {mu.shape} and var {var.shape} do not fit")
+        out = np.empty((k, 1 + 2 * d))
+        if self._em_stats(k, d, y.shape[0], y.ctypes.data, d, w.ctypes.data, mu.ctypes.data, var.ctypes.data, out.ctypes.data):
+            raise MemoryError("em_stats: scratch allocation failed")
+        return out
+
+    def weight_em(self, y: np.ndarray, wts: np.ndarray, mu: np.ndarray, s: np.ndarray, w: np.ndarray, sweeps: int,
+                  tol: float) -> tuple[np.ndarray, np.ndarray]:
+        """The weights' EM of models/mixture.py's ``_particle_counts`` for rows ``y [R, d]`` with weights
+        ``wts [R]``, particles' means ``mu [M, K, d]`` and log variances ``s [M, K, d]``, from the
+        normalised weights ``w [M, K]``: (counts [M, K], the last weights [M, K])."""
+        y, wts, mu, s = (np.ascontiguousarray(a, dtype=np.float64) for a in (y, wts, mu, s))
+        w = np.array(w, dtype=np.float64, order="C")  # a copy: the kernel overwrites it
+        m, k, d = mu.shape
+        if y.ndim != 2 or y.shape[1] != d or wts.shape != (y.shape[0],) or s.shape != mu.shape or w.shape != (m, k):
+            raise ValueError(f"weight_em: y {y.shape}, wts {wts.shape}, mu {mu.shape}, s {s.shape} and w {w.shape} do not fit")
+        counts = np.zeros((m, k))
+        if self._weight_em(m, k, d, y.shape[0], y.ctypes.data, d, wts.ctypes.data, mu.ctypes.data, s.ctypes.data,
+                           int(sweeps), float(tol), w.ctypes.data, counts.ctypes.data):
+            raise MemoryError("weight_em: scratch allocation failed")
+        return counts, w
 
 
 def _check_indices(name: str, idx: np.ndarray, rows: int) -> None:

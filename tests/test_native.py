@@ -9,6 +9,7 @@ process, capped by CUSP_NATIVE_ISA).
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -291,8 +292,69 @@ def test_bad_gather_gram_arguments_are_refused_not_read():
         k.gather_gram(np.zeros(10), np.array([[0, 1]]))
 
 
+def _em_problem(k: int, d: int, b: int, seed: int, spread: float = 1.0):
+    """Rows y [b, d], a mixture (w [K], mu [K, d], var [K, d]), particles' mu, s [6, K, d] and row weights."""
+    rng = np.random.default_rng(seed)
+    y = rng.normal(size=(b, d)) * 3.0 * spread
+    w = rng.dirichlet(np.ones(k))
+    mu, var = rng.normal(size=(k, d)) * 2.0 * spread, rng.uniform(0.2, 3.0, size=(k, d)) * spread**2
+    pmu, ps = rng.normal(size=(6, k, d)) * 2.0 * spread, rng.normal(size=(6, k, d)) + 2.0 * math.log(spread)
+    return y, w, mu, var, pmu, ps, rng.uniform(0.0, 5.0, size=b)
+
+
+@pytest.mark.parametrize("k,d,b", CASES)
+@pytest.mark.parametrize("spread", [1.0, 300.0])
+def test_the_em_kernels_equal_the_numpy_path(k, d, b, spread):
+    """The E step's sums (``_em_matrix``, ``_map_em``) and the weights' EM (``_particle_counts``), native
+    against numpy, with blocks of 64 rows with and without a tail, one row, and components a thousand
+    nats apart (exp's clamp must act as zero)."""
+    y, w, mu, var, pmu, ps, wts = _em_problem(k, d, b, seed=k * 100 + d * 10 + b, spread=spread)
+    kern = native.kernels()
+    feats = np.concatenate([np.ones((b, 1)), y, y * y], axis=1)
+    want = mixture._responsibilities(feats, w, mu, var) @ feats
+    got = kern.em_stats(y, w, mu, var)
+    assert np.allclose(got, want, rtol=1e-11, atol=1e-11 * np.abs(want).max())
+    start = np.random.default_rng(1).dirichlet(np.ones(k), size=6)
+    for sweeps in (1, 3, mixture.WEIGHT_SWEEPS):
+        want_c = mixture._weight_em(np.exp(mixture._component_log_densities(y, pmu, ps)), wts, start, sweeps)
+        got_c, _ = kern.weight_em(y, wts, pmu, ps, start, sweeps, mixture.WEIGHT_TOL)
+        assert np.allclose(got_c, want_c, rtol=1e-9, atol=1e-12 * np.abs(want_c).max()), (sweeps, np.abs(got_c - want_c).max())
+
+
+def test_the_fits_are_the_same_with_and_without_the_em_kernels(monkeypatch):
+    """``_em_matrix`` end to end (k-means++ start, 25 steps, responsibilities) and ``_particle_counts``:
+    the kernels change the fits by rounding only."""
+    rng = np.random.default_rng(4)
+    y = np.concatenate([rng.normal(size=(700, 2)) * 0.5 + c for c in ((0, 0), (4, 1), (-3, 3))])
+    means = mixture._kmeanspp(y, 4, np.random.default_rng(2))
+    got = mixture._em_matrix(y, means, 25, responsibilities=True)
+    m = build_model("gmm:components=4", n_columns=2)
+    theta = m.sample_prior(torch.Generator().manual_seed(3), 5).numpy()
+    mu, s = theta[:, 4:12].reshape(5, 4, 2), theta[:, 12:].reshape(5, 4, 2)
+    cands = m.assignment_rows(torch.from_numpy(y), torch.from_numpy(y[:100]), 2100, torch.Generator().manual_seed(5))
+    got_counts = m._particle_counts(mu, s, cands, 0.5, 100)
+    monkeypatch.setattr(mixture, "kernels", lambda: None)
+    want = mixture._em_matrix(y, means, 25, responsibilities=True)
+    for a, b in zip(got, want):
+        assert np.allclose(a, b, rtol=1e-9, atol=1e-12)
+    assert np.allclose(got_counts, m._particle_counts(mu, s, cands, 0.5, 100), rtol=1e-9)
+
+
+def test_bad_em_arguments_are_refused_not_read():
+    k = native.kernels()
+    with pytest.raises(ValueError, match="em_stats"):
+        k.em_stats(np.zeros((10, 3)), np.ones(2) / 2, np.zeros((2, 2)), np.ones((2, 2)))
+    with pytest.raises(ValueError, match="em_stats"):
+        k.em_stats(np.zeros((10, 2)), np.ones(3) / 3, np.zeros((2, 2)), np.ones((2, 2)))
+    with pytest.raises(ValueError, match="weight_em"):
+        k.weight_em(np.zeros((10, 2)), np.ones(9), np.zeros((4, 2, 2)), np.zeros((4, 2, 2)), np.ones((4, 2)) / 2, 3, 1e-10)
+    with pytest.raises(ValueError, match="weight_em"):
+        k.weight_em(np.zeros((10, 2)), np.ones(10), np.zeros((4, 2, 2)), np.zeros((4, 2, 3)), np.ones((4, 2)) / 2, 3, 1e-10)
+
+
 _ISA_SCRIPT = r"""
 import json, sys, torch
+import numpy as np
 sys.path.insert(0, sys.argv[1])
 from models import native
 from tests.test_native import CASES, _problem, _sampled
@@ -307,13 +369,17 @@ gp = torch.randn(200, 7, generator=torch.Generator().manual_seed(1), dtype=torch
 gi = torch.randint(0, 200, (3, 90), generator=torch.Generator().manual_seed(2))
 out["gram"] = [native.kernels().gather_gram(gp.numpy(), gi.numpy()).tolist(),
                native.kernels().gather_gram(torch.cat([gp, gp[:, :3]], 1).numpy(), gi.numpy()).tolist()]
+from tests.test_native import _em_problem
+y, w, mu, var, pmu, ps, wts = _em_problem(5, 2, 1000, seed=7)
+out["em"] = [native.kernels().em_stats(y, w, mu, var).tolist(),
+             native.kernels().weight_em(y, wts, pmu, ps, np.full((6, 5), 0.2), 20, 1e-10)[0].tolist()]
 print(json.dumps(out))
 """
 
 
 def test_every_instruction_set_agrees(monkeypatch):
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    runs, sampled, grams = {}, {}, {}
+    runs, sampled, grams, ems = {}, {}, {}, {}
     for cap in ("2", "1", "0"):
         env = dict(os.environ, CUSP_NATIVE_ISA=cap)
         done = subprocess.run([sys.executable, "-c", _ISA_SCRIPT, root], env=env, capture_output=True, text=True,
@@ -323,6 +389,7 @@ def test_every_instruction_set_agrees(monkeypatch):
         runs[r["isa"]] = r["cases"]
         sampled[r["isa"]] = torch.tensor(r["sampled"], dtype=torch.float64)
         grams[r["isa"]] = r["gram"]
+        ems[r["isa"]] = r["em"]
     assert "baseline" in runs  # the cap reaches the baseline build on any x86 machine
     for j, (k, d, b) in enumerate(CASES):
         m, theta, rows, w = _problem(k, d, b, seed=k * 100 + d * 10 + b)
@@ -342,6 +409,13 @@ def test_every_instruction_set_agrees(monkeypatch):
         want_g = pool_g[gi].transpose(-1, -2) @ pool_g[gi]
         for isa, got in grams.items():
             assert torch.allclose(torch.tensor(got[j], dtype=torch.float64), want_g, rtol=1e-12, atol=1e-11), (isa, j)
+    y, w, mu, var, pmu, ps, wts = _em_problem(5, 2, 1000, seed=7)
+    feats = np.concatenate([np.ones((1000, 1)), y, y * y], axis=1)
+    want_em = (mixture._responsibilities(feats, w, mu, var) @ feats,
+               mixture._weight_em(np.exp(mixture._component_log_densities(y, pmu, ps)), wts, np.full((6, 5), 0.2), 20))
+    for isa, got in ems.items():
+        for g, want_e in zip(got, want_em):
+            assert np.allclose(np.array(g), want_e, rtol=1e-9, atol=1e-12 * np.abs(want_e).max()), isa
 
 
 @pytest.mark.parametrize("var,value", [("CUSP_NATIVE", "maybe"), ("CUSP_NATIVE_ISA", "3"), ("CUSP_NATIVE_ISA", "avx")])
