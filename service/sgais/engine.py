@@ -557,6 +557,9 @@ class Sampler(SamplerBase):
         lt_local, chunk_ll = local(theta)
         if screen:  # the current particles' log-likelihoods on the sample, carried like lt_local
             sub_ll = model.log_likelihood(theta, sub)
+        # the current particles' reservoir terms, computed when a proposal first needs them and carried
+        # like lt_local (a particle's term does not depend on the particles beside it: the same bits)
+        hist = torch.full((m,), math.nan, dtype=torch.float64)
         best_gain = 0.0
         for _ in range(self.config.jumps if steps is None else steps):
             prop, log_q_ratio = propose(theta)
@@ -576,15 +579,21 @@ class Sampler(SamplerBase):
                 passed = torch.ones(m, dtype=torch.bool)
             accept = torch.zeros(m, dtype=torch.bool)
             gain = torch.zeros(m, dtype=torch.float64)  # log pi(theta') - log pi(theta)
+            hist_p = torch.full((m,), math.nan, dtype=torch.float64)
             if bool(passed.any()):
                 i = passed.nonzero()[:, 0]
-                gain[i] = lt_local_p[i] - lt_local[i] + history(prop[i]) - history(theta[i])
+                unknown = i[torch.isnan(hist[i])]
+                if len(unknown):
+                    hist[unknown] = history(theta[unknown])
+                hist_p[i] = history(prop[i])
+                gain[i] = lt_local_p[i] - lt_local[i] + hist_p[i] - hist[i]
                 log_a2 = delayed_log_acceptance(gain[i] + log_q_ratio[i], log_a1[i], log_a1_rev[i])
                 accept[i] = (log_u[-1, i] < log_a2) & torch.isfinite(gain[i])
             if bool(accept.any()):
                 theta = torch.where(accept[:, None], prop, theta)
                 lt_local = torch.where(accept, lt_local_p, lt_local)
                 chunk_ll = torch.where(accept, chunk_p, chunk_ll)
+                hist = torch.where(accept, hist_p, hist)
                 if screen:
                     sub_ll = torch.where(accept[:, None], sub_ll_p, sub_ll)
                 best_gain = max(best_gain, float(gain[accept].max()))
