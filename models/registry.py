@@ -24,11 +24,11 @@ from models.linear import LinearRegression, LogisticRegression
 from models.mixture import Gaussian, GaussianMixture
 from models.counts import NegativeBinomial, NegativeBinomialAlias
 from models.heavy import StudentT
-from models.timeseries import Autoregressive, Level, LocalTrend, Poisson, Seasonal, Trend
+from models.timeseries import Autoregressive, Level, LocalSeasonal, LocalTrend, Poisson, Seasonal, Trend
 
 REGISTRY: dict[str, type[Model]] = {
     cls.name: cls for cls in (LinearRegression, LogisticRegression, GaussianMixture, Gaussian, Level, Autoregressive,
-                              Trend, LocalTrend, Seasonal, Poisson, NegativeBinomial, NegativeBinomialAlias, StudentT)
+                              Trend, LocalTrend, LocalSeasonal, Seasonal, Poisson, NegativeBinomial, NegativeBinomialAlias, StudentT)
 }
 #: What a stream gets when it is created without a model list: for one column (a metric series)
 #: a constant level, an autoregression, a linear trend, Student-t tails and a season of unknown

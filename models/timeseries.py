@@ -40,6 +40,7 @@ import math
 from dataclasses import dataclass
 from typing import ClassVar
 
+import numpy as np
 import torch
 
 from models.base import LOG_2PI, Model, ModelError
@@ -703,3 +704,231 @@ class LocalTrend(_Framed):
         for st in states:
             st[2] += float(self.coef_scale) ** 2
         return self._join(post[:3].tolist(), post[3 : 3 + self.warmup].tolist(), logw, states)
+
+
+@dataclass(frozen=True)
+class LocalSeasonal(LocalTrend):
+    """A local linear trend with a season: ``local-trend``'s level and slope that drift, plus
+    ``harmonics`` Fourier terms of ``period`` observations, and Gaussian noise (a dynamic linear
+    model with component discounting, West and Harrison 1997, sections 6.3 and 8.5):
+
+        z_t = level_t + sum_h s_{h,t} + e_t,   e_t ~ N(0, s2)
+        (level, slope)_t = [[1, 1], [0, 1]] (level, slope)_{t-1} + w_t,
+        (s_h, s*_h)_t = rotation by 2 pi h / period of (s_h, s*_h)_{t-1} + w*_t,
+
+    the trend block's evolution variance set by ``discount`` (its part of the moved covariance
+    divided by it), the season's by ``season_discount`` (1, the default: a fixed seasonal shape, as
+    ``seasonal``'s Fourier terms; below 1 the shape may drift). Where ``seasonal`` holds its level
+    with an AR(1) lag and ``seasonal:trend=1`` draws one straight line for years, this one follows
+    growth that bends, with its season on top: hourly traffic growing with a daily cycle, weekly CO2.
+    Conjugate in the noise variance as ``local-trend`` is (each row's one-step predictive a
+    Student-t, the evidence exact; C, and so W_t, depend only on how many rows came, so given s2
+    the model is a Gaussian process, which ``tests/test_timeseries.py`` checks it against, dense).
+    Without a ``discount`` the trend's discount is averaged over ``AUTO_DISCOUNTS``; without a
+    ``period``, the period over ``AUTO_PERIODS`` (harmonics at most (period - 1) / 2), as for
+    ``seasonal``: the components are every (period, discount) pair, equal prior weights, exact
+    (each conditions on the warm-up rows; the weights follow their predictives after it). All
+    components are filtered together, as one batch of small matrices. ``post`` = (seen, centre,
+    scale, warm-up buffer [warmup], log weights [K], then per component m [P], C [P, P], a, b),
+    P = 2 + 2 x the largest number of harmonics (a component with fewer keeps the rest at 0)."""
+
+    name = "local-seasonal"
+    period: float = 0.0  # 0: average over AUTO_PERIODS
+    harmonics: int = 3
+    season_discount: float = 1.0
+    order: int = 1
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        n = self.name
+        if not (isinstance(self.period, (int, float)) and not isinstance(self.period, bool) and math.isfinite(self.period)
+                and (self.period == 0 or self.period >= 3)):
+            raise ModelError(f"{n}: period must be 0 (average over {', '.join(f'{p:g}' for p in AUTO_PERIODS)}) "
+                             f"or at least 3 observations, got {self.period!r}")
+        if not (isinstance(self.harmonics, int) and not isinstance(self.harmonics, bool) and 1 <= self.harmonics <= 32
+                and (not self.period or 2 * self.harmonics < self.period)):
+            raise ModelError(f"{n}: harmonics must be an integer in [1, 32], below period / 2, got {self.harmonics!r}")
+        if self.order not in (0, 1) or isinstance(self.order, bool):
+            raise ModelError(f"{n}: order must be 0 or 1 (an AR(1) term on the last value), got {self.order!r}")
+        if not (isinstance(self.season_discount, (int, float)) and not isinstance(self.season_discount, bool)
+                and 0.5 <= self.season_discount <= 1.0):
+            raise ModelError(f"{n}: season_discount must be a number in [0.5, 1] (1: a fixed seasonal shape), "
+                             f"got {self.season_discount!r}")
+
+    @property
+    def seasons(self) -> tuple[tuple[float, int], ...]:
+        """(period, harmonics) of each season the model averages over (one with a ``period``)."""
+        if self.period:
+            return ((float(self.period), self.harmonics),)
+        return tuple((p, min(self.harmonics, int((p - 1) // 2))) for p in AUTO_PERIODS)
+
+    @property
+    def components(self) -> tuple[tuple[float, int, float], ...]:
+        """(period, harmonics, trend discount) of each component."""
+        return tuple((p, h, d) for p, h in self.seasons for d in self.discounts)
+
+    @property
+    def _p(self) -> int:
+        return 2 + 2 * max(h for _, h in self.seasons) + self.order
+
+    def parameter_names(self) -> list[str]:
+        return ["level", "slope", "noise_var"]
+
+    def period_probabilities(self, post: torch.Tensor) -> dict[float, float] | None:
+        """The posterior probability of each period given the rows so far (summed over the trend's
+        discounts); None with a fixed period."""
+        if self.period:
+            return None
+        w = np.exp(self._unpack(post)[1])
+        out: dict[float, float] = {}
+        for (p, _, _), v in zip(self.components, w):
+            out[p] = out.get(p, 0.0) + float(v)
+        return out
+
+    def _system(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """G [K, P, P], F [K, P] and the trend discounts [K] of the components."""
+        comps, p = self.components, self._p
+        g = np.zeros((len(comps), p, p))
+        f = np.zeros((len(comps), p))
+        g[:, 0, 0] = g[:, 0, 1] = g[:, 1, 1] = f[:, 0] = 1.0
+        for c, (period, h, _) in enumerate(comps):
+            for j in range(1, h + 1):
+                w, i = 2.0 * math.pi * j / period, 2 * j
+                g[c, i : i + 2, i : i + 2] = [[math.cos(w), math.sin(w)], [-math.sin(w), math.cos(w)]]
+                f[c, i] = 1.0
+        if self.order:
+            g[:, -1, -1] = 1.0  # the AR coefficient: static; its regressor, the last value, is set per row
+        return g, f, np.array([d for _, _, d in comps])
+
+    def _unpack(self, post: torch.Tensor):
+        """(last value in the frame, log weights [K], m [K, P], C [K, P, P], a [K], b [K])."""
+        k, c, p = self.warmup, len(self.components), self._p
+        x = post.numpy()
+        logw = x[4 + k : 4 + k + c].copy()
+        st = x[4 + k + c :].reshape(c, p + p * p + 2)
+        return (float(x[3 + k]), logw, st[:, :p].copy(), st[:, p : p + p * p].reshape(c, p, p).copy(), st[:, -2].copy(),
+                st[:, -1].copy())
+
+    def _pack(self, head, buf, last: float, logw, m, cov, a, b) -> torch.Tensor:
+        c = len(logw)
+        st = np.concatenate([m, cov.reshape(c, -1), a[:, None], b[:, None]], axis=1)
+        return torch.from_numpy(np.concatenate([np.asarray(head, dtype=np.float64), np.asarray(buf, dtype=np.float64),
+                                                [last], logw, st.ravel()]))
+
+    def exact_init(self) -> torch.Tensor:
+        c, p = len(self.components), self._p
+        cov = np.zeros((c, p, p))
+        for i, (_, h, _) in enumerate(self.components):
+            cov[i, : 2 + 2 * h, : 2 + 2 * h] = np.eye(2 + 2 * h) * float(self.coef_scale) ** 2
+        if self.order:
+            cov[:, -1, -1] = float(self.coef_scale) ** 2
+        return self._pack([0.0, 0.0, 1.0], [0.0] * self.warmup, 0.0, np.full(c, -math.log(c)), np.zeros((c, p)), cov,
+                          np.full(c, float(self.alpha0)), np.full(c, float(self.beta0)))
+
+    def _moved(self, cov: np.ndarray, g: np.ndarray, d: np.ndarray) -> np.ndarray:
+        """R_t: the covariance moved by G, its trend block divided by the trend's discount and its
+        season block by ``season_discount`` (component discounting: W_t block-diagonal; the AR
+        coefficient is static)."""
+        r = g @ cov @ g.transpose(0, 2, 1)
+        r[:, :2, :2] /= d[:, None, None]
+        if self.season_discount != 1.0:
+            e = self._p - self.order  # the season's block ends where the AR coefficient's (static) begins
+            r[:, 2:e, 2:e] /= self.season_discount
+        return r
+
+    def _log_t_batch(self, e, q, a, b) -> np.ndarray:
+        lg = np.vectorize(math.lgamma)
+        return lg(a + 0.5) - lg(a) - 0.5 * np.log(2.0 * math.pi * b * q) - (a + 0.5) * np.log1p(e * e / (2.0 * b * q))
+
+    def _filter(self, m, cov, a, b, z: float, last: float, g, f, d):
+        """One row ``z`` (in the frame; ``last`` the row before it, the AR term's regressor) into every
+        component (in place); their one-step log predictives [K]."""
+        if self.order:
+            f[:, -1] = last
+        am = np.einsum("kij,kj->ki", g, m)
+        r = self._moved(cov, g, d)
+        rf = np.einsum("kij,kj->ki", r, f)
+        q = np.einsum("ki,ki->k", f, rf) + 1.0
+        e = z - np.einsum("ki,ki->k", f, am)
+        lp = self._log_t_batch(e, q, a, b)
+        gain = rf / q[:, None]
+        m[:] = am + gain * e[:, None]
+        new = r - gain[:, :, None] * rf[:, None, :]
+        cov[:] = 0.5 * (new + new.transpose(0, 2, 1))
+        b += 0.5 * e * e / q
+        a += 0.5
+        return lp
+
+    def exact_update(self, post: torch.Tensor, rows: torch.Tensor) -> tuple[torch.Tensor, float]:
+        k = self.warmup
+        head = post[:3].tolist()
+        seen, centre, scale = int(head[0]), head[1], head[2]
+        buf = post[3 : 3 + k].tolist()
+        last, logw, m, cov, a, b = self._unpack(post)
+        g, f, d = self._system()
+        y = rows[:, 0].tolist()
+        first = 0
+        if seen < k:  # warm-up: collect, and at its end fix the frame and condition on the rows
+            first = min(k - seen, len(y))
+            buf[seen : seen + first] = y[:first]
+            if seen + first == k:
+                centre, scale = _warmup_frame(torch.tensor(buf, dtype=torch.float64))
+                last = 0.0  # the row before the first: the warm-up mean
+                for v in buf:
+                    z = (v - centre) / scale
+                    self._filter(m, cov, a, b, z, last, g, f, d)
+                    last = z
+        lp = 0.0
+        for v in y[first:]:
+            z = (v - centre) / scale
+            joint = logw + self._filter(m, cov, a, b, z, last, g, f, d)
+            last = z
+            top = float(joint.max())
+            mixed = top + math.log(float(np.exp(joint - top).sum()))
+            logw = joint - mixed
+            lp += float(mixed) - math.log(scale)
+        return self._pack([float(seen + len(y)), centre, scale], buf, last, logw, m, cov, a, b), lp
+
+    def exact_row_log_predictive(self, post: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """Each row's predictive given ``post`` alone (row h of the chunk forecast h steps ahead, its AR
+        term reading the row before it), mixed over the components by their weights; 0 during the
+        warm-up."""
+        fr = self.frame(post)
+        if fr is None:
+            return torch.zeros(rows.shape[0], dtype=torch.float64)
+        centre, scale = fr
+        last, logw, m, cov, a, b = self._unpack(post)
+        g, f, d = self._system()
+        out = []
+        for v in rows[:, 0].tolist():
+            if self.order:
+                f[:, -1] = last
+            m = np.einsum("kij,kj->ki", g, m)
+            cov = self._moved(cov, g, d)
+            q = np.einsum("ki,kij,kj->k", f, cov, f) + 1.0
+            z = (v - centre) / scale
+            e = z - np.einsum("ki,ki->k", f, m)
+            joint = logw + self._log_t_batch(e, q, a, b)
+            top = float(joint.max())
+            out.append(top + math.log(float(np.exp(joint - top).sum())) - math.log(scale))
+            last = z
+        return torch.tensor(out, dtype=torch.float64)
+
+    def exact_restart(self, post: torch.Tensor) -> torch.Tensor:
+        """A restart at a change point keeps the incumbent's frame and the last value (the AR term's
+        regressor goes on) and starts from the prior in it, with the prior weights; during the
+        incumbent's own warm-up, the prior with a warm-up."""
+        new = self.exact_init()
+        if int(post[0]) >= self.warmup:
+            new[: 4 + self.warmup] = post[: 4 + self.warmup]
+        return new
+
+    def exact_shift(self, post: torch.Tensor) -> torch.Tensor | None:
+        """A restart at a level shift: the level jumps by N(0, s2 coef_scale^2) before the next row;
+        the slope, the season, the AR term, the noise and the weights hold (exact). None during the
+        warm-up."""
+        if int(post[0]) < self.warmup:
+            return None
+        last, logw, m, cov, a, b = self._unpack(post)
+        cov[:, 0, 0] += float(self.coef_scale) ** 2
+        return self._pack(post[:3].tolist(), post[3 : 3 + self.warmup].tolist(), last, logw, m, cov, a, b)

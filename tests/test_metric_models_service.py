@@ -89,9 +89,33 @@ def test_a_local_trend_through_the_api(live, redis_url):
                                             "scale": pytest.approx(float(np.std(y[:5], ddof=1))), "periods": None}
 
 
+def test_a_local_seasonal_stream_through_the_api(live, redis_url):
+    """Hourly traffic growing with a daily cycle and a shift (+100 at 420 of 600), raw units, to a
+    stream of `local-seasonal` in chunks of 24: the API's change points are the offline detector's,
+    and the stream shows the period's posterior (24 hours, about 1 here)."""
+    s = "s" + uuid.uuid4().hex[:10]
+    assert live.client.post("/v1/streams", json={"name": s, "columns": ["req"], "seed": 2,
+                                                 "models": ["local-seasonal"]}).status_code == 201
+    t = np.arange(600)
+    y = 4000 + 1.5 * t + 60 * np.sin(2 * np.pi * t / 24) + np.random.default_rng([0, 16]).normal(0, 25, 600)
+    y[420:] += 100
+    for seq, lo in enumerate(range(0, 600, 24)):
+        rows = [[v] for v in y[lo : lo + 24].tolist()]
+        assert live.client.post(f"/v1/streams/{s}/chunks", json={"seq": seq, "rows": rows}).status_code == 202
+    _drain(redis_url)
+    got = live.client.get(f"/v1/streams/{s}/changepoints").json()
+    per_model, stream = detect_stream(y, ["local-seasonal"], chunk_size=24, seed=2)
+    assert [e["location"] for e in got["changepoints"]] == [e.location for e in per_model["local-seasonal"]]
+    assert [c["location"] for c in got["stream"]] == [c.location for c in stream]
+    assert any(abs(c["location"] - 420) <= 5 for c in got["stream"]), got["stream"]
+    frame = live.client.get(f"/v1/streams/{s}").json()["models"][0]["frame"]
+    assert frame["periods"]["24"] > 0.99, frame
+
+
 @pytest.mark.parametrize("spec,option", [("negbin:per_decade=0", "per_decade"), ("student-t:nu=-2", "nu"),
                                          ("negbin:dispersion=3", "dispersion"), ("student-t:warmup=1", "warmup"),
-                                         ("local-trend:discount=1.5", "discount"), ("local-trend:coef_scale=0", "coef_scale")])
+                                         ("local-trend:discount=1.5", "discount"), ("local-trend:coef_scale=0", "coef_scale"),
+                                         ("local-seasonal:period=2", "period"), ("local-seasonal:season_discount=0", "season_discount")])
 def test_bad_settings_are_refused_with_nothing_stored(live, spec, option):
     s = "b" + uuid.uuid4().hex[:10]
     r = live.client.post("/v1/streams", json={"name": s, "columns": ["x"], "models": [spec]})

@@ -33,11 +33,11 @@ def data_for(name, b, seed=0):
 
 def test_registry_covers_the_issue_models():
     assert set(REGISTRY) == {"linear-regression", "logistic-regression", "gmm", "gaussian",
-                             "level", "ar", "trend", "local-trend", "seasonal", "poisson", "negbin", "negative-binomial",
+                             "level", "ar", "trend", "local-trend", "local-seasonal", "seasonal", "poisson", "negbin", "negative-binomial",
                              "student-t"}
     # the time-series, count and heavy-tail models have no particle form: the contract below is
     # SGAIS's; theirs is in tests/test_timeseries.py, tests/test_counts.py and tests/test_heavy.py
-    assert {n for n, cls in REGISTRY.items() if cls.exact_only} == {"level", "ar", "trend", "local-trend", "seasonal", "poisson",
+    assert {n for n, cls in REGISTRY.items() if cls.exact_only} == {"level", "ar", "trend", "local-trend", "local-seasonal", "seasonal", "poisson",
                                                                      "negbin", "negative-binomial", "student-t"}
 
 

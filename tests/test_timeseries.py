@@ -586,3 +586,121 @@ def test_placement_does_not_depend_on_the_chunk_size(chunk, seed):
     _, stream = detect_stream(y, chunk_size=chunk, seed=0)
     locs = [c.location for c in stream]
     assert len(locs) == 2 and abs(locs[0] - 437) <= 5 and abs(locs[1] - 761) <= 5, (chunk, seed, locs)
+
+
+def local_seasonal_reference(z: np.ndarray, period: float, harmonics: int, d: float, sd: float, order: int, m,
+                             tau: int | None = None) -> float:
+    """log p(z) under one component of ``local-seasonal`` (trend discount d, season discount sd),
+    dense: each state is a linear map of independent unit sources (the prior state, each W_t's
+    innovation, with ``tau`` the level jump of variance coef_scale^2 added before row tau), z_t =
+    F_t . x_t plus unit noise, F_t's AR entry the row before (0 before the first: the regressors
+    are known one step ahead, so the prediction-error decomposition is the dense Gaussian with F_t
+    fixed at the observed values); given s2 a Gaussian, so p(z) is the multivariate t of that
+    covariance times s2 ~ IG(alpha0, beta0). W_t = blockdiag((1/d - 1) P_trend, (1/sd - 1) P_season)
+    with P = G C_{t-1} G^T from the scale-free filter covariances, run here on their own."""
+    n, c2 = len(z), float(m.coef_scale) ** 2
+    p = 2 + 2 * harmonics + order
+    g = np.zeros((p, p))
+    g[0, 0] = g[0, 1] = g[1, 1] = 1.0
+    for j in range(1, harmonics + 1):
+        w = 2 * math.pi * j / period
+        g[2 * j : 2 * j + 2, 2 * j : 2 * j + 2] = [[math.cos(w), math.sin(w)], [-math.sin(w), math.cos(w)]]
+    if order:
+        g[-1, -1] = 1.0
+    srcs = p + p * n + 1
+    a = np.zeros((p, srcs))
+    a[:, :p] = np.sqrt(c2) * np.eye(p)  # x_0 = c I xi
+    cov = c2 * np.eye(p)
+    rows = []
+    for t in range(n):
+        f = np.zeros(p)
+        f[0] = 1.0
+        f[2 : 2 + 2 * harmonics : 2] = 1.0
+        if order:
+            f[-1] = z[t - 1] if t else 0.0
+        if tau is not None and t == tau:
+            a[0, -1] += math.sqrt(c2)
+            cov[0, 0] += c2
+        pm = g @ cov @ g.T
+        wt = np.zeros((p, p))
+        wt[:2, :2] = (1 / d - 1) * pm[:2, :2]
+        wt[2 : 2 + 2 * harmonics, 2 : 2 + 2 * harmonics] = (1 / sd - 1) * pm[2 : 2 + 2 * harmonics, 2 : 2 + 2 * harmonics]
+        a = g @ a
+        if np.any(wt):
+            ev, vec = np.linalg.eigh(wt)
+            a[:, p + p * t : p + p * (t + 1)] = vec * np.sqrt(np.maximum(ev, 0.0))
+        r = pm + wt
+        q = f @ r @ f + 1.0
+        k = r @ f / q
+        cov = r - np.outer(k, k) * q
+        rows.append(f @ a)
+    lmat = np.array(rows)
+    big = lmat @ lmat.T + np.eye(n)
+    chol = np.linalg.cholesky(big)
+    w = np.linalg.solve(chol, z)
+    an = m.alpha0 + n / 2
+    return (math.lgamma(an) - math.lgamma(m.alpha0) + m.alpha0 * math.log(m.beta0)
+            - an * math.log(m.beta0 + w @ w / 2) - np.log(np.diag(chol)).sum() - n * math.log(2 * math.pi) / 2)
+
+
+@pytest.mark.parametrize("spec", ["local-seasonal:period=12,discount=0.95,order=0",
+                                  "local-seasonal:period=7,harmonics=2,discount=0.9,season_discount=0.98",
+                                  "local-seasonal:period=12,discount=1", "local-seasonal"])
+def test_local_seasonal_evidence_matches_the_dense_reference(spec):
+    """The filter's evidence of the rows after the warm-up, in raw units (around 250, scale 20, a
+    yearly season), against ``local_seasonal_reference`` for every component (the default mixes 5
+    periods x 5 discounts with equal weights after the warm-up): 1e-9 relative; then the level-shift
+    restart (``exact_shift`` before row 17) for one component, and chunks of 7 give the same.
+    Measured: within 2e-12 relative (the reference is float64); the season's discount applied to
+    the AR coefficient as well (a slip this test caught) was 0.35 nats off."""
+    y = series(30)
+    m, k, scale, z = standardised(spec, y)
+
+    def ref(tau=None):
+        parts = [local_seasonal_reference(z, p, h, d, m.season_discount, m.order, m, tau)
+                 - local_seasonal_reference(z[:k], p, h, d, m.season_discount, m.order, m) for p, h, d in m.components]
+        top = max(parts)
+        return top + math.log(sum(math.exp(v - top) for v in parts) / len(parts)) - (len(y) - k) * math.log(scale)
+
+    rows = torch.from_numpy(y[:, None])
+    _, whole = m.exact_update(m.exact_init(), rows)
+    want = ref()
+    assert abs(whole - want) <= 1e-9 * abs(want), (whole, want)
+    post, chunked = m.exact_init(), 0.0
+    for lo in range(0, len(y), 7):
+        post, lp = m.exact_update(post, rows[lo : lo + 7])
+        chunked += lp
+    assert abs(chunked - whole) <= 1e-12 * abs(whole)
+    if len(m.components) == 1:
+        head, before = m.exact_update(m.exact_init(), rows[:17])
+        _, since = m.exact_update(m.exact_shift(head), rows[17:])
+        want = ref(17)
+        assert abs(before + since - want) <= 1e-9 * abs(want), (before + since, want)
+        # each row's predictive from a posterior alone: the first row's is the chunk's evidence
+        got = m.exact_row_log_predictive(head, rows[17:18])
+        _, one = m.exact_update(head, rows[17:18])
+        assert abs(float(got[0]) - one) <= 1e-12 * abs(one)
+
+
+def test_growth_with_a_season_and_a_shift_is_found_by_local_seasonal():
+    """Hourly traffic growing 1.5 a step with a daily cycle (amplitude 60, noise 25) and +100 from
+    420 of 600, point by point, 3 data seeds: `local-seasonal` reports 420 and nothing else;
+    `seasonal` (a level held by an AR(1) term) and `trend` (no season) do not get it right on every
+    seed. Measured: as asserted; `seasonal` 0-13 reports a seed, missing or drowning 420."""
+    wrong = 0
+    for seed in range(3):
+        r = np.random.default_rng([seed, 16])
+        t = np.arange(600)
+        y = 4000 + 1.5 * t + 60 * np.sin(2 * np.pi * t / 24) + r.normal(0, 25, 600)
+        y[420:] += 100
+        assert detect("local-seasonal", y, 1) == [420], seed
+        wrong += detect("seasonal", y, 1) != [420]
+    assert wrong > 0
+
+
+def test_local_seasonal_refuses_bad_settings():
+    for spec, word in [("local-seasonal:period=2", "period"), ("local-seasonal:period=12,harmonics=6", "harmonics"),
+                       ("local-seasonal:season_discount=0.3", "season_discount"), ("local-seasonal:order=2", "order"),
+                       ("local-seasonal:discount=1.5", "discount"), ("local-seasonal:harmonics=0", "harmonics")]:
+        with pytest.raises(ModelError, match=word):
+            build_model(spec, 1)

@@ -107,6 +107,7 @@ class ExactSampler(SamplerBase):
             rows = prepare(self.model, self.config, state.n, chunk, reservoir)
             conditioned = self.model.exact_conditioned(state.post, int(rows.shape[0]))
             post, lp = self.model.exact_update(state.post, rows)
+            lp = float(lp)  # a plain float whatever the model returns (a numpy scalar would be stored as its repr)
             hook = getattr(self.model, "exact_warnings", None)
             warnings = tuple(hook(state.post, post)) if hook is not None else ()
             g = torch.Generator()
