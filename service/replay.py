@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from collections import Counter
@@ -17,6 +18,7 @@ from models.registry import default_portfolio
 from service import times as T
 from service.data import TIME_COLUMNS, DataError, log_model_probabilities, read_series, resolve_target
 from service.detect import DetectorConfig, OfflineRun, StreamAnswer, stream_window
+from service.detect.config import DETECT_DEFAULT_CHUNKS
 from service.runtime import seed_for
 from service.sgais import WARNINGS, ConfigError, EngineError, SGAISConfig, build_sampler
 
@@ -31,7 +33,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="model spec, e.g. gmm:components=5 (repeat for several competing models); "
                         "default: the default portfolio (README), as for a stream created without models")
     p.add_argument("--target", help="target column (name or index) for regression models; default: the last column")
-    p.add_argument("--chunk-size", type=int, default=500)
+    p.add_argument("--chunk-size", type=int, default=None,
+                   help=f"rows per chunk (default: {EVIDENCE_CHUNK}; with --detect, ceil(rows / {DETECT_DEFAULT_CHUNKS}) up to "
+                        f"{EVIDENCE_CHUNK}, as POST /v1/detect: a change needs chunks around it, and a series shorter than "
+                        f"one chunk gets none)")
     p.add_argument("--particles", type=int, help="particles M (default: the preset's)")
     p.add_argument("--sampler", default="paper", help="sampler preset: paper (default), accurate, or paper-plain (the paper's Algorithm 1 without this engine's mode jumps, warm-up and default control variates)")
     p.add_argument("--seed", type=int, default=0,
@@ -66,9 +71,12 @@ class Progress:
 
 def run(args: argparse.Namespace) -> int:
     torch.set_num_threads(1)
-    if args.chunk_size < 1:
+    if args.chunk_size is not None and args.chunk_size < 1:
         raise DataError("--chunk-size must be a positive integer")
     names, data, stamps = read_series(args.data, args.time_column)
+    if args.chunk_size is None:
+        args.chunk_size = default_chunk_size(data.shape[0], args.detect)
+        print(f"chunks of {args.chunk_size} row{'' if args.chunk_size == 1 else 's'} (--chunk-size to change)", file=sys.stderr)
     target = resolve_target(names, args.target)
     overrides = {} if args.particles is None else {"particles": args.particles}
     config = SGAISConfig.preset(args.sampler, **overrides)
@@ -140,6 +148,17 @@ def run(args: argparse.Namespace) -> int:
     if args.plot:
         plot_traces(traces, args.plot, {label: [e.location for e in evs] for label, evs in found.items()} if args.detect else None)
     return 0
+
+
+#: ``cusp replay``'s chunk size for the evidence alone (the paper's)
+EVIDENCE_CHUNK = 500
+
+
+def default_chunk_size(rows: int, detect: bool) -> int:
+    """``--chunk-size``'s default: ``EVIDENCE_CHUNK``; with the detector, as ``POST /v1/detect``'s
+    (ceil(rows / ``DETECT_DEFAULT_CHUNKS``): at most that many chunks), up to ``EVIDENCE_CHUNK``. In
+    chunks of 500 a series of 25 yearly values was one chunk and its jump went unreported."""
+    return min(EVIDENCE_CHUNK, max(1, math.ceil(rows / DETECT_DEFAULT_CHUNKS))) if detect else EVIDENCE_CHUNK
 
 
 def at(timed: dict) -> str:

@@ -229,3 +229,22 @@ def test_replay_without_models_runs_the_default_portfolio_and_shows_its_prior(tm
     assert out.returncode == 0, out.stderr
     for model in ("level", "ar", "trend"):
         assert f"{model}: prior on (y - centre) / scale, centre 250, scale 7.90569 (from its first 5 rows" in out.stderr, out.stderr
+
+
+def test_replay_detect_chunks_a_short_series_as_post_detect_does(tmp_path):
+    """25 yearly values around 1e4 (sd 50) with +250 from row 12: with --detect and no --chunk-size,
+    chunks of ceil(25 / 250) = 1 row, as POST /v1/detect, and the stream answer has the jump (in
+    chunks of 500, the old default, the series was one chunk and nothing was reported); without
+    --detect the evidence keeps chunks of 500. The chosen size is printed."""
+    r = np.random.default_rng(0)
+    y = 1e4 + 50 * r.standard_normal(25)
+    y[12:] += 250
+    p = tmp_path / "yearly.csv"
+    p.write_text("v\n" + "\n".join(repr(float(v)) for v in y) + "\n")
+    out = cusp(str(p), "--detect", "--out", str(tmp_path / "t.jsonl"))
+    assert out.returncode == 0, out.stderr
+    assert "chunks of 1 row (--chunk-size to change)" in out.stderr
+    assert "stream (model-averaged): change point at observation 12," in out.stderr, out.stderr
+    old = cusp(str(p), "--detect", "--chunk-size", "500", "--out", str(tmp_path / "t.jsonl"))
+    assert old.returncode == 0 and "stream (model-averaged)" not in old.stderr, old.stderr
+    assert "chunks of 500 rows" in cusp(str(p), "--out", str(tmp_path / "t.jsonl")).stderr

@@ -6,6 +6,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
 
+from service.detect.config import DETECT_DEFAULT_CHUNKS
+
 
 #: names of streams and models as the API takes them (service.store.keys.STREAM_NAME, MODEL_NAME), for the
 #: OpenAPI schema only: the routes check them themselves, with messages that say what is wrong
@@ -332,8 +334,6 @@ class EvidencePage(BaseModel):
 MAX_DETECT_ROWS = 100_000
 #: the most chunks one POST /v1/detect may ask for (rows / chunk_size; 422 beyond)
 MAX_DETECT_CHUNKS = 2_000
-#: the default chunk size of POST /v1/detect is ceil(rows / this): at most this many chunks
-DETECT_DEFAULT_CHUNKS = 250
 
 FiniteFloat = Annotated[float, Field(allow_inf_nan=False, strict=True)]  # strict: true and "1" are not numbers
 

@@ -20,6 +20,9 @@ DEFAULT_RUN_LENGTH = 1000.0
 #: hazard per row, about AUTO_ALPHA / r, is 1/1000 (a fixed 1000's) at r = 100: higher before,
 #: lower after (``Detector.log_prior_odds``)
 AUTO = "auto"
+#: the default chunk size of a one-shot detection (``POST /v1/detect``, ``cusp replay --detect``) is
+#: ceil(rows / this): at most this many chunks
+DETECT_DEFAULT_CHUNKS = 250
 AUTO_ALPHA = 0.1
 AUTO_R0 = 1.0
 
