@@ -242,6 +242,16 @@ class Detector:
                 raise InputError(f"model {name!r}: values too large (their squares overflow float64)")
 
     def _step(self, chunk: np.ndarray) -> None:
+        # one intra-op thread while the models run, as a worker and ``cusp replay`` do, the caller's
+        # setting back after: their small tensors ran about 10x slower on 2 threads of a busy machine
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            self._step_models(chunk)
+        finally:
+            torch.set_num_threads(threads)
+
+    def _step_models(self, chunk: np.ndarray) -> None:
         t = torch.from_numpy(np.ascontiguousarray(chunk))
         evidence, new = {}, {}
         # the mean time between rows through this chunk, for an expected_run_length given as a duration

@@ -4,9 +4,10 @@ is processed. Its agreement with a running service: tests/test_client.py."""
 
 import numpy as np
 import pytest
+import torch
 
 import cusp
-from service.detect import DetectorConfig, detect_stream
+from service.detect import DetectorConfig, OfflineRun, detect_stream
 
 
 def shifted(n=300, shift=3.0, seed=0):
@@ -24,6 +25,27 @@ def test_same_numbers_as_detect_stream_and_the_change_found():
     assert det.changepoints[0].confidence >= 0.995
     assert det.evidence["level"] == det.results["level"][-1].log_evidence
     assert sum(det.probabilities.values()) == pytest.approx(1.0) and max(det.probabilities, key=det.probabilities.get) == "level"
+
+
+def test_the_models_run_on_one_thread_and_the_callers_setting_comes_back(monkeypatch):
+    """As in a worker and ``cusp replay``: one intra-op thread while the models run (their small
+    tensors ran about 10x slower on two threads of a busy machine), the caller's setting after."""
+    seen = []
+    step = OfflineRun.step
+
+    def counting(self, *args, **kwargs):
+        seen.append(torch.get_num_threads())
+        return step(self, *args, **kwargs)
+
+    monkeypatch.setattr(OfflineRun, "step", counting)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        cusp.Detector(models=["level"], chunk_size=5).update(shifted(20))
+        assert seen and set(seen) == {1}
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
 
 
 def test_point_by_point_buffered_equals_one_call():
