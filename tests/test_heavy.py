@@ -195,6 +195,19 @@ def test_a_posterior_leaving_its_grid_is_reported():
     assert 5 + EXACT_ROWS < 200  # the rows were dropped before the jump
 
 
+
+@pytest.mark.parametrize("seed,chunk", [(0, 500), (1, 500), (0, 1000), (1, 5000)])
+def test_a_large_first_chunk_of_clean_data_is_not_flagged(seed, chunk):
+    """Gaussian noise (250 +- 20), the warm-up then hundreds of rows in the same chunk: the box
+    fitted to the 5 warm-up rows must zoom onto the posterior of them all before its sides are
+    judged. With two zoom passes these four runs (of 32 measured: 10) were flagged
+    ``quadrature_edge`` on clean data; the evidence equals that of chunks of 50 (rows kept, no
+    such refit) to 1e-4 nats."""
+    y = 250 + 20 * np.random.default_rng(seed).standard_normal(10_000 if chunk == 5000 else 3000)
+    results = run("student-t", y, chunk)
+    assert not any(r.warnings for r in results), [(r.n, r.warnings) for r in results if r.warnings]
+    assert results[-1].log_evidence == pytest.approx(run("student-t", y, 50)[-1].log_evidence, abs=1e-4)
+
 @pytest.mark.parametrize("spec,message", [
     ("student-t:nu=-1", "nu must be"), ("student-t:nu=0.01", "nu must be"), ("student-t:nu=abc", "not a valid float"),
     ("student-t:warmup=1", "warmup"), ("student-t:coef_scale=0", "coef_scale"), ("student-t:beta0=-2", "beta0"),
