@@ -142,9 +142,16 @@ class TimeSeriesRegression(_Framed):
     alpha0: float = 1.0
     beta0: float = 1.0
 
+    #: settings of the family that this model does not take (each would make it another model:
+    #: ``level:trend=1`` is ``trend``), each with the model that has it
+    not_taken: ClassVar[dict[str, str]] = {}
+
     def __post_init__(self) -> None:
         n = self.name
         _check_one_column(n, self.n_columns)
+        for key, other in self.not_taken.items():
+            if getattr(self, key) != type(self).__dataclass_fields__[key].default:
+                raise ModelError(f"{n}: no setting {key!r} (that is {other})")
         if not (isinstance(self.order, int) and 0 <= self.order <= 64):
             raise ModelError(f"{n}: order must be an integer in [0, 64], got {self.order!r}")
         if self.trend not in (0, 1):
@@ -396,6 +403,7 @@ class Level(TimeSeriesRegression):
     """A constant level with Gaussian noise, in the series' own frame (no trend, no season, no lags)."""
 
     name = "level"
+    not_taken = {"order": "`ar`", "trend": "`trend`", "period": "`seasonal`", "harmonics": "`seasonal`"}
 
 
 @dataclass(frozen=True)
@@ -404,6 +412,7 @@ class Autoregressive(TimeSeriesRegression):
 
     name = "ar"
     order: int = 1
+    not_taken = {"trend": "`trend:order=K`", "period": "`seasonal`", "harmonics": "`seasonal`"}
 
 
 @dataclass(frozen=True)
@@ -412,6 +421,7 @@ class Trend(TimeSeriesRegression):
 
     name = "trend"
     trend: int = 1
+    not_taken = {"period": "`seasonal:trend=1`", "harmonics": "`seasonal:trend=1`"}
 
 
 #: ``seasonal`` without a period averages over these periods, in observations: the seasons of

@@ -206,6 +206,9 @@ def test_seasonal_without_a_period_learns_the_period():
     # priors in the frame (standardised units) beyond [1e-6, 1e6]: NaN or digits lost (issue review)
     ("level:coef_scale=1e-309", "coef_scale is in the series' standardised units"),
     ("student-t:alpha0=1e300", "alpha0 is in the series' standardised units"), ("ar:beta0=1e7", "beta0"),
+    # the family's settings that would make a model another one (level:trend=1 was trend's evidence)
+    ("level:trend=1", "no setting 'trend' .that is `trend`"), ("level:harmonics=3", "no setting 'harmonics'"),
+    ("ar:period=12", "no setting 'period' .that is `seasonal`"), ("trend:period=7", "that is `seasonal:trend=1`"),
 ])
 def test_bad_settings_name_the_problem(spec, message):
     with pytest.raises(ModelError, match=message):
