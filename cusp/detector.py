@@ -145,7 +145,7 @@ class Detector:
             try:
                 runs[e.name] = OfflineRun(build(cfg, e), model_seed(cfg, e), self.config)
             except (ModelError, ConfigError) as exc:
-                raise InputError(f"model {e.name!r}: {exc}") from None
+                raise InputError(f"model {e.spec!r}: {exc}") from None
         self._cfg, self._runs, self._width = cfg, runs, len(cfg.columns)
         self._log_prior = {e.name: math.log(e.prior) for e in cfg.models}
         self._results = {name: [] for name in runs}

@@ -148,3 +148,14 @@ def test_replay_runs_both_and_shows_their_frames(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "service.cli", "replay", str(p), "--model", "negbin"],
                          capture_output=True, text=True, timeout=300)
     assert bad.returncode != 0 and "counts must be whole numbers" in bad.stderr, bad.stderr
+
+
+def test_a_refused_model_is_named_as_the_request_gave_it(live):
+    """The error names the spec the user sent (not the stream's derived name, 'local-trend_discount2'),
+    and the name too where the request gave one."""
+    r = live.client.post("/v1/streams", json={"name": "n" + uuid.uuid4().hex[:8], "columns": ["x"],
+                                              "models": ["local-trend:discount=2"]})
+    assert r.status_code == 422 and "model 'local-trend:discount=2': local-trend: discount must be" in r.text, r.text
+    r = live.client.post("/v1/streams", json={"name": "n" + uuid.uuid4().hex[:8], "columns": ["x"],
+                                              "models": [{"spec": "level:warmup=1", "name": "base"}]})
+    assert r.status_code == 422 and "model 'base' ('level:warmup=1'): level: warmup" in r.text, r.text

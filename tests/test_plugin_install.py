@@ -55,7 +55,7 @@ def test_api_and_worker_process(plugin, redis_url, tmp_path):
         with cusp.Client(server.url) as c:
             info = c.create_stream(s, ["x"], models=["laplace", "gaussian:sampler=sgais"])
             assert [m["name"] for m in info["models"]] == ["laplace", "gaussian_samplersgais"]
-            with pytest.raises(cusp.InvalidRequestError, match="422: model 'laplace_scale-1': model 'laplace': scale must be > 0"):
+            with pytest.raises(cusp.InvalidRequestError, match="422: model 'laplace:scale=-1': model 'laplace': scale must be > 0"):
                 c.create_stream(s + "b", ["x"], models=["laplace:scale=-1"])
             x = data()
             for lo in range(0, 400, 25):

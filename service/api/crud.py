@@ -72,17 +72,19 @@ def config_from_request(body: StreamIn) -> StreamConfig:
             raise ApiError(422, "invalid_model", f"model {i}: name {name!r} must be 1-64 letters, digits, '_', '.' or '-'")
         if any(e.name == name for e in entries):
             raise ApiError(422, "invalid_model", f"model name {name!r} is used twice; give each model a distinct 'name'")
+        # the model as the request gave it: its spec, and its name where the request named it
+        said = f"{m.spec!r}" if m.name is None else f"{name!r} ({m.spec!r})"
         target = None
         if m.target is not None:
             if m.target not in body.columns:
-                raise ApiError(422, "invalid_model", f"model {name!r}: target column {m.target!r} is not one of {body.columns}")
+                raise ApiError(422, "invalid_model", f"model {said}: target column {m.target!r} is not one of {body.columns}")
             target = body.columns.index(m.target)
         try:
             model = build_model(m.spec, len(body.columns), target)
         except ModelError as exc:
-            raise ApiError(422, "invalid_model", f"model {name!r}: {exc}") from None
+            raise ApiError(422, "invalid_model", f"model {said}: {exc}") from None
         if m.target is not None and model.name not in SUPERVISED:
-            raise ApiError(422, "invalid_model", f"model {name!r}: 'target' applies only to {sorted(SUPERVISED)}")
+            raise ApiError(422, "invalid_model", f"model {said}: 'target' applies only to {sorted(SUPERVISED)}")
         entries.append(ModelEntry(name=name, spec=m.spec, target=target, prior=m.prior))
     cfg = StreamConfig(name=body.name, columns=body.columns, models=entries,
                        sampler={"preset": body.sampler.preset, "overrides": body.sampler.overrides},
