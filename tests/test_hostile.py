@@ -158,6 +158,15 @@ def test_invalid_query_sequence_numbers_are_refused(live, redis_url, stream, seq
     unchanged(live, redis_url, stream)
 
 
+
+def test_a_query_seq_that_differs_from_the_json_bodys_is_refused(live, redis_url, stream):
+    """?seq=61 with a JSON body whose seq is 60: which one was meant is unknown, so nothing is stored
+    (it was taken as 60 without a word); the same seq in both is fine."""
+    r = post_raw(live, rows_json("[[1.0, 2.0]]", seq="60"), params={"seq": "61"})
+    assert r.status_code == 422 and "?seq=61 and the body's seq 60 differ" in r.json()["detail"], r.text
+    unchanged(live, redis_url, stream)
+
+
 TEXT_CASES = [
     ("text/csv", "a,b\n1.0,nan\n", 422, "'nan' is not finite"),
     ("text/csv", "a,b\n1.0,-inf\n", 422, "is not finite"),

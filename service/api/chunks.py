@@ -186,7 +186,11 @@ def parse_body(content_type: str, body: bytes, seq: int | None, columns: list[st
             return (seq, *parse_float64(body, columns, times_first))
         return (seq, *(parse_csv if content_type == "text/csv" else parse_ndjson)(body, columns))
     if content_type in ("application/json", ""):
-        return parse_json_chunk(body, columns)
+        got = parse_json_chunk(body, columns)
+        if seq is not None and seq != got[0]:  # two seqs that disagree: which was meant is unknown
+            raise ChunkError(f"?seq={seq} and the body's seq {got[0]} differ; a JSON body carries its own seq (leave "
+                             "?seq out)", 422, "invalid_seq")
+        return got
     raise ChunkError(f"unsupported content type {content_type!r}; use application/json, application/x-ndjson, text/csv "
                      "or application/octet-stream (raw little-endian float64 rows)", 415)
 
