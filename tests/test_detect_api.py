@@ -62,6 +62,7 @@ def test_azure_shaped_series_models_and_default_chunks(live):
     ({"values": [1.0, "x"]}, 422, "values"),
     ({"values": [True, False]}, 422, "values"),  # a boolean is not a number (pydantic's lax float took it)
     ({"values": [1.0, "2"]}, 422, "values"),
+
     ({"values": [1.0, 2.0], "times": [0]}, 422, "'times' has 1 entries for 2 rows"),
     ({"values": [1.0, 2.0], "times": [5, 5]}, 422, "times\\[1\\] repeats times\\[0\\]"),
     ({"values": [1.0, 2.0], "times": [1e300, 2e300]}, 422, "times\\[0\\]: 1e\\+300 epoch seconds is not a time between the years 1 and 9999"),
@@ -83,6 +84,16 @@ def test_bad_input_answers_4xx_naming_it_and_stores_nothing(live, redis_url, bod
     assert r.status_code == status, r.text
     assert re.search(message, r.json()["detail"]), r.json()["detail"]
     assert connect(redis_url).dbsize() == before
+
+
+@pytest.mark.parametrize("text, message", [('{"values": [1.0, NaN, 2.0]}', "values[1] is nan: values must be finite numbers"),
+                                           ('{"values": [[1.0, 2.0], [3.0, -Infinity]]}', "values[1][1] is -inf")])
+def test_a_nan_in_values_is_named_by_its_place(live, text, message):
+    """JSON's NaN and Infinity (which Python's parser reads): one message naming the value's place,
+    not the two shapes' errors of the union (one of them about the other shape)."""
+    r = live.client.post("/v1/detect", content=text, headers={"Content-Type": "application/json"})
+    assert r.status_code == 422 and message in r.json()["detail"], r.text
+    assert len(r.json()["errors"]) == 1, r.json()
 
 
 def test_a_duration_run_length_counts_the_times_interval(live):

@@ -90,9 +90,9 @@ def rows_json(rows: str, seq: str = "1") -> str:
 BIG_INT = "1" + "0" * 400  # an integer JSON number that no float can hold
 JSON_CASES = [
     # non-finite and huge numbers
-    (rows_json("[[1.0, NaN]]"), 422, "NaN is not accepted"),
-    (rows_json("[[-Infinity, 1.0]]"), 422, "-Infinity is not accepted"),
-    ('{"seq": 1, "columns": {"a": [1.0], "b": [NaN]}}', 422, "NaN is not accepted"),
+    (rows_json("[[1.0, NaN]]"), 422, "row 0 column 'b': NaN is not accepted"),
+    (rows_json("[[1.0, 2.0], [-Infinity, 1.0]]"), 422, "row 1 column 'a': -Infinity is not accepted"),
+    ('{"seq": 1, "columns": {"a": [1.0], "b": [NaN]}}', 422, "row 0 column 'b': NaN is not accepted"),
     (rows_json("[[1e309, 1.0]]"), 422, "is not finite"),  # parses to inf
     (rows_json("[[-1e309, 1.0]]"), 422, "is not finite"),
     (rows_json(f"[[{BIG_INT}, 1.0]]"), 422, "is too large"),  # int -> float overflow (was a 500)
@@ -177,7 +177,7 @@ TEXT_CASES = [
     ("text/csv", "a,b\n1.0,\x002.0\n", 422, "is not a number"),  # a NUL byte
     ("text/csv", "a,b\n" + "1.0,2.0\n" * (ROWS + 1), 413, "limit is CUSP_MAX_CHUNK_ROWS"),
     ("text/csv", "\xff\xfe", 400, "not UTF-8"),
-    ("application/x-ndjson", "[1.0, NaN]\n", 422, "NaN is not accepted"),
+    ("application/x-ndjson", "[1.0, NaN]\n", 422, "row 0 column 'b': NaN is not accepted"),
     ("application/x-ndjson", '{"a": 1.0, "c": 2.0}\n', 422, "keys must be exactly"),
     ("application/x-ndjson", '[1.0, 2.0]\n"x"\n', 422, "row 1: must be a list"),
     ("application/x-ndjson", "\n\n\n", 422, "empty chunk"),

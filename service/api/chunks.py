@@ -45,8 +45,16 @@ class ChunkError(ValueError):
         self.status, self.code, self.retry_after = status, code or CHUNK_CODES[status], retry_after
 
 
-def _reject_constant(name: str) -> float:
-    raise ChunkError(f"{name} is not accepted (only finite numbers)", 422)
+class _Constant(float):
+    """NaN, Infinity or -Infinity as the JSON text spelled it (Python's json reads them): kept as a
+    value until it is read as one, then refused naming its row and column (``_number``)."""
+
+    token: str
+
+    def __new__(cls, token: str) -> "_Constant":
+        out = super().__new__(cls, float(token))
+        out.token = token
+        return out
 
 
 def _no_duplicates(pairs: list[tuple[str, object]]) -> dict:
@@ -69,7 +77,7 @@ def loads(body: bytes | str) -> object:
         except UnicodeDecodeError:
             raise ChunkError("body is not UTF-8 (JSON must be UTF-8)", 400) from None
     try:
-        return json.loads(body, parse_constant=_reject_constant, object_pairs_hook=_no_duplicates)
+        return json.loads(body, parse_constant=_Constant, object_pairs_hook=_no_duplicates)
     except ChunkError:
         raise
     except RecursionError:
@@ -79,6 +87,8 @@ def loads(body: bytes | str) -> object:
 
 
 def _number(v: object, where: str) -> float:
+    if isinstance(v, _Constant):
+        raise ChunkError(f"{where}: {v.token} is not accepted (only finite numbers)")
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         raise ChunkError(f"{where}: {json.dumps(v)[:40]} is not a number")
     try:

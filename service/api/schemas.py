@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator
 
 from service.detect.config import DETECT_DEFAULT_CHUNKS
 
@@ -377,6 +378,18 @@ class DetectIn(BaseModel):
     seed: int = Field(0, ge=0, le=2**62)
     sampler: SamplerIn = Field(default_factory=SamplerIn)
     detector: dict[str, Any] = Field(default_factory=dict, description="change-point detector settings, as for a stream")
+
+    @field_validator("values", mode="before")
+    @classmethod
+    def _finite(cls, v: Any) -> Any:
+        """A NaN or infinity named by its place (the union of the two shapes otherwise reports both
+        shapes' errors, one of them about the other shape)."""
+        if isinstance(v, list):
+            for i, x in enumerate(v):
+                for j, y in enumerate(x) if isinstance(x, list) else ((None, x),):
+                    if isinstance(y, float) and not math.isfinite(y):
+                        raise ValueError(f"values[{i}]{'' if j is None else f'[{j}]'} is {y}: values must be finite numbers")
+        return v
 
 
 class DetectEvent(BaseModel):
