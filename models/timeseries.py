@@ -124,6 +124,24 @@ class _Framed(_Exact):
         """(centre, scale) of the reference frame, None during the warm-up."""
         return (float(post[1]), float(post[2])) if int(post[0]) >= self.warmup else None
 
+    def _warm(self, post: torch.Tensor, y: list[float]) -> tuple[int, float, float, list[float], int, bool]:
+        """For a chunk's values ``y``: (rows seen before it, centre, scale, the warm-up buffer, the index
+        of its first row after the warm-up, whether the warm-up ended in it). The warm-up's rows are
+        collected, and when they are complete the frame is fixed from them (the caller then
+        conditions on the buffer)."""
+        k = self.warmup
+        head = post[:3].tolist()
+        seen, centre, scale = int(head[0]), head[1], head[2]
+        buf = post[3 : 3 + k].tolist()
+        first, ended = 0, False
+        if seen < k:
+            first = min(k - seen, len(y))
+            buf[seen : seen + first] = y[:first]
+            if seen + first == k:
+                centre, scale = _warmup_frame(torch.tensor(buf, dtype=torch.float64))
+                ended = True
+        return seen, centre, scale, buf, first, ended
+
 
 @dataclass(frozen=True)
 class TimeSeriesRegression(_Framed):
@@ -649,22 +667,14 @@ class LocalTrend(_Framed):
         return lp
 
     def exact_update(self, post: torch.Tensor, rows: torch.Tensor) -> tuple[torch.Tensor, float]:
-        k = self.warmup
-        head = post[:3].tolist()
-        seen, centre, scale = int(head[0]), head[1], head[2]
-        buf = post[3 : 3 + k].tolist()
         logw, states = self._states(post)
         ds = self.discounts
         y = rows[:, 0].tolist()
-        first = 0
-        if seen < k:  # warm-up: collect, and at its end fix the frame and condition on the rows
-            first = min(k - seen, len(y))
-            buf[seen : seen + first] = y[:first]
-            if seen + first == k:
-                centre, scale = _warmup_frame(torch.tensor(buf, dtype=torch.float64))
-                for st, d in zip(states, ds):
-                    for v in buf:
-                        self._step(st, (v - centre) / scale, d)
+        seen, centre, scale, buf, first, ended = self._warm(post, y)
+        if ended:  # condition on the warm-up's rows
+            for st, d in zip(states, ds):
+                for v in buf:
+                    self._step(st, (v - centre) / scale, d)
         lp = 0.0
         for v in y[first:]:
             z = (v - centre) / scale
@@ -870,24 +880,16 @@ class LocalSeasonal(LocalTrend):
         return lp
 
     def exact_update(self, post: torch.Tensor, rows: torch.Tensor) -> tuple[torch.Tensor, float]:
-        k = self.warmup
-        head = post[:3].tolist()
-        seen, centre, scale = int(head[0]), head[1], head[2]
-        buf = post[3 : 3 + k].tolist()
         last, logw, m, cov, a, b = self._unpack(post)
         g, f, d = self._system()
         y = rows[:, 0].tolist()
-        first = 0
-        if seen < k:  # warm-up: collect, and at its end fix the frame and condition on the rows
-            first = min(k - seen, len(y))
-            buf[seen : seen + first] = y[:first]
-            if seen + first == k:
-                centre, scale = _warmup_frame(torch.tensor(buf, dtype=torch.float64))
-                last = 0.0  # the row before the first: the warm-up mean
-                for v in buf:
-                    z = (v - centre) / scale
-                    self._filter(m, cov, a, b, z, last, g, f, d)
-                    last = z
+        seen, centre, scale, buf, first, ended = self._warm(post, y)
+        if ended:  # condition on the warm-up's rows; the row before the first: the warm-up mean
+            last = 0.0
+            for v in buf:
+                z = (v - centre) / scale
+                self._filter(m, cov, a, b, z, last, g, f, d)
+                last = z
         lp = 0.0
         for v in y[first:]:
             z = (v - centre) / scale
