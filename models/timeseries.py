@@ -732,25 +732,30 @@ class LocalSeasonal(LocalTrend):
     ``harmonics`` Fourier terms of ``period`` observations, and Gaussian noise (a dynamic linear
     model with component discounting, West and Harrison 1997, sections 6.3 and 8.5):
 
-        z_t = level_t + sum_h s_{h,t} + e_t,   e_t ~ N(0, s2)
+        z_t = level_t + sum_h s_{h,t} + phi z_{t-1} + e_t,   e_t ~ N(0, s2)
         (level, slope)_t = [[1, 1], [0, 1]] (level, slope)_{t-1} + w_t,
         (s_h, s*_h)_t = rotation by 2 pi h / period of (s_h, s*_h)_{t-1} + w*_t,
 
     the trend block's evolution variance set by ``discount`` (its part of the moved covariance
     divided by it), the season's by ``season_discount`` (1, the default: a fixed seasonal shape, as
-    ``seasonal``'s Fourier terms; below 1 the shape may drift). Where ``seasonal`` holds its level
-    with an AR(1) lag and ``seasonal:trend=1`` draws one straight line for years, this one follows
-    growth that bends, with its season on top: hourly traffic growing with a daily cycle, weekly CO2.
-    Conjugate in the noise variance as ``local-trend`` is (each row's one-step predictive a
-    Student-t, the evidence exact; C, and so W_t, depend only on how many rows came, so given s2
-    the model is a Gaussian process, which ``tests/test_timeseries.py`` checks it against, dense).
+    ``seasonal``'s Fourier terms; below 1 the shape may drift), phi static (``order`` 1, the
+    default; 0: no AR term). The AR term reads the last value (0, the warm-up mean, before the
+    first): without it a few weeks' dip below the season of weekly CO2 read as a level shift (two
+    false alarms; none with it). Where ``seasonal`` holds its level with an AR(1) lag and
+    ``seasonal:trend=1`` draws one straight line for years, this one follows growth that bends, with
+    its season on top: hourly traffic growing with a daily cycle, weekly CO2. Conjugate in the noise
+    variance as ``local-trend`` is (each row's one-step predictive a Student-t, the evidence exact;
+    C, and so W_t, depend on the data only through the AR term's regressors, known one step ahead,
+    so the evidence is the dense Gaussian's with them fixed at the observed values, which
+    ``tests/test_timeseries.py`` checks it against).
     Without a ``discount`` the trend's discount is averaged over ``AUTO_DISCOUNTS``; without a
     ``period``, the period over ``AUTO_PERIODS`` (harmonics at most (period - 1) / 2), as for
     ``seasonal``: the components are every (period, discount) pair, equal prior weights, exact
     (each conditions on the warm-up rows; the weights follow their predictives after it). All
     components are filtered together, as one batch of small matrices. ``post`` = (seen, centre,
-    scale, warm-up buffer [warmup], log weights [K], then per component m [P], C [P, P], a, b),
-    P = 2 + 2 x the largest number of harmonics (a component with fewer keeps the rest at 0)."""
+    scale, warm-up buffer [warmup], the last value in the frame, log weights [K], then per component
+    m [P], C [P, P], a, b), P = 2 + 2 x the largest number of harmonics + ``order`` (a component with
+    fewer harmonics keeps the rest at 0)."""
 
     name = "local-seasonal"
     period: float = 0.0  # 0: average over AUTO_PERIODS
