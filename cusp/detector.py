@@ -28,7 +28,7 @@ import torch
 from cusp.errors import InputError
 from cusp.times import epoch_seconds
 from models import ModelError
-from models.registry import default_portfolio, parse_spec
+from models.registry import build_model, default_portfolio, parse_spec
 from service.data import log_model_probabilities
 from service.detect import DetectorConfig, Event, OfflineRun, StreamAnswer, StreamChange, stream_window
 from service.runtime import build, model_seed, sampler_config
@@ -338,8 +338,26 @@ def _optional_int(what: str, x: Any, low: int) -> int | None:
     return int(x)
 
 
+def _check_settings(i: int, spec: str) -> None:
+    """A spec's settings, checked before any data: the model is built for a few widths, and a spec
+    that none of them takes is refused now with the first width's error (``local-trend:discount=2``
+    was taken until the first update); one that fits some width waits for the data's."""
+    errors = []
+    for width in _PROBE_WIDTHS:
+        try:
+            build_model(spec, width)
+            return
+        except ModelError as exc:
+            errors.append(exc)
+    raise InputError(f"models[{i}]: {errors[0]}") from None
+
+
+#: the widths ``_check_settings`` builds a spec for (one column, a target and a feature, several)
+_PROBE_WIDTHS = (1, 2, 5)
+
+
 def _specs(models: Sequence[str] | str | None) -> tuple[str, ...] | None:
-    """The model specs, checked by name and settings' syntax now (their widths at the first data)."""
+    """The model specs, checked by name and settings now (their widths at the first data)."""
     if models is None:
         return None
     if isinstance(models, str):
@@ -354,6 +372,7 @@ def _specs(models: Sequence[str] | str | None) -> tuple[str, ...] | None:
             parse_spec(spec)
         except ModelError as exc:
             raise InputError(f"models[{i}]: {exc}") from None
+        _check_settings(i, spec)
         if spec in out:
             raise InputError(f"models[{i}]: {spec!r} is listed twice")
         out.append(spec)

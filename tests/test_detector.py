@@ -80,7 +80,7 @@ def test_rows_columns_and_user_settings():
 
 @pytest.mark.parametrize("kwargs, message", [
     ({"models": ["nope"]}, "models\\[0\\]: unknown model 'nope'; known models: ar, gaussian"),
-    ({"models": ["gmm:components=x"], "columns": 1}, "model 'gmm:components=x': .*components='x' is not a valid int"),
+    ({"models": ["gmm:components=x"], "columns": 1}, "models\\[0\\]: model 'gmm': setting components='x' is not a valid int"),
     ({"models": []}, "non-empty list"),
     ({"models": ["level", "level"]}, "listed twice"),
     ({"chunk_size": 0}, "chunk_size must be an integer >= 1"),
@@ -91,6 +91,9 @@ def test_rows_columns_and_user_settings():
     ({"sampler_settings": {"particles": -1}}, "sampler: "),
     ({"priors": {"level": 0}, "models": ["level"]}, "priors\\['level'\\] must be a positive finite number"),
     ({"models": ["linear-regression"], "columns": 1}, "model 'linear-regression': .*needs at least 2 columns"),
+    # settings no width takes are refused before any data (they were taken until the first update)
+    ({"models": ["local-trend:discount=2"]}, "models\\[0\\]: local-trend: discount must be"),
+    ({"models": ["level", "gmm:components=0"]}, "models\\[1\\]: .*components"),
 ])
 def test_bad_settings_raise_input_error_naming_them(kwargs, message):
     with pytest.raises(cusp.InputError, match=message):
