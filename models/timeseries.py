@@ -861,9 +861,16 @@ class LocalSeasonal(LocalTrend):
             r[:, 2:e, 2:e] /= self.season_discount
         return r
 
-    def _log_t_batch(self, e, q, a, b) -> np.ndarray:
-        lg = np.vectorize(math.lgamma)
-        return lg(a + 0.5) - lg(a) - 0.5 * np.log(2.0 * math.pi * b * q) - (a + 0.5) * np.log1p(e * e / (2.0 * b * q))
+    @staticmethod
+    def _log_t_batch(e, q, a, b) -> np.ndarray:
+        """``LocalTrend._log_t`` for every component ([K] arrays). The components have seen the same
+        rows, so a is one number (lgamma once); elementwise otherwise."""
+        if bool((a == a[0]).all()):
+            c = math.lgamma(float(a[0]) + 0.5) - math.lgamma(float(a[0]))
+        else:
+            lg = np.vectorize(math.lgamma)
+            c = lg(a + 0.5) - lg(a)
+        return c - 0.5 * np.log(2.0 * math.pi * b * q) - (a + 0.5) * np.log1p(e * e / (2.0 * b * q))
 
     def _filter(self, m, cov, a, b, z: float, last: float, g, f, d):
         """One row ``z`` (in the frame; ``last`` the row before it, the AR term's regressor) into every
