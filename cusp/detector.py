@@ -16,8 +16,10 @@ these over a whole series (``Detector.for_stream``).
 
 from __future__ import annotations
 
+import contextlib
 import math
 import numbers
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
@@ -242,14 +244,8 @@ class Detector:
                 raise InputError(f"model {name!r}: values too large (their squares overflow float64)")
 
     def _step(self, chunk: np.ndarray) -> None:
-        # one intra-op thread while the models run, as a worker and ``cusp replay`` do, the caller's
-        # setting back after: their small tensors ran about 10x slower on 2 threads of a busy machine
-        threads = torch.get_num_threads()
-        torch.set_num_threads(1)
-        try:
+        with _one_thread():
             self._step_models(chunk)
-        finally:
-            torch.set_num_threads(threads)
 
     def _step_models(self, chunk: np.ndarray) -> None:
         t = torch.from_numpy(np.ascontiguousarray(chunk))
@@ -336,6 +332,33 @@ def _optional_int(what: str, x: Any, low: int) -> int | None:
     if not _is_int(x) or x < low:
         raise InputError(f"{what} must be an integer >= {low} (or None), got {x!r}")
     return int(x)
+
+
+_threads_lock = threading.Lock()
+_threads_users = 0
+_threads_saved = 1
+
+
+@contextlib.contextmanager
+def _one_thread():
+    """One intra-op thread while models run, as a worker and ``cusp replay`` do (their small tensors
+    ran about 10x slower on 2 threads of a busy machine), the caller's setting back when the last
+    detector running in the process is done. ``POST /v1/detect`` runs detectors in threads, and
+    torch's setting is partly per thread (OpenMP's) and partly process-wide, so each call sets it in
+    its own thread, and the count decides who restores: the first saves it, the last restores it."""
+    global _threads_users, _threads_saved
+    with _threads_lock:
+        if _threads_users == 0:
+            _threads_saved = torch.get_num_threads()
+        _threads_users += 1
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        with _threads_lock:
+            _threads_users -= 1
+            if _threads_users == 0:
+                torch.set_num_threads(_threads_saved)
 
 
 def _check_settings(i: int, spec: str) -> None:

@@ -60,7 +60,7 @@ static inline __attribute__((always_inline)) double exp_nonpos(double x)
     return p * scale;
 }
 
-/* log(x) for 1 <= x < 2^64 (a sum of exps of non-positive log-joints, the largest of them exp(0) = 1),
+/* log(x) for 1 <= x < 2^1024 (a sum of exps of non-positive log-joints, the largest of them exp(0) = 1),
  * within about 1 ulp: x = 2^k m with m in [sqrt(1/2), sqrt(2)), log m = 2 atanh(s) for
  * s = (m - 1) / (m + 1), |s| <= 0.1716, by its odd series to s^21 (the next term is below 1e-17
  * relative), k ln 2 in two parts. Branch-free and in integer bits (k through the exponent field
@@ -90,7 +90,8 @@ static inline __attribute__((always_inline)) double log_ge1(double x)
     p = p * z + 1.0 / 5.0;
     p = p * z + 1.0 / 3.0;
     const double r = 2.0 * s * z * p; /* log m - 2 s */
-    return k * 6.93147180369123816490e-01 + (2.0 * s + (r + k * 1.90821492927058770002e-10));
+    const double out = k * 6.93147180369123816490e-01 + (2.0 * s + (r + k * 1.90821492927058770002e-10));
+    return x < INFINITY ? out : x; /* NaN and +inf pass through, as log's do (a NaN parameter's rows stay NaN) */
 }
 
 static inline __attribute__((always_inline)) double lane_sum(const double *v)

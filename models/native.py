@@ -260,7 +260,7 @@ def kernels() -> NativeKernels | None:
         return None
     try:
         return NativeKernels(ctypes.CDLL(spec.origin))
-    except OSError:
+    except (OSError, AttributeError):  # not loadable, or a stale build without this version's symbols
         return None
 
 

@@ -2,6 +2,8 @@
 for the same data, seed and chunking; buffering into chunks; bad input refused before anything
 is processed. Its agreement with a running service: tests/test_client.py."""
 
+import threading
+
 import numpy as np
 import pytest
 import torch
@@ -43,6 +45,17 @@ def test_the_models_run_on_one_thread_and_the_callers_setting_comes_back(monkeyp
     try:
         cusp.Detector(models=["level"], chunk_size=5).update(shifted(20))
         assert seen and set(seen) == {1}
+        assert torch.get_num_threads() == 2
+        # detectors in threads at once (POST /v1/detect runs them so): still one thread each, and
+        # the caller's setting back when the last is done, not the first one's saved 1
+        seen.clear()
+        runs = [threading.Thread(target=lambda: cusp.Detector(models=["level", "ar"], chunk_size=1).update(shifted(60)))
+                for _ in range(4)]
+        for r in runs:
+            r.start()
+        for r in runs:
+            r.join()
+        assert len(seen) == 4 * 2 * 120 and set(seen) == {1}
         assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)

@@ -340,6 +340,32 @@ def test_the_fits_are_the_same_with_and_without_the_em_kernels(monkeypatch):
     assert np.allclose(got_counts, m._particle_counts(mu, s, cands, 0.5, 100), rtol=1e-9)
 
 
+
+def test_a_component_without_rows_stays_put_on_both_paths(monkeypatch):
+    """A component 5 sd away with variance 1e-6 explains none of 200 rows: numpy's responsibilities
+    are exactly 0 there, the native E step's are about 1e-306 each (its exp is clamped at e^-708);
+    both paths must keep the component's mean (the M step takes a sum below 1e-200 as no rows)."""
+    y = np.random.default_rng(0).normal(size=(200, 1))
+    start = (np.array([0.5, 0.5]), np.array([[0.0], [5.0]]), np.array([[1.0], [1e-6]]))
+    native_fit = mixture._em_matrix(y, start[1], 1, start=start)
+    monkeypatch.setattr(mixture, "kernels", lambda: None)
+    numpy_fit = mixture._em_matrix(y, start[1], 1, start=start)
+    assert native_fit[1][1, 0] == numpy_fit[1][1, 0] == 5.0
+    for a, b in zip(native_fit[:3], numpy_fit[:3]):
+        assert np.allclose(a, b, rtol=1e-9, atol=1e-12)
+
+
+def test_a_non_finite_parameter_gives_a_non_finite_log_likelihood():
+    """A NaN or infinite mean in any component: NaN rows, as torch's path gives (the vectorised log
+    read NaN's exponent bits as a number: about +710 a row, which would have taken every weight)."""
+    rows = np.array([[0.1], [0.5]])
+    for k in (0, 1):
+        for bad in (np.nan, np.inf):
+            theta = np.zeros((1, 6))  # K = 2, d = 1: z [2], mu [2], log sigma^2 [2]
+            theta[0, 2 + k] = bad
+            assert np.isnan(native.kernels().gmm_loglik(theta, 2, rows)).all(), (k, bad)
+
+
 def test_bad_em_arguments_are_refused_not_read():
     k = native.kernels()
     with pytest.raises(ValueError, match="em_stats"):
