@@ -57,7 +57,7 @@ from functools import lru_cache
 import torch
 
 from models.base import ModelError
-from models.timeseries import _check_finite, _check_frame_prior, _check_warmup, _Exact
+from models.timeseries import _check_finite, _check_frame_prior, _check_one_column, _check_warmup, _Exact
 
 #: Chebyshev points per coordinate of each nu's grid
 NODES = 48
@@ -182,9 +182,7 @@ class StudentT(_Exact):
 
     def __post_init__(self) -> None:
         n = self.name
-        if self.n_columns != 1:
-            raise ModelError(f"{n} models one column (a univariate series), the stream has {self.n_columns}: "
-                             "give the stream one column")
+        _check_one_column(n, self.n_columns)
         if not (isinstance(self.nu, (int, float)) and math.isfinite(self.nu) and (self.nu == 0 or 0.1 <= self.nu <= 1e4)):
             raise ModelError(f"{n}: nu must be 0 (a grid of 1, 2, 4, 8, 16, 32 degrees of freedom) or a number in "
                              f"[0.1, 10000], got {self.nu!r}")

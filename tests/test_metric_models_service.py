@@ -29,31 +29,36 @@ def _drain(redis_url):
         w.release_all()
 
 
-def test_counts_and_heavy_tails_through_the_api(live, redis_url):
-    """A count series (negative binomial r = 4, mean 40 -> 90 at 150) to a stream of `negbin` and
-    `student-t`: the API's change points are the offline detector's, and each model shows its
-    frame (negbin: centre 0, scale the warm-up mean; student-t: the warm-up's median and 1.4826 x
-    MAD)."""
+def _through_the_api(live, redis_url, column: str, models: list[str], y: np.ndarray, chunk: int, seed: int):
+    """``y`` posted to a new stream of ``models`` in chunks of ``chunk``, the worker drained: its change
+    points, per model and the stream's, must be the offline detector's for the same data, seed and
+    chunks. Returns (per-model events, stream changes, the stream's models by name)."""
     s = "m" + uuid.uuid4().hex[:10]
-    r = live.client.post("/v1/streams", json={"name": s, "columns": ["errors"], "seed": 3,
-                                             "models": ["negbin", "student-t"]})
+    r = live.client.post("/v1/streams", json={"name": s, "columns": [column], "seed": seed, "models": models})
     assert r.status_code == 201, r.text
-    rng = np.random.default_rng(5)
-    mean = np.r_[np.full(150, 40.0), np.full(100, 90.0)]
-    y = rng.negative_binomial(4, 4 / (4 + mean)).astype(float)
-    chunks = [y[i : i + 10] for i in range(0, 250, 10)]
-    for seq, c in enumerate(chunks):
-        assert live.client.post(f"/v1/streams/{s}/chunks", json={"seq": seq, "rows": [[v] for v in c.tolist()]}).status_code == 202
+    for seq, lo in enumerate(range(0, len(y), chunk)):
+        rows = [[v] for v in y[lo : lo + chunk].tolist()]
+        assert live.client.post(f"/v1/streams/{s}/chunks", json={"seq": seq, "rows": rows}).status_code == 202
     _drain(redis_url)
     got = live.client.get(f"/v1/streams/{s}/changepoints").json()
-    per_model, stream = detect_stream(y, ["negbin", "student-t"], chunk_size=10, seed=3)
+    per_model, stream = detect_stream(y, models, chunk_size=chunk, seed=seed)
     by_model = {}
     for e in got["changepoints"]:
         by_model.setdefault(e["model"], []).append(e["location"])
     assert by_model == {m: [e.location for e in evs] for m, evs in per_model.items() if evs}
     assert [c["location"] for c in got["stream"]] == [c.location for c in stream]
+    return per_model, stream, {m["name"]: m for m in live.client.get(f"/v1/streams/{s}").json()["models"]}
+
+def test_counts_and_heavy_tails_through_the_api(live, redis_url):
+    """A count series (negative binomial r = 4, mean 40 -> 90 at 150) to a stream of `negbin` and
+    `student-t`: the API's change points are the offline detector's, and each model shows its
+    frame (negbin: centre 0, scale the warm-up mean; student-t: the warm-up's median and 1.4826 x
+    MAD)."""
+    rng = np.random.default_rng(5)
+    mean = np.r_[np.full(150, 40.0), np.full(100, 90.0)]
+    y = rng.negative_binomial(4, 4 / (4 + mean)).astype(float)
+    _, stream, info = _through_the_api(live, redis_url, "errors", ["negbin", "student-t"], y, 10, 3)
     assert len(stream) == 1 and abs(stream[0].location - 150) <= 5, [c.location for c in stream]
-    info = {m["name"]: m for m in live.client.get(f"/v1/streams/{s}").json()["models"]}
     assert info["negbin"]["frame"] == {"warmup_rows": 5, "centre": 0.0, "scale": pytest.approx(float(np.mean(y[:5]))),
                                        "periods": None}
     med = float(np.median(y[:5]))
@@ -66,25 +71,11 @@ def test_a_local_trend_through_the_api(live, redis_url):
     """A bending rise in raw units with a jump (+25, 5 sd, at 200) to a stream of `local-trend` and
     `trend`, in chunks of 10: the API's change points are the offline detector's, bit for bit,
     and `local-trend` shows its frame (the warm-up's mean and sd)."""
-    s = "l" + uuid.uuid4().hex[:10]
-    models = ["local-trend", "trend"]
-    assert live.client.post("/v1/streams", json={"name": s, "columns": ["ms"], "seed": 4, "models": models}).status_code == 201
     t = np.arange(300)
     y = 250 + 0.5 * t + 0.001 * t**2 + np.random.default_rng(1).normal(0, 5, 300)
     y[200:] += 25
-    for seq, lo in enumerate(range(0, 300, 10)):
-        rows = [[v] for v in y[lo : lo + 10].tolist()]
-        assert live.client.post(f"/v1/streams/{s}/chunks", json={"seq": seq, "rows": rows}).status_code == 202
-    _drain(redis_url)
-    got = live.client.get(f"/v1/streams/{s}/changepoints").json()
-    per_model, stream = detect_stream(y, models, chunk_size=10, seed=4)
-    by_model = {}
-    for e in got["changepoints"]:
-        by_model.setdefault(e["model"], []).append(e["location"])
-    assert by_model == {m: [e.location for e in evs] for m, evs in per_model.items() if evs}
-    assert [c["location"] for c in got["stream"]] == [c.location for c in stream]
+    per_model, _, info = _through_the_api(live, redis_url, "ms", ["local-trend", "trend"], y, 10, 4)
     assert [e.location for e in per_model["local-trend"]] == [200]
-    info = {m["name"]: m for m in live.client.get(f"/v1/streams/{s}").json()["models"]}
     assert info["local-trend"]["frame"] == {"warmup_rows": 5, "centre": pytest.approx(float(np.mean(y[:5]))),
                                             "scale": pytest.approx(float(np.std(y[:5], ddof=1))), "periods": None}
 
@@ -93,23 +84,12 @@ def test_a_local_seasonal_stream_through_the_api(live, redis_url):
     """Hourly traffic growing with a daily cycle and a shift (+100 at 420 of 600), raw units, to a
     stream of `local-seasonal` in chunks of 24: the API's change points are the offline detector's,
     and the stream shows the period's posterior (24 hours, about 1 here)."""
-    s = "s" + uuid.uuid4().hex[:10]
-    assert live.client.post("/v1/streams", json={"name": s, "columns": ["req"], "seed": 2,
-                                                 "models": ["local-seasonal"]}).status_code == 201
     t = np.arange(600)
     y = 4000 + 1.5 * t + 60 * np.sin(2 * np.pi * t / 24) + np.random.default_rng([0, 16]).normal(0, 25, 600)
     y[420:] += 100
-    for seq, lo in enumerate(range(0, 600, 24)):
-        rows = [[v] for v in y[lo : lo + 24].tolist()]
-        assert live.client.post(f"/v1/streams/{s}/chunks", json={"seq": seq, "rows": rows}).status_code == 202
-    _drain(redis_url)
-    got = live.client.get(f"/v1/streams/{s}/changepoints").json()
-    per_model, stream = detect_stream(y, ["local-seasonal"], chunk_size=24, seed=2)
-    assert [e["location"] for e in got["changepoints"]] == [e.location for e in per_model["local-seasonal"]]
-    assert [c["location"] for c in got["stream"]] == [c.location for c in stream]
-    assert any(abs(c["location"] - 420) <= 5 for c in got["stream"]), got["stream"]
-    frame = live.client.get(f"/v1/streams/{s}").json()["models"][0]["frame"]
-    assert frame["periods"]["24"] > 0.99, frame
+    _, stream, info = _through_the_api(live, redis_url, "req", ["local-seasonal"], y, 24, 2)
+    assert any(abs(c.location - 420) <= 5 for c in stream), [c.location for c in stream]
+    assert info["local-seasonal"]["frame"]["periods"]["24"] > 0.99, info
 
 
 @pytest.mark.parametrize("spec,option", [("negbin:per_decade=0", "per_decade"), ("student-t:nu=-2", "nu"),
