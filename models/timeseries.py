@@ -726,6 +726,12 @@ class LocalTrend(_Framed):
         return self._join(post[:3].tolist(), post[3 : 3 + self.warmup].tolist(), logw, states)
 
 
+def _log_sum_exp(x: np.ndarray) -> float:
+    """log sum exp(x) of a [K] array, as a float."""
+    top = float(x.max())
+    return top + math.log(float(np.exp(x - top).sum()))
+
+
 @dataclass(frozen=True)
 class LocalSeasonal(LocalTrend):
     """A local linear trend with a season: ``local-trend``'s level and slope that drift, plus
@@ -872,15 +878,21 @@ class LocalSeasonal(LocalTrend):
             c = lg(a + 0.5) - lg(a)
         return c - 0.5 * np.log(2.0 * math.pi * b * q) - (a + 0.5) * np.log1p(e * e / (2.0 * b * q))
 
-    def _filter(self, m, cov, a, b, z: float, last: float, g, f, d):
-        """One row ``z`` (in the frame; ``last`` the row before it, the AR term's regressor) into every
-        component (in place); their one-step log predictives [K]."""
+    def _ahead(self, m, cov, last: float, g, f, d):
+        """One step ahead of every component: the state's mean and covariance moved (a, R), R F and
+        the predictive's scale-free variance q = F R F + 1 ([K]); ``last`` is the row before (the AR
+        term's regressor, written into ``f``)."""
         if self.order:
             f[:, -1] = last
         am = np.einsum("kij,kj->ki", g, m)
         r = self._moved(cov, g, d)
         rf = np.einsum("kij,kj->ki", r, f)
-        q = np.einsum("ki,ki->k", f, rf) + 1.0
+        return am, r, rf, np.einsum("ki,ki->k", f, rf) + 1.0
+
+    def _filter(self, m, cov, a, b, z: float, last: float, g, f, d):
+        """One row ``z`` (in the frame; ``last`` the row before it, the AR term's regressor) into every
+        component (in place); their one-step log predictives [K]."""
+        am, r, rf, q = self._ahead(m, cov, last, g, f, d)
         e = z - np.einsum("ki,ki->k", f, am)
         lp = self._log_t_batch(e, q, a, b)
         gain = rf / q[:, None]
@@ -907,10 +919,9 @@ class LocalSeasonal(LocalTrend):
             z = (v - centre) / scale
             joint = logw + self._filter(m, cov, a, b, z, last, g, f, d)
             last = z
-            top = float(joint.max())
-            mixed = top + math.log(float(np.exp(joint - top).sum()))
+            mixed = _log_sum_exp(joint)
             logw = joint - mixed
-            lp += float(mixed) - math.log(scale)
+            lp += mixed - math.log(scale)
         return self._pack([float(seen + len(y)), centre, scale], buf, last, logw, m, cov, a, b), lp
 
     def exact_row_log_predictive(self, post: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
@@ -925,16 +936,10 @@ class LocalSeasonal(LocalTrend):
         g, f, d = self._system()
         out = []
         for v in rows[:, 0].tolist():
-            if self.order:
-                f[:, -1] = last
-            m = np.einsum("kij,kj->ki", g, m)
-            cov = self._moved(cov, g, d)
-            q = np.einsum("ki,kij,kj->k", f, cov, f) + 1.0
+            m, cov, _, q = self._ahead(m, cov, last, g, f, d)
             z = (v - centre) / scale
             e = z - np.einsum("ki,ki->k", f, m)
-            joint = logw + self._log_t_batch(e, q, a, b)
-            top = float(joint.max())
-            out.append(top + math.log(float(np.exp(joint - top).sum())) - math.log(scale))
+            out.append(_log_sum_exp(logw + self._log_t_batch(e, q, a, b)) - math.log(scale))
             last = z
         return torch.tensor(out, dtype=torch.float64)
 
