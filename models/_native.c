@@ -30,12 +30,14 @@ static const double LOG_2PI = 1.8378770664093453;
 
 /* exp(x) for x <= 0, within about 2e-15 relative: Cody-Waite reduction x = n ln2 + r with
  * |r| <= ln2/2, degree-11 Taylor polynomial, 2^n built in the exponent bits. Branch-free so
- * that the loops calling it vectorise. Arguments below -708 are taken as -708 (exp = 3e-308,
- * zero for every use here: a responsibility next to one of at least 1). */
-static inline __attribute__((always_inline)) double exp_nonpos(double x)
+ * that the loops calling it vectorise. Exactly 0 below -708 (and for -inf), where the result
+ * would go subnormal, as the float32 expf_nonpos is below -87: a floor of 3e-308 gave a component
+ * that no row reaches a positive responsibility sum, which an EM step took for rows of its own
+ * (numpy's exp gives 0 there). */
+static inline __attribute__((always_inline)) double exp_nonpos(double x0)
 {
     const double magic = 6755399441055744.0; /* 1.5 * 2^52: adding it rounds to an integer */
-    x = x < -708.0 ? -708.0 : x;
+    double x = x0 < -708.0 ? -708.0 : x0;
     double t = x * 1.4426950408889634 + magic;
     double n = t - magic;
     double r = x - n * 6.93147180369123816490e-01;
@@ -57,7 +59,7 @@ static inline __attribute__((always_inline)) double exp_nonpos(double x)
     memcpy(&tm, &magic, 8);
     sb = (ti - tm + 1023) << 52;
     memcpy(&scale, &sb, 8);
-    return p * scale;
+    return x0 < -708.0 ? 0.0 : p * scale;
 }
 
 /* log(x) for 1 <= x < 2^1024 (a sum of exps of non-positive log-joints, the largest of them exp(0) = 1),

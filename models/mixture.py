@@ -799,10 +799,7 @@ def _em_matrix(y: np.ndarray, means: np.ndarray, iterations: int, start=None, re
         else:
             nk = st[:, 0] + 1e-9
             w = nk / nk.sum()
-            # a component without rows keeps its start: no responsibility sum above 1e-200 (the
-            # native E step's exp is clamped at e^-708, so an empty component's sum is ~1e-306 n there
-            # and exactly 0 in numpy: both are empty)
-            mu = np.where(st[:, :1] > 1e-200, st[:, 1 : 1 + d] / nk[:, None], means)
+            mu = np.where(st[:, :1] > 0, st[:, 1 : 1 + d] / nk[:, None], means)
             var = np.maximum(st[:, 1 + d :] / nk[:, None] - mu * mu, floor)
             var = np.where(st[:, :1] > 1.0, var, 1.0)  # a component with (almost) no rows: unit variance
         if i < iterations:

@@ -343,14 +343,15 @@ def test_the_fits_are_the_same_with_and_without_the_em_kernels(monkeypatch):
 
 def test_a_component_without_rows_stays_put_on_both_paths(monkeypatch):
     """A component 5 sd away with variance 1e-6 explains none of 200 rows: numpy's responsibilities
-    are exactly 0 there, the native E step's are about 1e-306 each (its exp is clamped at e^-708);
-    both paths must keep the component's mean (the M step takes a sum below 1e-200 as no rows)."""
+    are exactly 0 there, and so must the native E step's be (its exp once floored at 3e-308, so
+    the component had a positive sum and the M step moved it to about 0); both keep its mean."""
     y = np.random.default_rng(0).normal(size=(200, 1))
     start = (np.array([0.5, 0.5]), np.array([[0.0], [5.0]]), np.array([[1.0], [1e-6]]))
     native_fit = mixture._em_matrix(y, start[1], 1, start=start)
     monkeypatch.setattr(mixture, "kernels", lambda: None)
     numpy_fit = mixture._em_matrix(y, start[1], 1, start=start)
     assert native_fit[1][1, 0] == numpy_fit[1][1, 0] == 5.0
+    assert native.kernels().em_stats(y, *start)[1].tolist() == [0.0, 0.0, 0.0]
     for a, b in zip(native_fit[:3], numpy_fit[:3]):
         assert np.allclose(a, b, rtol=1e-9, atol=1e-12)
 
