@@ -12,7 +12,8 @@
  *
  * gmm_run: one SGHMC run (the engine's hot loop) in one call, mini-batches gathered from the
  * reservoir inside, the gradient in float32 on centred rows (grad_core32). gather_gram: linear
- * regression's mini-batch Gram matrices straight from the reservoir.
+ * regression's mini-batch Gram matrices straight from the reservoir. t_loglik and t_row_lse: the
+ * Student-t model's quadrature (models/heavy.py), sums over rows at its grid nodes.
  *
  * Determinism: the order of every sum is fixed (per-lane partial sums over blocks of BT rows,
  * then a fixed-order reduction), so a run gives the same bits on one machine whatever the
@@ -819,6 +820,125 @@ int cusp_gather_gram(GG_ARGS)
     if (isa_chosen == 1) return gather_gram_avx2(GG_PASS);
 #endif
     return gather_gram_base(GG_PASS);
+}
+
+/* Student-t quadrature (models/heavy.py): the grid nodes of V degrees of freedom, each a G x G
+ * tensor grid with mu = m_v + a sinh(s_i) e^lam_j, at which
+ *   q_vij(z) = (z - m_v) e^-lam_j / sqrt(nu_v) - a sinh(s_i) / sqrt(nu_v)
+ * is the standardised residual of a row z; er [V, G] = e^-lam_j / sqrt(nu_v), sr [V, G] =
+ * a sinh(s_i) / sqrt(nu_v). log1p(q^2) is log_ge1(1 + q^2): 1 + q^2 rounds, so a term differs
+ * from log1p's by at most about 1e-16 absolute (torch's path writes the [B, V, G, G] terms; these
+ * keep them in registers). The inner loops run over the G nodes i, so one row costs as little as
+ * many (a row at a time is the detector's pointwise case).
+ *
+ * t_loglik: out [V, G, G] (index (v G + i) G + j) = sum over the rows z [B] of log1p(q_vij(z)^2),
+ * each node's terms added in row order (the same bits whatever the data). Never fails; returns 0. */
+static inline __attribute__((always_inline)) int t_loglik_body(
+    int V, int G, long B, const double *z, const double *m, const double *er, const double *sr, double *out)
+{
+    double acc[G];
+    for (int v = 0; v < V; v++) {
+        const double *srv = sr + (size_t)v * G;
+        for (int j = 0; j < G; j++) {
+            const double e = er[v * G + j], mv = m[v];
+            for (int i = 0; i < G; i++) acc[i] = 0.0;
+            for (long b = 0; b < B; b++) {
+                const double sb = (z[b] - mv) * e;
+                for (int i = 0; i < G; i++) {
+                    const double q = sb - srv[i];
+                    acc[i] += log_ge1(1.0 + q * q);
+                }
+            }
+            for (int i = 0; i < G; i++) out[((size_t)v * G + i) * G + j] = acc[i];
+        }
+    }
+    return 0;
+}
+
+/* t_row_lse: out [B] = log sum over every node (v, i, j) of exp(base_vji - half_v log1p(q_vij(z_b)^2))
+ * for each row z_b: the rows' log predictives, base [V, G, G] in the layout (v G + j) G + i (the
+ * log weight and log joint of each node, with the Student-t's log normaliser less lam_j). Each row's
+ * terms go to a scratch of V G G doubles, their maximum and then the sum of exps in per-lane
+ * partial sums (fixed order). A row whose terms are all -inf gets -inf. Returns 0, or 1 when the
+ * scratch could not be allocated. */
+#define TL 8
+static inline __attribute__((always_inline)) int t_row_lse_body(
+    int V, int G, long B, const double *z, const double *m, const double *er, const double *sr, const double *half,
+    const double *base, double *out)
+{
+    const long N = (long)V * G * G, full = N / TL * TL;
+    double *t = aligned_alloc(64, sizeof(double) * (size_t)((N + TL - 1) / TL * TL + TL));
+    if (!t) return 1;
+    for (long b = 0; b < B; b++) {
+        const double zb = z[b];
+        for (int v = 0; v < V; v++) {
+            const double h = half[v], d = zb - m[v];
+            const double *srv = sr + (size_t)v * G;
+            for (int j = 0; j < G; j++) {
+                const double sj = d * er[v * G + j];
+                const double *bs = base + ((size_t)v * G + j) * G;
+                double *tt = t + ((size_t)v * G + j) * G;
+                for (int i = 0; i < G; i++) {
+                    const double q = sj - srv[i];
+                    tt[i] = bs[i] - h * log_ge1(1.0 + q * q);
+                }
+            }
+        }
+        double mx[TL];
+        for (int l = 0; l < TL; l++) mx[l] = -INFINITY;
+        for (long k0 = 0; k0 < full; k0 += TL)
+            for (int l = 0; l < TL; l++) mx[l] = t[k0 + l] > mx[l] ? t[k0 + l] : mx[l];
+        for (long k = full; k < N; k++) mx[k - full] = t[k] > mx[k - full] ? t[k] : mx[k - full];
+        double top = -INFINITY;
+        for (int l = 0; l < TL; l++) top = mx[l] > top ? mx[l] : top;
+        if (!(top > -INFINITY)) {  /* every term -inf (or NaN): no exps to sum */
+            out[b] = top == top ? -INFINITY : top;
+            continue;
+        }
+        double acc[TL] = {0.0};
+        for (long k0 = 0; k0 < full; k0 += TL)
+            for (int l = 0; l < TL; l++) acc[l] += exp_nonpos(t[k0 + l] - top);
+        for (long k = full; k < N; k++) acc[k - full] += exp_nonpos(t[k] - top);
+        double total = 0.0;
+        for (int l = 0; l < TL; l++) total += acc[l];
+        out[b] = top + log_ge1(total);
+    }
+    free(t);
+    return 0;
+}
+
+#define TLL_ARGS int V, int G, long B, const double *z, const double *m, const double *er, const double *sr, double *out
+#define TLL_PASS V, G, B, z, m, er, sr, out
+#define TRL_ARGS int V, int G, long B, const double *z, const double *m, const double *er, const double *sr, \
+                 const double *half, const double *base, double *out
+#define TRL_PASS V, G, B, z, m, er, sr, half, base, out
+#ifdef CUSP_X86
+__attribute__((target("avx512f,avx512dq,avx2,fma"))) static int t_loglik_avx512(TLL_ARGS) { return t_loglik_body(TLL_PASS); }
+__attribute__((target("avx2,fma"))) static int t_loglik_avx2(TLL_ARGS) { return t_loglik_body(TLL_PASS); }
+__attribute__((target("avx512f,avx512dq,avx2,fma"))) static int t_row_lse_avx512(TRL_ARGS) { return t_row_lse_body(TRL_PASS); }
+__attribute__((target("avx2,fma"))) static int t_row_lse_avx2(TRL_ARGS) { return t_row_lse_body(TRL_PASS); }
+#endif
+static int t_loglik_base(TLL_ARGS) { return t_loglik_body(TLL_PASS); }
+static int t_row_lse_base(TRL_ARGS) { return t_row_lse_body(TRL_PASS); }
+
+int cusp_t_loglik(TLL_ARGS)
+{
+    if (isa_chosen < 0) cusp_isa();
+#ifdef CUSP_X86
+    if (isa_chosen == 2) return t_loglik_avx512(TLL_PASS);
+    if (isa_chosen == 1) return t_loglik_avx2(TLL_PASS);
+#endif
+    return t_loglik_base(TLL_PASS);
+}
+
+int cusp_t_row_lse(TRL_ARGS)
+{
+    if (isa_chosen < 0) cusp_isa();
+#ifdef CUSP_X86
+    if (isa_chosen == 2) return t_row_lse_avx512(TRL_PASS);
+    if (isa_chosen == 1) return t_row_lse_avx2(TRL_PASS);
+#endif
+    return t_row_lse_base(TRL_PASS);
 }
 
 /* Linear regression's SGHMC run (models/linear.py, stats_gradient): its log target's gradient

@@ -41,6 +41,12 @@ class NativeKernels:
         self._weight_em = lib.cusp_weight_em
         self._weight_em.argtypes = [i, i, i, L, p, L, p, p, p, i, f, p, p]
         self._weight_em.restype = i
+        self._t_loglik = lib.cusp_t_loglik
+        self._t_loglik.argtypes = [i, i, L, p, p, p, p, p]
+        self._t_loglik.restype = i
+        self._t_row_lse = lib.cusp_t_row_lse
+        self._t_row_lse.argtypes = [i, i, L, p, p, p, p, p, p, p]
+        self._t_row_lse.restype = i
         lib.cusp_isa.restype = i
         self.isa = ("baseline", "avx2+fma", "avx512")[lib.cusp_isa()]
 
@@ -158,6 +164,36 @@ class NativeKernels:
                            int(sweeps), float(tol), w.ctypes.data, counts.ctypes.data):
             raise MemoryError("weight_em: scratch allocation failed")
         return counts, w
+
+
+    def t_loglik(self, z: np.ndarray, m: np.ndarray, er: np.ndarray, sr: np.ndarray) -> np.ndarray:
+        """``[V, G, G]``: sum over the rows ``z [B]`` of log1p(q^2), q = (z - m_v) er_vj - sr_vi at
+        the nodes (v, i, j) of models/heavy.py's Student-t grids (``m [V]``, ``er``, ``sr [V, G]``)."""
+        z, m, er, sr = (np.ascontiguousarray(a, dtype=np.float64) for a in (z, m, er, sr))
+        v, g = er.shape
+        if z.ndim != 1 or m.shape != (v,) or sr.shape != (v, g):
+            raise ValueError(f"t_loglik: z {z.shape}, m {m.shape}, er {er.shape} and sr {sr.shape} do not fit")
+        out = np.empty((v, g, g))
+        if self._t_loglik(v, g, z.shape[0], z.ctypes.data, m.ctypes.data, er.ctypes.data, sr.ctypes.data,
+                          out.ctypes.data):
+            raise MemoryError("t_loglik: scratch allocation failed")
+        return out
+
+    def t_row_lse(self, z: np.ndarray, m: np.ndarray, er: np.ndarray, sr: np.ndarray, half: np.ndarray,
+                  base: np.ndarray) -> np.ndarray:
+        """``[B]``: for each row of ``z [B]``, log sum over the nodes (v, i, j) of exp(base_vij - half_v
+        log1p(q^2)) (q as in ``t_loglik``; ``half [V]``, ``base [V, G, G]`` indexed [v, i, j])."""
+        z, m, er, sr, half = (np.ascontiguousarray(a, dtype=np.float64) for a in (z, m, er, sr, half))
+        v, g = er.shape
+        if z.ndim != 1 or m.shape != (v,) or sr.shape != (v, g) or half.shape != (v,) or base.shape != (v, g, g):
+            raise ValueError(f"t_row_lse: z {z.shape}, m {m.shape}, er {er.shape}, sr {sr.shape}, half {half.shape} "
+                             f"and base {base.shape} do not fit")
+        base_ji = np.ascontiguousarray(np.asarray(base, dtype=np.float64).transpose(0, 2, 1))  # the kernel's layout
+        out = np.empty(z.shape[0])
+        if self._t_row_lse(v, g, z.shape[0], z.ctypes.data, m.ctypes.data, er.ctypes.data, sr.ctypes.data,
+                           half.ctypes.data, base_ji.ctypes.data, out.ctypes.data):
+            raise MemoryError("t_row_lse: scratch allocation failed")
+        return out
 
 
 def _check_indices(name: str, idx: np.ndarray, rows: int) -> None:

@@ -1,4 +1,4 @@
-"""The native mixture kernels (models/_native.c) against the numpy/torch path they replace.
+"""The native kernels (models/_native.c: the mixture's, the Student-t quadrature's) against the numpy/torch path they replace.
 
 `make test` installs with a C compiler, so the kernels must be built here: a silent fallback
 would leave the GMM 2x slower with every test still green. Each instruction set the machine
@@ -379,6 +379,81 @@ def test_bad_em_arguments_are_refused_not_read():
         k.weight_em(np.zeros((10, 2)), np.ones(10), np.zeros((4, 2, 2)), np.zeros((4, 2, 3)), np.ones((4, 2)) / 2, 3, 1e-10)
 
 
+def _t_problem(b: int, seed: int, v: int = 3, g: int = 10):
+    """Random inputs of the Student-t kernels: rows z [b] (a few far outliers), per nu v an anchor,
+    node factors er, sr [v, g], half [v] and node bases [v, g, g] (about -60 to 0, as log weights)."""
+    r = np.random.default_rng(seed)
+    z = r.standard_t(2, b) * 3.0
+    z[:: max(1, b // 3)] *= 1e4
+    return (z, r.normal(0, 1, v), np.exp(r.normal(0, 1, (v, g))), r.normal(0, 3, (v, g)), r.uniform(0.5, 17, v),
+            -r.uniform(0, 60, (v, g, g)))
+
+
+def _t_reference(z, m, er, sr, half, base):
+    """The kernels' sums in plain numpy: [v, g, g] sums of log1p(q^2), and the rows' log-sum-exps [b]."""
+    q = (z[:, None, None] - m[None, :, None]) * er[None]  # [b, v, g (j)]
+    q = q[:, :, None, :] - sr[None, :, :, None]  # [b, v, g (i), g (j)]
+    terms = np.log1p(q * q)
+    t = base[None] - half[None, :, None, None] * terms
+    top = t.reshape(len(z), -1).max(1)
+    return terms.sum(0), top + np.log(np.exp(t.reshape(len(z), -1) - top[:, None]).sum(1))
+
+
+@pytest.mark.parametrize("b", [1, 7, 8, 9, 500])
+def test_the_student_t_kernels_equal_numpy(b):
+    z, m, er, sr, half, base = _t_problem(b, seed=b)
+    want_sums, want_lse = _t_reference(z, m, er, sr, half, base)
+    k = native.kernels()
+    assert np.allclose(k.t_loglik(z, m, er, sr), want_sums, rtol=1e-13, atol=1e-12)
+    assert np.allclose(k.t_row_lse(z, m, er, sr, half, base), want_lse, rtol=1e-13, atol=1e-12)
+    again = k.t_row_lse(z, m, er, sr, half, base)
+    assert np.array_equal(again, k.t_row_lse(z, m, er, sr, half, base))  # same inputs, same bits
+    base[:] = -np.inf
+    assert (k.t_row_lse(z, m, er, sr, half, base) == -np.inf).all()  # no node has mass: -inf, not NaN
+
+
+def test_the_student_t_model_is_the_same_with_and_without_the_kernels(monkeypatch):
+    """Evidence and row predictives of ``student-t`` through a stream in raw units, while its rows
+    are kept and after (the grids updated incrementally), native against torch: the same to 1e-9
+    nats (the kernel's log differs from log1p by about 1e-16 a term)."""
+    from models import heavy
+    from service.sgais import SGAISConfig, build_sampler
+
+    def run(native_on: bool):
+        with monkeypatch.context() as mp:
+            if not native_on:
+                mp.setattr(heavy, "kernels", lambda: None)
+            m = build_model("student-t", 1)
+            s = build_sampler(m, SGAISConfig())
+            st, res = s.init(0), s.new_reservoir()
+            x = torch.as_tensor(np.random.default_rng(3).standard_t(3, 400) * 1e-3 + 5e3)[:, None]
+            x[250] += 0.5  # an outlier of 500 scales
+            out = []
+            for lo in range(0, 400, 23):
+                if lo:
+                    out += s.row_fits(st, m.featurize(x[lo:lo + 23])).tolist()
+                st, r, w = s.update(st, x[lo:lo + 23], res)
+                res.apply(w)
+                out.append(r.log_evidence)
+            return np.array(out)
+
+    native_run, torch_run = run(True), run(False)
+    assert np.allclose(native_run, torch_run, rtol=0, atol=1e-9), np.abs(native_run - torch_run).max()
+
+
+def test_bad_student_t_arguments_are_refused_not_read():
+    k = native.kernels()
+    z, m, er, sr, half, base = _t_problem(5, seed=1)
+    with pytest.raises(ValueError, match="t_loglik"):
+        k.t_loglik(z, m[:2], er, sr)
+    with pytest.raises(ValueError, match="t_loglik"):
+        k.t_loglik(z[:, None], m, er, sr)
+    with pytest.raises(ValueError, match="t_row_lse"):
+        k.t_row_lse(z, m, er, sr, half, base[:, :, :4])
+    with pytest.raises(ValueError, match="t_row_lse"):
+        k.t_row_lse(z, m, er, sr[:, :4], half, base)
+
+
 _ISA_SCRIPT = r"""
 import json, sys, torch
 import numpy as np
@@ -400,13 +475,16 @@ from tests.test_native import _em_problem
 y, w, mu, var, pmu, ps, wts = _em_problem(5, 2, 1000, seed=7)
 out["em"] = [native.kernels().em_stats(y, w, mu, var).tolist(),
              native.kernels().weight_em(y, wts, pmu, ps, np.full((6, 5), 0.2), 20, 1e-10)[0].tolist()]
+from tests.test_native import _t_problem
+z, m, er, sr, half, base = _t_problem(37, seed=4)
+out["t"] = [native.kernels().t_loglik(z, m, er, sr).tolist(), native.kernels().t_row_lse(z, m, er, sr, half, base).tolist()]
 print(json.dumps(out))
 """
 
 
 def test_every_instruction_set_agrees(monkeypatch):
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    runs, sampled, grams, ems = {}, {}, {}, {}
+    runs, sampled, grams, ems, ts = {}, {}, {}, {}, {}
     for cap in ("2", "1", "0"):
         env = dict(os.environ, CUSP_NATIVE_ISA=cap)
         done = subprocess.run([sys.executable, "-c", _ISA_SCRIPT, root], env=env, capture_output=True, text=True,
@@ -417,6 +495,7 @@ def test_every_instruction_set_agrees(monkeypatch):
         sampled[r["isa"]] = torch.tensor(r["sampled"], dtype=torch.float64)
         grams[r["isa"]] = r["gram"]
         ems[r["isa"]] = r["em"]
+        ts[r["isa"]] = r["t"]
     assert "baseline" in runs  # the cap reaches the baseline build on any x86 machine
     for j, (k, d, b) in enumerate(CASES):
         m, theta, rows, w = _problem(k, d, b, seed=k * 100 + d * 10 + b)
@@ -443,6 +522,10 @@ def test_every_instruction_set_agrees(monkeypatch):
     for isa, got in ems.items():
         for g, want_e in zip(got, want_em):
             assert np.allclose(np.array(g), want_e, rtol=1e-9, atol=1e-12 * np.abs(want_e).max()), isa
+    want_t = _t_reference(*_t_problem(37, seed=4))
+    for isa, got in ts.items():
+        for g, want_e in zip(got, want_t):
+            assert np.allclose(np.array(g), want_e, rtol=1e-13, atol=1e-12), isa
 
 
 @pytest.mark.parametrize("var,value", [("CUSP_NATIVE", "maybe"), ("CUSP_NATIVE_ISA", "3"), ("CUSP_NATIVE_ISA", "avx")])
