@@ -5,6 +5,7 @@ the warm-up, counts, bad settings, and detection on trends, seasons, raw units a
 import math
 
 import mpmath
+import cusp
 import numpy as np
 import pytest
 import torch
@@ -580,6 +581,30 @@ def test_a_spike_inside_a_chunk_is_no_models_change(chunk):
     per_model, stream = detect_stream(y, chunk_size=chunk, seed=0)
     assert [(c.location, c.detected_at) for c in stream] == [(150, 150 + chunk)], stream
     assert [e.location for e in per_model["level"]] == [150], per_model
+
+
+def test_a_spike_posted_alone_after_chunks_is_no_change_but_a_shift_is():
+    """A stream posted in chunks of 10 (a backfill), then row by row (live): one wild row (N(120, 5),
+    then 1.0) is no model's change, and the stream's answer has none; a shift of 4 sd posted the
+    same way is the stream's change at its first row. Found by a new user: before a chunk of one
+    row counted as its own most telling row (``Detector._feed``), a challenger that began in the
+    chunks of 10 compared the lone row with nothing subtracted (log BF 138, all of it that row) and
+    ``trend`` and ``seasonal`` reported it, and the stream, with confidence 0.999999, for good."""
+    r = np.random.default_rng(5)
+    y = r.normal(120, 5, 600)
+    after = r.normal(120, 5, 30)
+
+    def posted(tail):
+        chunks = [y[i:i + 10] for i in range(0, 600, 10)] + [[v] for v in tail]
+        det = cusp.Detector()
+        for c in chunks:
+            det.update(np.asarray(c, float).reshape(-1, 1))
+        return det
+
+    det = posted(np.concatenate([[1.0], after]))
+    assert det.changepoints == [] and all(ev == [] for ev in det.events.values()), det.events
+    det = posted(after + 20.0)
+    assert [c.location for c in det.changepoints] == [600], det.changepoints
 
 
 @pytest.mark.parametrize("seed", range(5))
