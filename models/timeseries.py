@@ -211,10 +211,29 @@ class TimeSeriesRegression(_Framed):
         return names + [f"ar[{i}]" for i in range(1, self.order + 1)] + ["noise_var"]
 
     # --- posterior layout ----------------------------------------------------------------------
+    #: component counts of earlier versions' states that this model still reads: a stream whose
+    #: state was saved with fewer components (``seasonal`` before its operational periods) goes on
+    #: with that many, the first of ``_components``, bit for bit as before, restarts included
+    legacy_components: ClassVar[tuple[int, ...]] = ()
+
+    def _size(self, c: int) -> int:
+        """The length of a state with ``c`` components."""
+        d = self.n_coef
+        return 3 + self.warmup + self.order + (c if c > 1 else 0) + c * (2 + d * d + d)
+
+    def _count(self, post: torch.Tensor) -> int:
+        """The components of the state ``post``: this version's, or a legacy layout's."""
+        c = len(self._components())
+        for n in (c,) + self.legacy_components:
+            if post.numel() == self._size(n):
+                return n
+        raise ModelError(f"{self.name}: a state of {post.numel()} numbers is not this model's ({self._size(c)}): "
+                         "saved by another model or version")
+
     def _parts(self, post: torch.Tensor) -> dict[str, torch.Tensor]:
         """Views into ``post``: buf [warmup], lags [order], logw [K] (only with several components:
         their posterior log weights), ab [K, 2], r [K, D, D], z [K, D]."""
-        k, p, d, c = self.warmup, self.order, self.n_coef, len(self._components())
+        k, p, d, c = self.warmup, self.order, self.n_coef, self._count(post)
         o = 3
         parts = {"buf": post[o : o + k]}
         o += k
@@ -233,8 +252,9 @@ class TimeSeriesRegression(_Framed):
         pieces = [head, parts["buf"], parts["lags"]] + ([parts["logw"]] if "logw" in parts else [])
         return torch.cat(pieces + [parts["ab"].flatten(), parts["r"].flatten(), parts["z"].flatten()])
 
-    def exact_init(self) -> torch.Tensor:
-        d, c = self.n_coef, len(self._components())
+    def exact_init(self, components: int | None = None) -> torch.Tensor:
+        """The prior's state, with this version's components (or ``components``, a legacy count)."""
+        d, c = self.n_coef, components or len(self._components())
         parts = {"buf": torch.zeros(self.warmup, dtype=torch.float64), "lags": torch.zeros(self.order, dtype=torch.float64),
                  "ab": torch.tensor([[self.alpha0, self.beta0]] * c, dtype=torch.float64),
                  "r": (torch.eye(d, dtype=torch.float64) / self.coef_scale).expand(c, d, d),
@@ -251,7 +271,7 @@ class TimeSeriesRegression(_Framed):
         ``warmup`` (where a new series' first scored row is), the weights of several components at
         their prior. During the incumbent's own warm-up there
         is no frame yet: the prior, with a warm-up."""
-        new = self.exact_init()
+        new = self.exact_init(self._count(post))
         if int(post[0]) >= self.warmup:
             new[0], new[1], new[2] = float(self.warmup), post[1], post[2]
         return new
@@ -318,13 +338,14 @@ class TimeSeriesRegression(_Framed):
         return new
 
     # --- features ----------------------------------------------------------------------------
-    def _design(self, z: torch.Tensor, lags: torch.Tensor, t0: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def _design(self, z: torch.Tensor, lags: torch.Tensor, t0: int, count: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Features ``[K, B, D]`` of standardised values ``z [B]`` whose predecessors' last ``order``
-        values are ``lags`` (oldest first), the first at time ``t0``, for each component (a
+        values are ``lags`` (oldest first), the first at time ``t0``, for each of the first ``count``
+        components (a state's, ``_count``; a
         component with fewer harmonics than the most has zeros in the others' places: a
         coefficient no row informs keeps its prior and adds nothing to the evidence); and the
         lags after them."""
-        b, p, comps = z.shape[0], self.order, self._components()
+        b, p, comps = z.shape[0], self.order, self._components()[:count]
         t = torch.arange(t0, t0 + b, dtype=torch.float64)
         shared = [torch.ones(b, dtype=torch.float64)] + ([t] if self.trend else [])
         seq = torch.cat([lags, z])
@@ -363,12 +384,12 @@ class TimeSeriesRegression(_Framed):
             buf[seen : seen + first] = y[:first]
             if seen + first == k:
                 centre, scale = _warmup_frame(buf)
-                phi, lags = self._design((buf - centre) / scale, lags, 0)
+                phi, lags = self._design((buf - centre) / scale, lags, 0, len(ab))
                 r, zc, ab, _ = _srif_nig(r, zc, ab, phi, (buf - centre) / scale)
         lp, logw = 0.0, parts.get("logw")
         if first < y.shape[0]:
             zv = (y[first:] - centre) / scale
-            phi, lags = self._design(zv, lags, seen + first)
+            phi, lags = self._design(zv, lags, seen + first, len(ab))
             r, zc, ab, lps = _srif_nig(r, zc, ab, phi, zv)
             mixed, logw = self._mix(parts, lps)
             lp = float(mixed) - zv.shape[0] * math.log(scale)
@@ -388,7 +409,7 @@ class TimeSeriesRegression(_Framed):
         parts = self._parts(post)
         a, b = parts["ab"][:, :1], parts["ab"][:, 1:]  # [K, 1]
         zv = (rows[:, 0] - centre) / scale
-        phi, _ = self._design(zv, parts["lags"], int(post[0]))
+        phi, _ = self._design(zv, parts["lags"], int(post[0]), len(parts["ab"]))
         m = torch.linalg.solve_triangular(parts["r"], parts["z"][..., None], upper=True)
         u = torch.linalg.solve_triangular(parts["r"].transpose(-1, -2), phi.transpose(-1, -2), upper=False)
         var = (b / a) * (1.0 + (u * u).sum(-2))  # [K, B]
@@ -446,8 +467,16 @@ class Trend(TimeSeriesRegression):
 #: the usual sampling calendars: quarterly data with a yearly cycle (4), daily with a weekly one
 #: (7), monthly with a yearly one (12), hourly with a daily one (24), weekly with a yearly one
 #: (365.25 / 7 = 52.18 weeks; Fourier terms need no whole number, and 52 drifts by a week every
-#: 5.5 years). Fixed by the calendar, not chosen per series
-AUTO_PERIODS = (4.0, 7.0, 12.0, 24.0, 365.25 / 7)
+#: 5.5 years); and those of operational metrics: 15-minute data with a daily cycle (96), hourly
+#: with a weekly one (168), 5-minute with a daily one (288), daily with a yearly one (365.25) and
+#: per-minute with a daily one (1,440). Fixed by the calendar, not chosen per series. (Without the
+#: last five, three days of per-minute latency with a daily cycle gave 9-17 stream changes where
+#: there was one, every few hours a bend of the cycle read as a change: ``seasonal:period=1440``
+#: found the one alone.)
+AUTO_PERIODS = (4.0, 7.0, 12.0, 24.0, 365.25 / 7, 96.0, 168.0, 288.0, 365.25, 1440.0)
+#: ``local-seasonal`` averages over the first five (its components are periods x discounts: with
+#: all ten, 50 filters a row; it is not in the default portfolio, and was judged with these)
+LOCAL_PERIODS = AUTO_PERIODS[:5]
 
 
 @dataclass(frozen=True)
@@ -474,6 +503,10 @@ class Seasonal(TimeSeriesRegression):
     every component and keeps the weights (the period is not what changed)."""
 
     name = "seasonal"
+    #: a state saved before the operational periods joined ``AUTO_PERIODS`` (2026-11-27) holds the
+    #: first five: the stream goes on with those (with ``harmonics`` above 25 its width differs, and
+    #: it is refused, naming the model)
+    legacy_components: ClassVar[tuple[int, ...]] = (5,)
     period: float = 0.0
     harmonics: int = 2
     order: int = -1  # -1: the default: 1 without a period (above), 0 with one
@@ -498,7 +531,7 @@ class Seasonal(TimeSeriesRegression):
         """The posterior probability of each period given the rows so far; None with a fixed period."""
         if self.period:
             return None
-        return {p: float(w) for (p, _), w in zip(self._components(), torch.exp(self._parts(post)["logw"]))}
+        return {p: float(w) for (p, _), w in zip(self._components()[: self._count(post)], torch.exp(self._parts(post)["logw"]))}
 
 
 @dataclass(frozen=True)
@@ -755,8 +788,8 @@ class LocalSeasonal(LocalTrend):
     so the evidence is the dense Gaussian's with them fixed at the observed values, which
     ``tests/test_timeseries.py`` checks it against).
     Without a ``discount`` the trend's discount is averaged over ``AUTO_DISCOUNTS``; without a
-    ``period``, the period over ``AUTO_PERIODS`` (harmonics at most (period - 1) / 2), as for
-    ``seasonal``: the components are every (period, discount) pair, equal prior weights, exact
+    ``period``, the period over ``LOCAL_PERIODS`` (harmonics at most (period - 1) / 2), as
+    ``seasonal`` over its calendar periods: the components are every (period, discount) pair, equal prior weights, exact
     (each conditions on the warm-up rows; the weights follow their predictives after it). All
     components are filtered together, as one batch of small matrices. ``post`` = (seen, centre,
     scale, warm-up buffer [warmup], the last value in the frame, log weights [K], then per component
@@ -764,7 +797,7 @@ class LocalSeasonal(LocalTrend):
     fewer harmonics keeps the rest at 0)."""
 
     name = "local-seasonal"
-    period: float = 0.0  # 0: average over AUTO_PERIODS
+    period: float = 0.0  # 0: average over LOCAL_PERIODS
     harmonics: int = 3
     season_discount: float = 1.0
     order: int = 1
@@ -774,7 +807,7 @@ class LocalSeasonal(LocalTrend):
         n = self.name
         if not (isinstance(self.period, (int, float)) and not isinstance(self.period, bool) and math.isfinite(self.period)
                 and (self.period == 0 or self.period >= 3)):
-            raise ModelError(f"{n}: period must be 0 (average over {', '.join(f'{p:g}' for p in AUTO_PERIODS)}) "
+            raise ModelError(f"{n}: period must be 0 (average over {', '.join(f'{p:g}' for p in LOCAL_PERIODS)}) "
                              f"or at least 3 observations, got {self.period!r}")
         if not (isinstance(self.harmonics, int) and not isinstance(self.harmonics, bool) and 1 <= self.harmonics <= 32
                 and (not self.period or 2 * self.harmonics < self.period)):
@@ -791,7 +824,7 @@ class LocalSeasonal(LocalTrend):
         """(period, harmonics) of each season the model averages over (one with a ``period``)."""
         if self.period:
             return ((float(self.period), self.harmonics),)
-        return tuple((p, min(self.harmonics, int((p - 1) // 2))) for p in AUTO_PERIODS)
+        return tuple((p, min(self.harmonics, int((p - 1) // 2))) for p in LOCAL_PERIODS)
 
     @property
     def components(self) -> tuple[tuple[float, int, float], ...]:

@@ -70,7 +70,8 @@ def test_the_effective_prior_of_each_model_is_shown(live, redis_url):
                                                   "models": ["level", "gaussian", "seasonal"]}).status_code == 201
     first = live.client.get(f"/v1/streams/{s}").json()["models"]
     assert first[0]["frame"] == {"warmup_rows": 5, "centre": None, "scale": None, "periods": None} and first[1]["frame"] is None
-    assert first[2]["frame"]["periods"] == {p: pytest.approx(0.2) for p in ("4", "7", "12", "24", "52.1786")}
+    assert first[2]["frame"]["periods"] == {p: pytest.approx(0.1) for p in ("4", "7", "12", "24", "52.1786", "96", "168",
+                                                                          "288", "365.25", "1440")}
     y = [250.0, 260.0, 240.0, 255.0, 245.0, 251.0]
     assert live.client.post(f"/v1/streams/{s}/chunks", json={"seq": 0, "rows": [[v] for v in y]}).status_code == 202
     w = Worker(redis_url)

@@ -196,7 +196,41 @@ def test_seasonal_without_a_period_learns_the_period():
         assert probs[float(period)] > 0.9 and max(probs, key=probs.get) == period, probs
         shifted = m.exact_shift(post)
         assert torch.equal(shifted[3:8], post[3:8])  # a level shift keeps what was learned about the period
-        assert m.period_probabilities(m.exact_restart(post)) == pytest.approx({p: 0.2 for p in probs})
+        assert m.period_probabilities(m.exact_restart(post)) == pytest.approx({p: 1 / len(probs) for p in probs})
+
+
+def test_a_seasonal_state_saved_with_the_five_calendar_periods_goes_on_with_them(monkeypatch):
+    """A stream whose ``seasonal`` state was saved before the operational periods joined (five
+    components) goes on with those five after the upgrade: the same evidence, row predictives and
+    period probabilities, bit for bit, as the five-period model, its restarts and level shifts
+    included; a new state has all ten; a state of neither layout is refused naming the model."""
+    from models import timeseries
+
+    rng = np.random.default_rng(3)
+    y = torch.from_numpy(500 + 80 * np.sin(2 * np.pi * np.arange(120) / 12) + rng.normal(0, 10, 120))[:, None]
+
+    def run(m, post):
+        out = []
+        for lo in range(0, 120, 17):
+            out.append(m.exact_row_log_predictive(post, y[lo:lo + 17]) if lo else None)
+            post, lp = m.exact_update(post, y[lo:lo + 17])
+            out.append(lp)
+        restarted, _ = m.exact_update(m.exact_restart(post), y[:9])
+        shifted, _ = m.exact_update(m.exact_shift(post), y[:9])
+        return post, out, [restarted, shifted], m.period_probabilities(post)
+
+    m = build_model("seasonal", 1)
+    with monkeypatch.context() as mp:
+        mp.setattr(timeseries, "AUTO_PERIODS", timeseries.AUTO_PERIODS[:5])
+        old_post, _ = m.exact_update(m.exact_init(), y[:30])
+        want = run(m, old_post)
+    assert old_post.numel() == m._size(5) and m.exact_init().numel() == m._size(10)
+    got = run(m, old_post)
+    assert torch.equal(got[0], want[0]) and got[3] == want[3] and len(got[3]) == 5
+    assert all(torch.equal(a, b) if torch.is_tensor(a) else a == b for a, b in zip(got[1], want[1]))
+    assert all(torch.equal(a, b) for a, b in zip(got[2], want[2]))
+    with pytest.raises(ModelError, match="seasonal: a state of"):
+        m.exact_update(old_post[:-1], y[:3])
 
 
 @pytest.mark.parametrize("spec,message", [
