@@ -15,6 +15,22 @@ from service import times as T
 #: column names ``read_series`` takes for the rows' times when none is named (case-insensitive)
 TIME_COLUMNS = ("time", "timestamp", "ts", "date", "datetime")
 
+#: the largest magnitude of a value accepted anywhere (a stream's chunks, ``POST /v1/detect``, a
+#: replayed file): the models square values (sums of squares, Student-t residuals), and beyond
+#: about 1e154 a square overflows float64. A chunk of 1e308 was once accepted (202), failed in
+#: the worker three times over 45 s and was dead-lettered by every model (a new user's trial);
+#: 1e150 leaves room for a model's frame scaling a value up
+MAX_MAGNITUDE = 1e150
+
+
+def too_large(data: np.ndarray) -> tuple[int, int] | None:
+    """(row, column) of the first value of ``data [rows, columns]`` beyond ``MAX_MAGNITUDE``, or None."""
+    big = np.abs(np.asarray(data, dtype=np.float64)) > MAX_MAGNITUDE
+    if not big.any():
+        return None
+    r, c = np.argwhere(big.reshape(big.shape[0], -1))[0]
+    return int(r), int(c)
+
 
 class DataError(ValueError):
     """Input data that cannot be used; the message says where and why."""
@@ -88,6 +104,10 @@ def _checked(p: Path, names: list[str], data: np.ndarray) -> tuple[list[str], to
     if bad.any():
         r, c = map(int, np.argwhere(bad)[0])
         raise DataError(f"{p}: row {r + 1} column {names[c]!r} is {data[r, c]} (NaN and infinite values are not accepted)")
+    at = too_large(data)
+    if at is not None:
+        r, c = at
+        raise DataError(f"{p}: row {r + 1} column {names[c]!r} is {float(data[r, c]):g}: values must be within +-{MAX_MAGNITUDE:g}")
     return names, torch.from_numpy(np.ascontiguousarray(data))
 
 

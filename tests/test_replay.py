@@ -57,6 +57,7 @@ def test_replay_reads_npy(tmp_path):
     [
         ("a,b\n1,2\n3,nan\n", ["--model", "gaussian"], "row 2 column 'b' is nan"),
         ("a,b\n1,2\n3,inf\n", ["--model", "gaussian"], "NaN and infinite"),
+        ("a\n1\n2\n-1e200\n", [], "row 3 column 'a' is -1e+200: values must be within"),
         ("a,b\n1,2\n3\n", ["--model", "gaussian"], "line 3 has 1 fields"),
         ("a,b\n1,x\n", ["--model", "gaussian"], "'x' is not a number"),
         ("1,2\n3,4\n", ["--model", "gaussian"], "header"),

@@ -22,7 +22,7 @@ from service import times as T
 from service.api.chunks import ChunkError
 from service.api.errors import ApiError
 from service.api.schemas import ModelFrame, ModelIn, ModelOut, StreamIn, StreamOut
-from service.data import log_model_probabilities
+from service.data import MAX_MAGNITUDE, log_model_probabilities, too_large
 from service.detect import DetectorConfig
 from service.runtime import build, cached_model, log_model_priors, model_seed, sampler_config
 from service.settings import Settings
@@ -248,6 +248,10 @@ def check_chunk(settings: Settings, cfg: StreamConfig, data: np.ndarray) -> None
     if data.shape[0] > settings.max_chunk_rows:
         M.REJECTED.labels("too_many_rows").inc()
         raise ChunkError(f"chunk has {data.shape[0]} rows, the limit is CUSP_MAX_CHUNK_ROWS={settings.max_chunk_rows}", 413)
+    at = too_large(data)
+    if at is not None:
+        raise ChunkError(f"row {at[0]} column {cfg.columns[at[1]]!r}: {float(data[at]):g} is too large: values must be within "
+                         f"+-{MAX_MAGNITUDE:g}")
     tensor = torch.from_numpy(data)
     for m in cfg.models:
         model = cached_model(m.spec, len(cfg.columns), m.target)

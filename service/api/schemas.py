@@ -7,6 +7,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator
 
+from service.data import MAX_MAGNITUDE
 from service.detect.config import DETECT_DEFAULT_CHUNKS
 
 
@@ -389,6 +390,9 @@ class DetectIn(BaseModel):
                 for j, y in enumerate(x) if isinstance(x, list) else ((None, x),):
                     if isinstance(y, float) and not math.isfinite(y):
                         raise ValueError(f"values[{i}]{'' if j is None else f'[{j}]'} is {y}: values must be finite numbers")
+                    if isinstance(y, (int, float)) and not isinstance(y, bool) and abs(y) > MAX_MAGNITUDE:
+                        raise ValueError(f"values[{i}]{'' if j is None else f'[{j}]'} is {float(y):g}: values must be within "
+                                         f"+-{MAX_MAGNITUDE:g}")
         return v
 
 
