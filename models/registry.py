@@ -172,7 +172,9 @@ def build_model(spec: str, n_columns: int, target: int | None = None) -> Model:
     kwargs: dict[str, object] = {}
     for key, value in raw.items():
         if key not in known:
-            valid = ", ".join(sorted(known)) or "none"
+            # (a family's settings this model does not take, ``not_taken``, are refused by the model
+            # naming the one that has them: not listed as its own)
+            valid = ", ".join(sorted(set(known) - set(getattr(cls, "not_taken", {})))) or "none"
             raise ModelError(f"model {name!r} has no setting {key!r}; its settings: {valid}")
         kwargs[key] = _coerce(name, key, known[key], value)
     if name in SUPERVISED:

@@ -244,6 +244,8 @@ def test_a_seasonal_state_saved_with_the_five_calendar_periods_goes_on_with_them
     # the family's settings that would make a model another one (level:trend=1 was trend's evidence)
     ("level:trend=1", "no setting 'trend' .that is `trend`"), ("level:harmonics=3", "no setting 'harmonics'"),
     ("ar:period=12", "no setting 'period' .that is `seasonal`"), ("trend:period=7", "that is `seasonal:trend=1`"),
+    # ... and are not listed as its own (a new user read 'period' among level's settings)
+    ("level:foo=1", "its settings: alpha0, beta0, coef_scale, sampler, warmup$"),
 ])
 def test_bad_settings_name_the_problem(spec, message):
     with pytest.raises(ModelError, match=message):
