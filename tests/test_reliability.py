@@ -459,7 +459,7 @@ def test_poison_chunk_dead_lettered_by_a_worker_process_counting_earlier_attempt
     pid = workers.spawn("poison", port)
     wait_for(lambda: last_seq(r, s) == 2 and last_seq(r, healthy) == 3, 60, "both streams to be processed", procs.tail("poison"))
     dead = client.get(f"/v1/streams/{s}/dead-letters").json()["dead_letters"]
-    assert [(d["model"], d["seq"]) for d in dead] == [("m", "1")] and "NaN or infinite" in dead[0]["error"], dead
+    assert [(d["model"], d["seq"]) for d in dead] == [("m", 1)] and "NaN or infinite" in dead[0]["error"], dead
     got = entries(client, s)
     assert [(e["kind"], e["seq"]) for e in got] == [("result", 0), ("dead_letter", 1), ("result", 2)]
     assert "NaN or infinite" in got[1]["error"]

@@ -314,7 +314,7 @@ class ChangepointList(BaseModel):
 class DeadLetter(BaseModel):
     id: str
     model: str
-    seq: str
+    seq: int = Field(description="the chunk's seq (an integer, as everywhere else; a string until 2026-11-27)")
     error: str
 
 
