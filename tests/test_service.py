@@ -470,6 +470,7 @@ def test_metrics_health_docs_and_delete(live, redis_url):
                    "cusp_ingest_lag_chunks", "cusp_workers"):
         assert f"\n{metric}" in text, metric
     assert f'cusp_log_evidence_nats{{model="gaussian",stream="{s}"}}' in text
+    assert f'cusp_ingested_chunks_total{{stream="{s}"}} 1.0' in text
     assert live.client.get("/healthz").json() == {"status": "ok"}
     assert live.client.get("/readyz").json()["status"] == "ready"
     assert live.client.get("/openapi.json").status_code == 200 and live.client.get("/docs").status_code == 200
@@ -478,6 +479,10 @@ def test_metrics_health_docs_and_delete(live, redis_url):
     assert live.client.delete(f"/v1/streams/{s}").status_code == 204
     assert live.client.get(f"/v1/streams/{s}").status_code == 404
     assert stream_keys_in_redis(redis_url, s) == []
+    # the API's series of the stream go with it (a new user saw them stay: label churn; a worker's
+    # go when it lets the stream go, after its grace)
+    text = live.client.get("/metrics").text
+    assert f'cusp_ingested_chunks_total{{stream="{s}"}}' not in text and f'cusp_ingested_observations_total{{stream="{s}"}}' not in text
 
 
 def test_auth_scopes(redis_url):

@@ -146,6 +146,7 @@ async def delete_stream(store: ApiStore, cfg: StreamConfig) -> None:
                 metric.remove(cfg.name, m.name)
             except KeyError:
                 pass
+    M.forget(cfg.name)  # the stream's own series (chunks and observations ingested): no churn of dead labels
 
 
 async def model_rows(store: ApiStore, cfg: StreamConfig, p=None) -> tuple[int, int, list[ModelOut]]:
