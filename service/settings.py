@@ -36,6 +36,10 @@ class Settings(BaseSettings):
     )
     max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024, description="Largest accepted request body or WebSocket message, bytes.")
     max_chunk_rows: int = Field(10_000, ge=1, description="Most rows accepted in one chunk.")
+    max_time_ahead_seconds: float = Field(
+        86400.0, ge=0, description="A chunk whose rows' times run further than this ahead of the API's clock is refused (422 "
+                                   "invalid_time): a stream's times must increase, so one time far in the future (a unit or "
+                                   "clock mistake) would refuse every later correct one. 0: no check.")
     dedup_window: int = Field(100_000, ge=1, description="Chunks per stream whose digests are kept to recognise a resent seq after its input was trimmed.")
     max_streams: int = Field(1000, ge=1, description="Most streams that may exist at once (bounds metric label cardinality).")
     allowed_origins: str = Field(

@@ -139,14 +139,28 @@ def test_without_times_rows_get_the_arrival_time(live):
 
 
 def test_arrival_time_never_goes_back(live):
-    """Times given in the future, then a chunk without: its rows get the stream's last time, not
-    the (earlier) clock, so the stream's times never decrease."""
+    """Times given in the future (within CUSP_MAX_TIME_AHEAD_SECONDS), then a chunk without: its
+    rows get the stream's last time, not the (earlier) clock, so the stream's times never decrease."""
     future = create(live, "future")
-    ahead = time.time() + 10 * DAY
+    ahead = time.time() + 0.5 * DAY
     assert live.client.post(f"/v1/streams/{future}/chunks", json={"seq": 0, "rows": [[1.0]], "time": [ahead]}).status_code == 202
     assert live.client.post(f"/v1/streams/{future}/chunks", json={"seq": 1, "rows": [[2.0]]}).status_code == 202
     burst(live.redis_url)
     assert [e["time_end"] for e in results(live, future)] == [T.format(ahead)] * 2
+
+
+def test_a_time_far_ahead_of_the_clock_is_refused_and_stores_nothing(live):
+    """One time far in the future (a new user's 9999-12-31) was accepted, and then every correct
+    time after it was refused (409 time_order) until the stream was deleted. Now refused itself,
+    naming it; a time within the day ahead is taken."""
+    far = create(live, "far")
+    for when in ("9999-12-31T00:00:00Z", time.time() + 2 * DAY):
+        r = live.client.post(f"/v1/streams/{far}/chunks", json={"seq": 0, "rows": [[1.0], [2.0]], "time": [time.time(), when]})
+        assert (r.status_code, r.json()["code"]) == (422, "invalid_time"), r.text
+        assert "time[1]" in r.json()["detail"] and "CUSP_MAX_TIME_AHEAD_SECONDS=86400" in r.json()["detail"]
+    now = time.time()
+    assert live.client.post(f"/v1/streams/{far}/chunks", json={"seq": 0, "rows": [[1.0]], "time": [now]}).status_code == 202
+    assert live.client.post(f"/v1/streams/{far}/chunks", json={"seq": 1, "rows": [[1.0]], "time": [now + 0.9 * DAY]}).status_code == 202
 
 
 @pytest.mark.parametrize("body, status, code, says", [
@@ -329,7 +343,9 @@ def test_what_a_new_user_tried(live):
     r = post(f"/v1/streams/{s}/chunks?seq=1", content="time,v\n2036-11-05T00:00:00Z,1\n2036-11-05T00:00:01Z\n",
              headers={"content-type": "text/csv"})
     assert r.status_code == 422 and "row 1: has 1 values, the header has 2" in r.json()["detail"], r.text
-    r = post(f"/v1/streams/{s}/chunks", json={"seq": 1, "rows": [[1.0], [2.0]], "time": ["2036-11-01t00:00:10z", "2036-11-01 00:00:11+00:00"]})
+    soon = datetime.fromtimestamp(int(time.time()) + 3600, timezone.utc)  # after chunk 0's arrival, within the day ahead
+    r = post(f"/v1/streams/{s}/chunks", json={"seq": 1, "rows": [[1.0], [2.0]], "time": [
+        soon.strftime("%Y-%m-%dt%H:%M:%Sz"), (soon + timedelta(seconds=1)).strftime("%Y-%m-%d %H:%M:%S+00:00")]})
     assert r.status_code == 202, r.text
     for bad in ("2036-W45-1T00:00:10Z", "20361102T000013Z", "2036-11-02T00:00:13+0000"):
         r = post(f"/v1/streams/{s}/chunks", json={"seq": 2, "rows": [[1.0]], "time": [bad]})

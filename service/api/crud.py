@@ -270,6 +270,14 @@ async def ingest(store: ApiStore, settings: Settings, cfg: StreamConfig, seq: in
     when accepted, (200, ack) for a resend of the same data and times; a ChunkError (409) for a
     conflicting resend, a sequence gap or times that do not follow the stream's."""
     check_chunk(settings, cfg, data)
+    if times is not None and len(times) and settings.max_time_ahead_seconds > 0:
+        now = time.time()
+        ahead = float(times[-1]) - now  # the last is the latest: the times increase
+        if ahead > settings.max_time_ahead_seconds:
+            raise ChunkError(f"time[{len(times) - 1}] {T.format(float(times[-1]))} is {ahead:,.0f} s ahead of this server's clock "
+                             f"({T.format(now)}), more than CUSP_MAX_TIME_AHEAD_SECONDS={settings.max_time_ahead_seconds:g}: "
+                             "a unit or clock mistake? (the stream's later times would all have to follow it); nothing stored",
+                             422, "invalid_time")
     raw = data.astype("<f8").tobytes()  # stored as is; its digest recognises a resend in any body format
     # a resend must repeat the times it was sent with (or again none)
     payload_digest = digest(raw) if times is None else digest(raw + b"t" + T.to_bytes(times))

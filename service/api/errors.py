@@ -54,7 +54,7 @@ CODES: dict[str, tuple[int, str]] = {
     "unsupported_media_type": (415, "Unsupported Content-Type"),
     "invalid_request": (422, "The request does not match the schema"),
     "invalid_rows": (422, "A chunk's values are not usable: the detail names the row and column"),
-    "invalid_time": (422, "A chunk's times are not usable: not RFC 3339 or epoch seconds, not one per row, or not increasing"),
+    "invalid_time": (422, "A chunk's times are not usable: not RFC 3339 or epoch seconds, not one per row, not increasing, or too far ahead of the clock"),
     "invalid_seq": (422, "seq is missing or not an integer in [0, 2**53]"),
     "invalid_stream": (422, "The stream's name, columns or settings are invalid"),
     "invalid_model": (422, "A model spec, name, target or its sampler settings are invalid"),
