@@ -181,6 +181,8 @@ TEXT_CASES = [
     ("application/x-ndjson", '{"a": 1.0, "c": 2.0}\n', 422, "keys must be exactly"),
     ("application/x-ndjson", '[1.0, 2.0]\n"x"\n', 422, "row 1: must be a list"),
     ("application/x-ndjson", "\n\n\n", 422, "empty chunk"),
+    # json's own "line 1 column 9" was the line within the line: the body's line is named (a new user)
+    ("application/x-ndjson", '[1.0, 2.0]\n{"a": 1.0,}\n', 400, "line 2 is not valid JSON: Expecting property name enclosed in double quotes at column 11"),
     ("application/x-ndjson", "[1.0, 2.0]\n" * (ROWS + 1), 413, "limit is CUSP_MAX_CHUNK_ROWS"),
     ("application/x-ndjson", "[" * 20_000 + "]" * 20_000 + "\n", 400, "nested too deeply"),
     ("application/xml", "<rows/>", 415, "unsupported content type"),

@@ -18,6 +18,7 @@ import csv
 import io
 import json
 import math
+import re
 
 import numpy as np
 
@@ -226,7 +227,12 @@ def parse_ndjson(body: bytes, columns: list[str]) -> tuple[np.ndarray, np.ndarra
         line = line.removesuffix("\r")
         if not line.strip():
             continue
-        item = loads(line)
+        try:
+            item = loads(line)
+        except ChunkError as exc:  # json counts lines and columns within the one line it read
+            msg = str(exc).replace("body is not valid JSON: ", f"line {lineno} is not valid JSON: ", 1)
+            msg = re.sub(r": line 1 column (\d+) \(char \d+\)$", r" at column \1", msg)
+            raise ChunkError(msg if msg != str(exc) else f"line {lineno}: {exc}", exc.status, exc.code) from None
         if isinstance(item, dict):
             timed = TIME in item and TIME not in keys
             if timed != bool(stamps) and rows:
