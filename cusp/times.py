@@ -58,8 +58,8 @@ def _checked(times: Any, rows: int, what: str) -> list[tuple[Any, float]]:
         wire, seconds = _one(v, f"{what}[{i}]")
         if previous is not None and not seconds > previous:
             how = "repeats" if seconds == previous else "is before"
-            raise InputError(f"{what}[{i}] {how} {what}[{i - 1}] ({_show(values[i])} after {_show(values[i - 1])}): "
-                             "times must be strictly increasing")
+            raise InputError(f"{what}[{i}] {how} {what}[{i - 1}] ({what}[{i}] = {_show(values[i])}, {what}[{i - 1}] = "
+                             f"{_show(values[i - 1])}): times must be strictly increasing")
         out.append((wire, seconds))
         previous = seconds
     return out

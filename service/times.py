@@ -55,8 +55,14 @@ def parse(value: object, where: str) -> float:
     except OverflowError:
         raise TimeError(f"{where}: {str(value)[:20]}... is too large for epoch seconds") from None
     if not math.isfinite(x) or not EARLIEST <= x <= LATEST:
-        raise TimeError(f"{where}: {value!r} epoch seconds is not a time between the years 1 and 9999")
+        raise _out_of_range(where, value, x)
     return x
+
+
+def _out_of_range(where: str, value: object, x: float) -> TimeError:
+    """Epoch seconds beyond the years 1-9999, with a hint where they read as milliseconds."""
+    hint = " (epoch milliseconds? give seconds)" if LATEST < abs(x) <= 1000 * LATEST else ""
+    return TimeError(f"{where}: {value!r} epoch seconds is not a time between the years 1 and 9999{hint}")
 
 
 def parse_all(values: object, rows: int, what: str = "time") -> np.ndarray:
@@ -75,14 +81,14 @@ def check_increasing(times: np.ndarray, what: str = "time") -> None:
     bad = ~((times >= EARLIEST) & (times <= LATEST))
     if bad.any():
         i = int(np.argmax(bad))
-        raise TimeError(f"{what}[{i}]: {float(times[i])!r} epoch seconds is not a time between the years 1 and 9999")
+        raise _out_of_range(f"{what}[{i}]", float(times[i]), float(times[i]))
     if times.shape[0] > 1:
         step = np.diff(times)
         if not (step > 0).all():
             i = int(np.argmax(~(step > 0))) + 1
             how = "repeats" if step[i - 1] == 0 else "is before"
-            raise TimeError(f"{what}[{i}] {how} {what}[{i - 1}] ({format(times[i])} after {format(times[i - 1])}): "
-                            "times must be strictly increasing")
+            raise TimeError(f"{what}[{i}] {how} {what}[{i - 1}] ({what}[{i}] = {format(times[i])}, {what}[{i - 1}] = "
+                            f"{format(times[i - 1])}): times must be strictly increasing")
 
 
 def format(t: float | None) -> str | None:  # noqa: A001 - the module's verb: times.format(t)

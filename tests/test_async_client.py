@@ -371,7 +371,7 @@ def test_bad_times_raise_before_anything_is_sent(live, proxy):  # noqa: F811
         ([T0], "times has 1 entries for 2 rows"),
         ([T0, True], "times\\[1\\]: True is not a time"),
         ([0, float("nan")], "times\\[1\\]: nan epoch seconds is not a time"),
-        ([0, 1e12], "times\\[1\\]: 1000000000000.0 epoch seconds is not a time between the years 1 and 9999"),
+        ([0, 1e12], "times\\[1\\]: 1000000000000.0 epoch seconds is not a time between the years 1 and 9999 \\(epoch milliseconds"),
         (np.array(["2026-11-26", "NaT"], dtype="datetime64[s]"), "times\\[1\\] is NaT"),
         ("2026-11-26", "times must be a list with one time per row"),
     ]
