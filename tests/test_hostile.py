@@ -174,6 +174,8 @@ TEXT_CASES = [
     ("text/csv", "a,b\n1e308,1.0\n", 422, "too large"),
     ("text/csv", "a,b\n1.0,2.0\n1.0\n", 422, "row 1: has 1 values"),
     ("text/csv", "a,b\n", 422, "empty chunk"),
+    # a header that is not the stream's: said so (it read "row 0 column 'a': 'x' is not a number")
+    ("text/csv", "x,y\n1.0,2.0\n", 422, "the header ['x', 'y'] is not the stream's columns ['a', 'b']"),
     ("text/csv", "a,b\n1.0,\x002.0\n", 422, "is not a number"),  # a NUL byte
     ("text/csv", "a,b\n" + "1.0,2.0\n" * (ROWS + 1), 413, "limit is CUSP_MAX_CHUNK_ROWS"),
     ("text/csv", "\xff\xfe", 400, "not UTF-8"),

@@ -278,6 +278,9 @@ def parse_csv(body: bytes, columns: list[str]) -> tuple[np.ndarray, np.ndarray |
         extra = [c for c in header if c not in columns]
         raise ChunkError(f"the header {header} has column(s) {extra} beside the stream's {columns}; the rows' times go in a "
                          f"column named {TIME!r}", 422, "invalid_time" if len(extra) == 1 else "invalid_rows")
+    elif header and not any(_is_number(c) for c in header):  # a header (optional), but not the stream's columns
+        raise ChunkError(f"the header {header} is not the stream's columns {columns} (a header is optional; when given, it "
+                         f"is those columns in that order, or those and {TIME!r} for the rows' times in any order)")
     out = np.empty((len(reader), len(columns)), dtype=np.float64)
     for i, row in enumerate(reader):
         if len(row) != len(columns):
