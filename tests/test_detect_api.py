@@ -89,7 +89,10 @@ def test_bad_input_answers_4xx_naming_it_and_stores_nothing(live, redis_url, bod
 @pytest.mark.parametrize("text, message", [('{"values": [1.0, NaN, 2.0]}', "values[1] is nan: values must be finite numbers"),
                                            ('{"values": [[1.0, 2.0], [3.0, -Infinity]]}', "values[1][1] is -inf"),
                                            # finite, but the models' squares overflow (was 'invalid_model')
-                                           ('{"values": [1.0, 2.0, 1e200]}', "values[2] is 1e+200: values must be within +-1e+150")])
+                                           ('{"values": [1.0, 2.0, 1e200]}', "values[2] is 1e+200: values must be within +-1e+150"),
+                                           # one message, not pydantic's errors of both shapes (a new user)
+                                           ('{"values": ["a", "b"]}', "values[0] is 'a': values must be numbers"),
+                                           ('{"values": [[1.0], [null]]}', "values[1][0] is 'None': values must be numbers")])
 def test_a_nan_in_values_is_named_by_its_place(live, text, message):
     """JSON's NaN and Infinity (which Python's parser reads): one message naming the value's place,
     not the two shapes' errors of the union (one of them about the other shape)."""

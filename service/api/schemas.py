@@ -388,6 +388,9 @@ class DetectIn(BaseModel):
         if isinstance(v, list):
             for i, x in enumerate(v):
                 for j, y in enumerate(x) if isinstance(x, list) else ((None, x),):
+                    if isinstance(y, bool) or not isinstance(y, (int, float)):  # one message, not both shapes' errors
+                        raise ValueError(f"values[{i}]{'' if j is None else f'[{j}]'} is {str(y)[:40]!r}: values must be "
+                                         "numbers (a list of numbers, or a list of rows of numbers)")
                     if isinstance(y, float) and not math.isfinite(y):
                         raise ValueError(f"values[{i}]{'' if j is None else f'[{j}]'} is {y}: values must be finite numbers")
                     if isinstance(y, (int, float)) and not isinstance(y, bool) and abs(y) > MAX_MAGNITUDE:
