@@ -859,8 +859,8 @@ static inline __attribute__((always_inline)) int t_loglik_body(
  * for each row z_b: the rows' log predictives, base [V, G, G] in the layout (v G + j) G + i (the
  * log weight and log joint of each node, with the Student-t's log normaliser less lam_j). Each row's
  * terms go to a scratch of V G G doubles, their maximum and then the sum of exps in per-lane
- * partial sums (fixed order). A row whose terms are all -inf gets -inf. Returns 0, or 1 when the
- * scratch could not be allocated. */
+ * partial sums (fixed order; a NaN term makes the row NaN, as torch's logsumexp does). A row whose
+ * terms are all -inf gets -inf. Returns 0, or 1 when the scratch could not be allocated. */
 #define TL 8
 static inline __attribute__((always_inline)) int t_row_lse_body(
     int V, int G, long B, const double *z, const double *m, const double *er, const double *sr, const double *half,
@@ -891,8 +891,11 @@ static inline __attribute__((always_inline)) int t_row_lse_body(
         for (long k = full; k < N; k++) mx[k - full] = t[k] > mx[k - full] ? t[k] : mx[k - full];
         double top = -INFINITY;
         for (int l = 0; l < TL; l++) top = mx[l] > top ? mx[l] : top;
-        if (!(top > -INFINITY)) {  /* every term -inf (or NaN): no exps to sum */
-            out[b] = top == top ? -INFINITY : top;
+        if (!(top > -INFINITY)) {  /* no finite term: -inf, or NaN where a term is NaN (a NaN never wins the max) */
+            double o = -INFINITY;
+            for (long k = 0; k < N; k++)
+                if (t[k] != t[k]) { o = t[k]; break; }
+            out[b] = o;
             continue;
         }
         double acc[TL] = {0.0};

@@ -17,6 +17,11 @@ from functools import cache
 import numpy as np
 
 
+#: the most grid nodes per coordinate the Student-t kernels take (``t_loglik`` keeps a row of them
+#: on the C stack)
+MAX_NODES = 4096
+
+
 class NativeKernels:
     def __init__(self, lib: ctypes.CDLL) -> None:
         p, i, L, f = ctypes.c_void_p, ctypes.c_int, ctypes.c_long, ctypes.c_double
@@ -171,8 +176,9 @@ class NativeKernels:
         the nodes (v, i, j) of models/heavy.py's Student-t grids (``m [V]``, ``er``, ``sr [V, G]``)."""
         z, m, er, sr = (np.ascontiguousarray(a, dtype=np.float64) for a in (z, m, er, sr))
         v, g = er.shape
-        if z.ndim != 1 or m.shape != (v,) or sr.shape != (v, g):
-            raise ValueError(f"t_loglik: z {z.shape}, m {m.shape}, er {er.shape} and sr {sr.shape} do not fit")
+        if z.ndim != 1 or m.shape != (v,) or sr.shape != (v, g) or not 1 <= g <= MAX_NODES:
+            raise ValueError(f"t_loglik: z {z.shape}, m {m.shape}, er {er.shape} and sr {sr.shape} do not fit "
+                             f"(at most {MAX_NODES} nodes a coordinate)")
         out = np.empty((v, g, g))
         if self._t_loglik(v, g, z.shape[0], z.ctypes.data, m.ctypes.data, er.ctypes.data, sr.ctypes.data,
                           out.ctypes.data):

@@ -216,9 +216,13 @@ class TimeSeriesRegression(_Framed):
     #: with that many, the first of ``_components``, bit for bit as before, restarts included
     legacy_components: ClassVar[tuple[int, ...]] = ()
 
+    def _width(self, c: int) -> int:
+        """Coefficients of a state with the first ``c`` components (their most harmonics set it)."""
+        return 1 + self.trend + 2 * max(h for _, h in self._components()[:c]) + self.order
+
     def _size(self, c: int) -> int:
-        """The length of a state with ``c`` components."""
-        d = self.n_coef
+        """The length of a state with the first ``c`` components."""
+        d = self._width(c)
         return 3 + self.warmup + self.order + (c if c > 1 else 0) + c * (2 + d * d + d)
 
     def _count(self, post: torch.Tensor) -> int:
@@ -233,7 +237,8 @@ class TimeSeriesRegression(_Framed):
     def _parts(self, post: torch.Tensor) -> dict[str, torch.Tensor]:
         """Views into ``post``: buf [warmup], lags [order], logw [K] (only with several components:
         their posterior log weights), ab [K, 2], r [K, D, D], z [K, D]."""
-        k, p, d, c = self.warmup, self.order, self.n_coef, self._count(post)
+        k, p, c = self.warmup, self.order, self._count(post)
+        d = self._width(c)
         o = 3
         parts = {"buf": post[o : o + k]}
         o += k
@@ -254,7 +259,8 @@ class TimeSeriesRegression(_Framed):
 
     def exact_init(self, components: int | None = None) -> torch.Tensor:
         """The prior's state, with this version's components (or ``components``, a legacy count)."""
-        d, c = self.n_coef, components or len(self._components())
+        c = components or len(self._components())
+        d = self._width(c)
         parts = {"buf": torch.zeros(self.warmup, dtype=torch.float64), "lags": torch.zeros(self.order, dtype=torch.float64),
                  "ab": torch.tensor([[self.alpha0, self.beta0]] * c, dtype=torch.float64),
                  "r": (torch.eye(d, dtype=torch.float64) / self.coef_scale).expand(c, d, d),
@@ -315,7 +321,7 @@ class TimeSeriesRegression(_Framed):
         new = post.clone()
         parts = self._parts(new)
         t0 = float(post[0])
-        d = self.n_coef
+        d = parts["r"].shape[-1]
         to_level = torch.eye(d, dtype=torch.float64)  # (intercept, slope, ...) = M (slope, L, ...)
         to_level[:2, :2] = torch.tensor([[-t0, 1.0], [1.0, 0.0]], dtype=torch.float64)
         back = torch.eye(d, dtype=torch.float64)  # (slope, L, ...) = M^-1 (intercept, slope, ...)
@@ -346,6 +352,7 @@ class TimeSeriesRegression(_Framed):
         coefficient no row informs keeps its prior and adds nothing to the evidence); and the
         lags after them."""
         b, p, comps = z.shape[0], self.order, self._components()[:count]
+        most = max(h for _, h in comps)
         t = torch.arange(t0, t0 + b, dtype=torch.float64)
         shared = [torch.ones(b, dtype=torch.float64)] + ([t] if self.trend else [])
         seq = torch.cat([lags, z])
@@ -353,7 +360,7 @@ class TimeSeriesRegression(_Framed):
         out = []
         for period, harmonics in comps:
             cols = list(shared)
-            for h in range(1, self._max_harmonics + 1):
+            for h in range(1, most + 1):
                 if h <= harmonics:
                     angle = (2.0 * math.pi * h / period) * t
                     cols += [torch.sin(angle), torch.cos(angle)]
@@ -504,8 +511,8 @@ class Seasonal(TimeSeriesRegression):
 
     name = "seasonal"
     #: a state saved before the operational periods joined ``AUTO_PERIODS`` (2026-11-27) holds the
-    #: first five: the stream goes on with those (with ``harmonics`` above 25 its width differs, and
-    #: it is refused, naming the model)
+    #: first five: the stream goes on with those (their width: with ``harmonics`` above 25, the five
+    #: have fewer coefficients than the ten, ``_width``)
     legacy_components: ClassVar[tuple[int, ...]] = (5,)
     period: float = 0.0
     harmonics: int = 2

@@ -62,6 +62,8 @@ def test_azure_shaped_series_models_and_default_chunks(live):
     ({"values": [1.0, "x"]}, 422, "values"),
     ({"values": [True, False]}, 422, "values"),  # a boolean is not a number (pydantic's lax float took it)
     ({"values": [1.0, "2"]}, 422, "values"),
+    ({"series": [{"timestamp": 1, "value": 1.0}, {"timestamp": 2, "value": -1e200}]}, 422,
+     "series\\[1\\].value is -1e\\+200: values must be within"),
 
     ({"values": [1.0, 2.0], "times": [0]}, 422, "'times' has 1 entries for 2 rows"),
     ({"values": [1.0, 2.0], "times": [5, 5]}, 422, "times\\[1\\] repeats times\\[0\\]"),
@@ -90,6 +92,8 @@ def test_bad_input_answers_4xx_naming_it_and_stores_nothing(live, redis_url, bod
                                            ('{"values": [[1.0, 2.0], [3.0, -Infinity]]}', "values[1][1] is -inf"),
                                            # finite, but the models' squares overflow (was 'invalid_model')
                                            ('{"values": [1.0, 2.0, 1e200]}', "values[2] is 1e+200: values must be within +-1e+150"),
+                                           ('{"values": [1, 1' + '0' * 400 + ']}', "values[1] is 10000000... (401 digits): values must be"),
+
                                            # one message, not pydantic's errors of both shapes (a new user)
                                            ('{"values": ["a", "b"]}', "values[0] is 'a': values must be numbers"),
                                            ('{"values": [[1.0], [null]]}', "values[1][0] is 'None': values must be numbers")])

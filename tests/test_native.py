@@ -410,6 +410,8 @@ def test_the_student_t_kernels_equal_numpy(b):
     assert np.array_equal(again, k.t_row_lse(z, m, er, sr, half, base))  # same inputs, same bits
     base[:] = -np.inf
     assert (k.t_row_lse(z, m, er, sr, half, base) == -np.inf).all()  # no node has mass: -inf, not NaN
+    base[0, 1, 2] = np.nan
+    assert np.isnan(k.t_row_lse(z, m, er, sr, half, base)).all()  # a NaN node: NaN, as torch's logsumexp gives
 
 
 def test_the_student_t_model_is_the_same_with_and_without_the_kernels(monkeypatch):
@@ -452,6 +454,8 @@ def test_bad_student_t_arguments_are_refused_not_read():
         k.t_row_lse(z, m, er, sr, half, base[:, :, :4])
     with pytest.raises(ValueError, match="t_row_lse"):
         k.t_row_lse(z, m, er, sr[:, :4], half, base)
+    with pytest.raises(ValueError, match="at most 4096 nodes"):
+        k.t_loglik(z, m[:1], np.ones((1, 5000)), np.ones((1, 5000)))
 
 
 _ISA_SCRIPT = r"""

@@ -199,7 +199,8 @@ def test_seasonal_without_a_period_learns_the_period():
         assert m.period_probabilities(m.exact_restart(post)) == pytest.approx({p: 1 / len(probs) for p in probs})
 
 
-def test_a_seasonal_state_saved_with_the_five_calendar_periods_goes_on_with_them(monkeypatch):
+@pytest.mark.parametrize("spec", ["seasonal", "seasonal:harmonics=30,trend=1"])  # 30: the five have 25 at most
+def test_a_seasonal_state_saved_with_the_five_calendar_periods_goes_on_with_them(monkeypatch, spec):
     """A stream whose ``seasonal`` state was saved before the operational periods joined (five
     components) goes on with those five after the upgrade: the same evidence, row predictives and
     period probabilities, bit for bit, as the five-period model, its restarts and level shifts
@@ -217,14 +218,15 @@ def test_a_seasonal_state_saved_with_the_five_calendar_periods_goes_on_with_them
             out.append(lp)
         restarted, _ = m.exact_update(m.exact_restart(post), y[:9])
         shifted, _ = m.exact_update(m.exact_shift(post), y[:9])
-        return post, out, [restarted, shifted], m.period_probabilities(post)
+        kinked = [m.exact_update(m.exact_kink(post, jump=j), y[:9])[0] for j in (False, True)] if m.trend else []
+        return post, out, [restarted, shifted, *kinked], m.period_probabilities(post)
 
-    m = build_model("seasonal", 1)
+    m = build_model(spec, 1)
     with monkeypatch.context() as mp:
         mp.setattr(timeseries, "AUTO_PERIODS", timeseries.AUTO_PERIODS[:5])
         old_post, _ = m.exact_update(m.exact_init(), y[:30])
         want = run(m, old_post)
-    assert old_post.numel() == m._size(5) and m.exact_init().numel() == m._size(10)
+    assert old_post.numel() == m._size(5) != m._size(10) == m.exact_init().numel()
     got = run(m, old_post)
     assert torch.equal(got[0], want[0]) and got[3] == want[3] and len(got[3]) == 5
     assert all(torch.equal(a, b) if torch.is_tensor(a) else a == b for a, b in zip(got[1], want[1]))

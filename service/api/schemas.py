@@ -393,8 +393,9 @@ class DetectIn(BaseModel):
                                          "numbers (a list of numbers, or a list of rows of numbers)")
                     if isinstance(y, float) and not math.isfinite(y):
                         raise ValueError(f"values[{i}]{'' if j is None else f'[{j}]'} is {y}: values must be finite numbers")
-                    if isinstance(y, (int, float)) and not isinstance(y, bool) and abs(y) > MAX_MAGNITUDE:
-                        raise ValueError(f"values[{i}]{'' if j is None else f'[{j}]'} is {float(y):g}: values must be within "
+                    if abs(y) > MAX_MAGNITUDE:  # (an int beyond float64 has no float: shown by its digits)
+                        shown = str(y) if len(str(y)) <= 24 else f"{str(y)[:8]}... ({len(str(y))} digits)"
+                        raise ValueError(f"values[{i}]{'' if j is None else f'[{j}]'} is {shown}: values must be within "
                                          f"+-{MAX_MAGNITUDE:g}")
         return v
 

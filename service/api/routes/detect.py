@@ -22,6 +22,7 @@ from service.api.deps import Read, SettingsDep
 from service.api.errors import ApiError, errors
 from service.api.schemas import (DETECT_DEFAULT_CHUNKS, MAX_DETECT_CHUNKS, MAX_DETECT_ROWS, DetectChange, DetectChunk,
                                  DetectEvent, DetectIn, DetectModel, DetectOut, StreamIn)
+from service.data import MAX_MAGNITUDE, too_large
 from service.detect import DetectorConfig
 from service.settings import Settings
 from service.sgais import EngineError
@@ -80,6 +81,11 @@ def series_of(body: DetectIn) -> tuple[np.ndarray, list | None]:
     data = data[:, None] if data.ndim == 1 else data
     if data.shape[1] == 0 or data.shape[1] > 256:
         raise ApiError(422, "invalid_series", f"{what}: rows must have 1 to 256 values, got {data.shape[1]}")
+    at = too_large(data)  # ('values' are checked as they are read; 'series' points here)
+    if at is not None:
+        where = f"series[{at[0]}].value" + (f"[{at[1]}]" if isinstance(raw[at[0]], list) else "") if what == "series" else \
+            f"values[{at[0]}]" + (f"[{at[1]}]" if isinstance(raw[at[0]], list) else "")
+        raise ApiError(422, "invalid_series", f"{where} is {float(data[at]):g}: values must be within +-{MAX_MAGNITUDE:g}")
     if times is not None:
         check_times(times, data.shape[0], "times" if what == "values" else "series[].timestamp")
     return data, times
