@@ -11,6 +11,7 @@ from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from models import ModelError, build_model
@@ -42,7 +43,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0,
                    help="the stream's seed: each model's is derived from it and its place in the --model list, as the service does")
     p.add_argument("--out", help="write the trace as JSON lines here (default: stdout)")
-    p.add_argument("--plot", help="draw log-evidence per observation and annealing steps against n into this PNG")
+    p.add_argument("--plot", help="draw into this PNG, against the observation index: the data with the stream's change "
+                                  "points (--detect), each model's log-evidence and chunk log predictive per observation "
+                                  "with its own change points, and annealing steps where a model samples")
     p.add_argument("--detect", action="store_true",
                    help="detect change points (printed to stderr, 'changepoint' lines in the trace, marks on the plot)")
     p.add_argument("--detector", action="append", default=[], metavar="KEY=VALUE",
@@ -90,6 +93,7 @@ def run(args: argparse.Namespace) -> int:
     progress = Progress(data.shape[0], sys.stderr.isatty())
     traces: dict[str, list[dict]] = {label: [] for label in labels}
     found: dict[str, list] = {label: [] for label in labels}
+    stream_found: list[int] = []  # the stream's (model-averaged) change points, for the plot
     try:
         # model i of the list gets the seed the service gives the i-th model of a stream seeded --seed
         runs = {label: OfflineRun(s, seed_for(args.seed, i), dcfg) for i, (label, s) in enumerate(samplers.items())}
@@ -118,6 +122,7 @@ def run(args: argparse.Namespace) -> int:
                           file=sys.stderr)
             pending = {label: run.pending for label, run in runs.items()}
             for c in answer.chunk(rows.shape[0], evidence, new, pending) if args.detect else ():
+                stream_found.append(c.location)
                 timed = T.timed(c.location_time, end) if stamps is not None else {}
                 out.write(json.dumps({"model": "*", "kind": "stream_changepoint", **c.to_dict(), **timed}) + "\n")
                 support = ", ".join(f"{m} p={p:.3g}" for m, (p, _) in sorted(c.support.items()))
@@ -146,7 +151,8 @@ def run(args: argparse.Namespace) -> int:
         for w, count in sorted(warned.items()):
             print(f"{label}: WARNING {count} of {len(traces[label])} chunks: {w}: {WARNINGS[w]}", file=sys.stderr)
     if args.plot:
-        plot_traces(traces, args.plot, {label: [e.location for e in evs] for label, evs in found.items()} if args.detect else None)
+        plot_traces(traces, args.plot, {label: [e.location for e in evs] for label, evs in found.items()} if args.detect else None,
+                    data=data.numpy(), columns=names, stream=stream_found if args.detect else None)
     return 0
 
 
@@ -179,25 +185,48 @@ def parse_settings(items: list[str]) -> dict:
     return out
 
 
-def plot_traces(traces: dict[str, list[dict]], path: str, changepoints: dict[str, list[int]] | None = None) -> None:
+def plot_traces(traces: dict[str, list[dict]], path: str, changepoints: dict[str, list[int]] | None = None,
+                data: np.ndarray | None = None, columns: list[str] | None = None, stream: list[int] | None = None) -> None:
+    """A PNG of the replay against the observation index (linear): the data (up to four columns) with
+    the stream's model-averaged change points (solid black, with ``--detect``); each model's
+    log-evidence per observation and each chunk's log predictive per observation, with that model's
+    own change points (dashed, its colour); and the annealing steps per chunk where a model samples
+    (the exact models take none)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (a1, a2) = plt.subplots(2, 1, figsize=(9, 6), sharex=True)
+    sampled = any(r["annealing_steps"] for t in traces.values() for r in t)
+    panels = (["data"] if data is not None else []) + ["evidence", "predictive"] + (["steps"] if sampled else [])
+    fig, axes = plt.subplots(len(panels), 1, figsize=(10, 2.4 * len(panels) + 0.6), sharex=True, squeeze=False)
+    ax = dict(zip(panels, axes[:, 0]))
+    if data is not None:
+        x = np.arange(data.shape[0])
+        for j in range(min(data.shape[1], 4)):
+            ax["data"].plot(x, data[:, j], lw=0.7, label=(columns or [f"x{j}"] * (j + 1))[j])
+        ax["data"].set_ylabel("data")
+        if data.shape[1] > 1:
+            ax["data"].legend(loc="upper left", fontsize="small")
     for label, t in traces.items():
         n = [r["n"] for r in t]
-        line, = a1.plot(n, [r["log_evidence_per_observation"] for r in t], label=label)
-        a2.plot(n, [r["annealing_steps"] for r in t], color=line.get_color(), label=label)
+        line, = ax["evidence"].plot(n, [r["log_evidence_per_observation"] for r in t], label=label)
+        scored = [(r["n"], r["log_predictive_per_observation"]) for r in t if r["log_predictive_per_observation"] is not None]
+        ax["predictive"].plot([a for a, _ in scored], [b for _, b in scored], color=line.get_color(), lw=0.8, label=label)
+        if sampled:
+            ax["steps"].plot(n, [r["annealing_steps"] for r in t], color=line.get_color(), label=label)
         for cp in (changepoints or {}).get(label, []):
-            a1.axvline(cp, color=line.get_color(), ls="--", lw=0.8)
-            a2.axvline(cp, color=line.get_color(), ls="--", lw=0.8)
-    a1.set_ylabel("log-evidence / observation (nats)")
-    a2.set_ylabel("annealing steps per chunk")
-    a2.set_xlabel("observations n")
-    a1.set_xscale("log")
-    a1.legend()
+            for name in panels[-3 if sampled else -2:]:
+                ax[name].axvline(cp, color=line.get_color(), ls="--", lw=0.8)
+    for cp in stream or []:
+        for a in ax.values():
+            a.axvline(cp, color="black", lw=1.2)
+    ax["evidence"].set_ylabel("log-evidence / obs")
+    ax["predictive"].set_ylabel("chunk log pred. / obs")
+    if sampled:
+        ax["steps"].set_ylabel("annealing steps")
+    ax["evidence"].legend(loc="lower right", fontsize="small")
+    axes[-1, 0].set_xlabel("observation" + ("; black: the stream's change points, dashed: each model's" if stream is not None else ""))
     fig.tight_layout()
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
