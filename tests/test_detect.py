@@ -240,6 +240,27 @@ def test_the_stream_answer_weighs_each_model_by_its_evidence_over_both_hypothese
         assert found[0].confidence == pytest.approx(want, rel=1e-9), (found[0].confidence, want)
 
 
+def test_an_earlier_candidate_waits_while_a_new_change_settles():
+    """A model ("trend") reported 224 long ago; the others' evidence kept it below the threshold.
+    At the chunk where trend reports a new change at 500 it has restarted there and the others not
+    yet, so the probabilities swing to it (here by 30 nats): its old report must not become a
+    stream change at that chunk (a new user's 5-minute latency: 224, 356 and 392 were). The new
+    change is; and once the others have caught up (a chunk without new reports), the old one is
+    judged as before: not a change."""
+    from service.detect import StreamAnswer
+
+    answer = StreamAnswer(["seasonal", "trend"], window=8)
+    assert answer.step(240, 4, {"seasonal": -100.0, "trend": -103.0}, {"trend": [_event(224, 240, 0.999)]}) == []
+    swing = answer.step(504, 4, {"seasonal": -1000.0, "trend": -970.0}, {"trend": [_event(500, 504, 0.9999)]})
+    assert [c.location for c in swing] == [500]
+    assert answer.step(508, 4, {"seasonal": -960.0, "trend": -970.0}, {"seasonal": [_event(500, 508, 0.9999)]}) == []
+    assert answer.step(512, 4, {"seasonal": -970.0, "trend": -976.0}) == []
+    # without the settling, the swing would have taken the old report along
+    answer = StreamAnswer(["seasonal", "trend"], window=8)
+    answer.step(240, 4, {"seasonal": -100.0, "trend": -103.0}, {"trend": [_event(224, 240, 0.999)]})
+    assert [c.location for c in answer.step(504, 4, {"seasonal": -1000.0, "trend": -970.0})] == [224]
+
+
 def test_a_model_that_misses_a_change_does_not_hide_it_from_the_stream():
     """The paper's clusters, first 2,500 rows: 3 clusters become 5 at 1,000. The 5-component GMM
     finds it at once, and the data give it all the posterior weight, so the stream-level,

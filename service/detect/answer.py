@@ -46,7 +46,9 @@ class StreamAnswer:
     so far (each model's events are candidates, in the order they were first reported) that is not
     within ``window`` of a change already found is checked; the first whose probability reaches
     ``threshold`` becomes a stream change, located where the reporting model that weighs most in
-    its support put it. A misspecified model that misses a change (a 3-component mixture when 3 clusters
+    its support put it; a candidate before a change reported at this chunk waits for a chunk without
+    new reports (the reporting model has restarted, its rivals not yet: the probabilities say nothing
+    about earlier places until they have). A misspecified model that misses a change (a 3-component mixture when 3 clusters
     become 5) does not hide it, and one that fires alone while the data overwhelmingly favour the
     others (posterior probability near 0) does not raise one. With one model p = 1 and its events
     are the stream's (less those within ``window`` of an earlier one).
@@ -103,8 +105,18 @@ class StreamAnswer:
         probs = log_model_probabilities({m: float(log_evidence[m]) for m in self.models}, self.log_prior)
         self.probabilities, self.compared_n = dict(probs), int(n)
         found: list[StreamChange] = []
+        # a model that reports a change at this chunk restarted there, its rivals not yet: for a chunk
+        # or two the probabilities swing to it, and they say nothing about earlier places (seen: 5-minute
+        # latency with a daily cycle, +40 at 500; at 504 `level` and `trend` had restarted, `seasonal`,
+        # 93 nats down in that one chunk, adopted it at 508; in between `trend` weighed 1 and its three
+        # earlier reports, at 224, 356 and 392, became stream changes). So a candidate before this
+        # chunk's new reports waits for a chunk without them.
+        fresh = [int(e.location) for evs in (events or {}).values() for e in evs]
+        settle = min(fresh) - self.window if fresh else None
         for _, loc, *_ in sorted(self.events, key=lambda e: e[:4]):  # candidates in the order they were first reported
             if any(abs(loc - c) <= self.window for c in self.changes):
+                continue
+            if settle is not None and loc < settle:
                 continue
             best: dict[str, tuple[float, float, int, float | None]] = {}
             for at, where, m, conf, when in self.events:
