@@ -43,7 +43,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0,
                    help="the stream's seed: each model's is derived from it and its place in the --model list, as the service does")
     p.add_argument("--out", help="write the trace as JSON lines here (default: stdout)")
-    p.add_argument("--plot", help="draw into this PNG, against the observation index: the data with the stream's change "
+    p.add_argument("--plot", help="draw into this PNG, against the rows' times (or the observation index): the data with the stream's change "
                                   "points (--detect), each model's log-evidence and chunk log predictive per observation "
                                   "with its own change points, and annealing steps where a model samples")
     p.add_argument("--detect", action="store_true",
@@ -152,7 +152,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"{label}: WARNING {count} of {len(traces[label])} chunks: {w}: {WARNINGS[w]}", file=sys.stderr)
     if args.plot:
         plot_traces(traces, args.plot, {label: [e.location for e in evs] for label, evs in found.items()} if args.detect else None,
-                    data=data.numpy(), columns=names, stream=stream_found if args.detect else None)
+                    data=data.numpy(), columns=names, stream=stream_found if args.detect else None, stamps=stamps)
     return 0
 
 
@@ -186,8 +186,10 @@ def parse_settings(items: list[str]) -> dict:
 
 
 def plot_traces(traces: dict[str, list[dict]], path: str, changepoints: dict[str, list[int]] | None = None,
-                data: np.ndarray | None = None, columns: list[str] | None = None, stream: list[int] | None = None) -> None:
-    """A PNG of the replay against the observation index (linear): the data (up to four columns) with
+                data: np.ndarray | None = None, columns: list[str] | None = None, stream: list[int] | None = None,
+                stamps: np.ndarray | None = None) -> None:
+    """A PNG of the replay against the rows' times (``stamps``, epoch seconds) or, without them, the
+    observation index (linear): the data (up to four columns) with
     the stream's model-averaged change points (solid black, with ``--detect``); each model's
     log-evidence per observation and each chunk's log predictive per observation, with that model's
     own change points (dashed, its colour); and the annealing steps per chunk where a model samples
@@ -197,28 +199,35 @@ def plot_traces(traces: dict[str, list[dict]], path: str, changepoints: dict[str
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    def at(i) -> np.ndarray:  # observation indices -> the x axis (a chunk's result at n: its last row, n - 1)
+        i = np.asarray(i, dtype=np.int64)
+        if stamps is None:
+            return i
+        return (np.asarray(stamps, dtype=np.float64)[np.clip(i, 0, len(stamps) - 1)] * 1e6).astype("datetime64[us]")
+
     sampled = any(r["annealing_steps"] for t in traces.values() for r in t)
     panels = (["data"] if data is not None else []) + ["evidence", "predictive"] + (["steps"] if sampled else [])
     fig, axes = plt.subplots(len(panels), 1, figsize=(10, 2.4 * len(panels) + 0.6), sharex=True, squeeze=False)
     ax = dict(zip(panels, axes[:, 0]))
     if data is not None:
-        x = np.arange(data.shape[0])
+        x = at(np.arange(data.shape[0]))
         for j in range(min(data.shape[1], 4)):
             ax["data"].plot(x, data[:, j], lw=0.7, label=(columns or [f"x{j}"] * (j + 1))[j])
         ax["data"].set_ylabel("data")
         if data.shape[1] > 1:
             ax["data"].legend(loc="upper left", fontsize="small")
     for label, t in traces.items():
-        n = [r["n"] for r in t]
+        n = at([r["n"] - 1 for r in t])
         line, = ax["evidence"].plot(n, [r["log_evidence_per_observation"] for r in t], label=label)
-        scored = [(r["n"], r["log_predictive_per_observation"]) for r in t if r["log_predictive_per_observation"] is not None]
-        ax["predictive"].plot([a for a, _ in scored], [b for _, b in scored], color=line.get_color(), lw=0.8, label=label)
+        scored = [k for k, r in enumerate(t) if r["log_predictive_per_observation"] is not None]
+        ax["predictive"].plot(n[scored], [t[k]["log_predictive_per_observation"] for k in scored], color=line.get_color(),
+                              lw=0.8, label=label)
         if sampled:
             ax["steps"].plot(n, [r["annealing_steps"] for r in t], color=line.get_color(), label=label)
-        for cp in (changepoints or {}).get(label, []):
+        for cp in at((changepoints or {}).get(label, [])):
             for name in panels[-3 if sampled else -2:]:
                 ax[name].axvline(cp, color=line.get_color(), ls="--", lw=0.8)
-    for cp in stream or []:
+    for cp in at(stream or []):
         for a in ax.values():
             a.axvline(cp, color="black", lw=1.2)
     ax["evidence"].set_ylabel("log-evidence / obs")
@@ -226,7 +235,10 @@ def plot_traces(traces: dict[str, list[dict]], path: str, changepoints: dict[str
     if sampled:
         ax["steps"].set_ylabel("annealing steps")
     ax["evidence"].legend(loc="lower right", fontsize="small")
-    axes[-1, 0].set_xlabel("observation" + ("; black: the stream's change points, dashed: each model's" if stream is not None else ""))
+    axes[-1, 0].set_xlabel(("time (UTC)" if stamps is not None else "observation")
+                           + ("; black: the stream's change points, dashed: each model's" if stream is not None else ""))
+    if stamps is not None:
+        fig.autofmt_xdate()
     fig.tight_layout()
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
