@@ -701,39 +701,38 @@ int cusp_gmm_run(RUN_ARGS)
     return gmm_run_chosen(RUN_PASS);
 }
 
+/* A kernel in its three builds (AVX-512, AVX2+FMA, the compiler's baseline), each a call of
+ * BODY, and its exported entry point cusp_NAME, which runs the build cusp_isa chose. ARGS and PASS
+ * are the kernel's parameter list and argument list (macros of their own: they hold commas). */
+#ifdef CUSP_X86
+#define CUSP_DISPATCH(NAME, BODY, ARGS, PASS)                                                              \
+    __attribute__((target("avx512f,avx512dq,avx2,fma"))) static int NAME##_avx512(ARGS) { return BODY(PASS); } \
+    __attribute__((target("avx2,fma"))) static int NAME##_avx2(ARGS) { return BODY(PASS); }               \
+    static int NAME##_base(ARGS) { return BODY(PASS); }                                                    \
+    int cusp_##NAME(ARGS)                                                                                   \
+    {                                                                                                       \
+        if (isa_chosen < 0) cusp_isa();                                                                     \
+        if (isa_chosen == 2) return NAME##_avx512(PASS);                                                    \
+        if (isa_chosen == 1) return NAME##_avx2(PASS);                                                      \
+        return NAME##_base(PASS);                                                                           \
+    }
+#else
+#define CUSP_DISPATCH(NAME, BODY, ARGS, PASS)                                                              \
+    static int NAME##_base(ARGS) { return BODY(PASS); }                                                    \
+    int cusp_##NAME(ARGS)                                                                                   \
+    {                                                                                                       \
+        if (isa_chosen < 0) cusp_isa();                                                                     \
+        return NAME##_base(PASS);                                                                           \
+    }
+#endif
+
 #define EM_ARGS int K, int d, long n, const double *y, long stride, const double *w, const double *mu, const double *var, double *stats
 #define EM_PASS K, d, n, y, stride, w, mu, var, stats
 #define WE_ARGS int M, int K, int d, long R, const double *y, long stride, const double *wts, const double *mu, \
                 const double *sv, int sweeps, double tol, double *w, double *counts
 #define WE_PASS M, K, d, R, y, stride, wts, mu, sv, sweeps, tol, w, counts
-#ifdef CUSP_X86
-__attribute__((target("avx512f,avx512dq,avx2,fma"))) static int em_stats_avx512(EM_ARGS) { return em_stats_body(EM_PASS); }
-__attribute__((target("avx2,fma"))) static int em_stats_avx2(EM_ARGS) { return em_stats_body(EM_PASS); }
-__attribute__((target("avx512f,avx512dq,avx2,fma"))) static int weight_em_avx512(WE_ARGS) { return weight_em_body(WE_PASS); }
-__attribute__((target("avx2,fma"))) static int weight_em_avx2(WE_ARGS) { return weight_em_body(WE_PASS); }
-#endif
-static int em_stats_base(EM_ARGS) { return em_stats_body(EM_PASS); }
-static int weight_em_base(WE_ARGS) { return weight_em_body(WE_PASS); }
-
-int cusp_em_stats(EM_ARGS)
-{
-    if (isa_chosen < 0) cusp_isa();
-#ifdef CUSP_X86
-    if (isa_chosen == 2) return em_stats_avx512(EM_PASS);
-    if (isa_chosen == 1) return em_stats_avx2(EM_PASS);
-#endif
-    return em_stats_base(EM_PASS);
-}
-
-int cusp_weight_em(WE_ARGS)
-{
-    if (isa_chosen < 0) cusp_isa();
-#ifdef CUSP_X86
-    if (isa_chosen == 2) return weight_em_avx512(WE_PASS);
-    if (isa_chosen == 1) return weight_em_avx2(WE_PASS);
-#endif
-    return weight_em_base(WE_PASS);
-}
+CUSP_DISPATCH(em_stats, em_stats_body, EM_ARGS, EM_PASS)
+CUSP_DISPATCH(weight_em, weight_em_body, WE_ARGS, WE_PASS)
 
 /* Gram matrices of gathered rows (models/linear.py, sampled_stats): out [E, F, F] with
  * out[e] = sum_b r_b r_b^T over the rows r_b = pool[idx[e * Bm + b]] (F columns at row stride
@@ -806,21 +805,7 @@ static inline __attribute__((always_inline)) int gather_gram_body(
 
 #define GG_ARGS int E, long Bm, int F, const double *pool, long stride, const int64_t *idx, double *out
 #define GG_PASS E, Bm, F, pool, stride, idx, out
-#ifdef CUSP_X86
-__attribute__((target("avx512f,avx512dq,avx2,fma"))) static int gather_gram_avx512(GG_ARGS) { return gather_gram_body(GG_PASS); }
-__attribute__((target("avx2,fma"))) static int gather_gram_avx2(GG_ARGS) { return gather_gram_body(GG_PASS); }
-#endif
-static int gather_gram_base(GG_ARGS) { return gather_gram_body(GG_PASS); }
-
-int cusp_gather_gram(GG_ARGS)
-{
-    if (isa_chosen < 0) cusp_isa();
-#ifdef CUSP_X86
-    if (isa_chosen == 2) return gather_gram_avx512(GG_PASS);
-    if (isa_chosen == 1) return gather_gram_avx2(GG_PASS);
-#endif
-    return gather_gram_base(GG_PASS);
-}
+CUSP_DISPATCH(gather_gram, gather_gram_body, GG_ARGS, GG_PASS)
 
 /* Student-t quadrature (models/heavy.py): the grid nodes of V degrees of freedom, each a G x G
  * tensor grid with mu = m_v + a sinh(s_i) e^lam_j, at which
@@ -915,34 +900,8 @@ static inline __attribute__((always_inline)) int t_row_lse_body(
 #define TRL_ARGS int V, int G, long B, const double *z, const double *m, const double *er, const double *sr, \
                  const double *half, const double *base, double *out
 #define TRL_PASS V, G, B, z, m, er, sr, half, base, out
-#ifdef CUSP_X86
-__attribute__((target("avx512f,avx512dq,avx2,fma"))) static int t_loglik_avx512(TLL_ARGS) { return t_loglik_body(TLL_PASS); }
-__attribute__((target("avx2,fma"))) static int t_loglik_avx2(TLL_ARGS) { return t_loglik_body(TLL_PASS); }
-__attribute__((target("avx512f,avx512dq,avx2,fma"))) static int t_row_lse_avx512(TRL_ARGS) { return t_row_lse_body(TRL_PASS); }
-__attribute__((target("avx2,fma"))) static int t_row_lse_avx2(TRL_ARGS) { return t_row_lse_body(TRL_PASS); }
-#endif
-static int t_loglik_base(TLL_ARGS) { return t_loglik_body(TLL_PASS); }
-static int t_row_lse_base(TRL_ARGS) { return t_row_lse_body(TRL_PASS); }
-
-int cusp_t_loglik(TLL_ARGS)
-{
-    if (isa_chosen < 0) cusp_isa();
-#ifdef CUSP_X86
-    if (isa_chosen == 2) return t_loglik_avx512(TLL_PASS);
-    if (isa_chosen == 1) return t_loglik_avx2(TLL_PASS);
-#endif
-    return t_loglik_base(TLL_PASS);
-}
-
-int cusp_t_row_lse(TRL_ARGS)
-{
-    if (isa_chosen < 0) cusp_isa();
-#ifdef CUSP_X86
-    if (isa_chosen == 2) return t_row_lse_avx512(TRL_PASS);
-    if (isa_chosen == 1) return t_row_lse_avx2(TRL_PASS);
-#endif
-    return t_row_lse_base(TRL_PASS);
-}
+CUSP_DISPATCH(t_loglik, t_loglik_body, TLL_ARGS, TLL_PASS)
+CUSP_DISPATCH(t_row_lse, t_row_lse_body, TRL_ARGS, TRL_PASS)
 
 /* Linear regression's SGHMC run (models/linear.py, stats_gradient): its log target's gradient
  * is affine in theta, grad_i(theta) = c[i] + theta A[i] (A [E, D, D], c [E, D]), so the run's
