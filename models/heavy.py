@@ -271,10 +271,16 @@ class StudentT(_Exact):
         """mu at the nodes ``[V, G, G]`` (index [s, lam]) from ``_nodes_all``'s lam and a sinh(s)."""
         return boxes[:, 0, None, None] + sh[:, :, None] * torch.exp(lam)[:, None, :]
 
-    def _t_idx(self, idx: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``_t_terms`` of every nu, or of the nus ``idx``."""
+    def _factors(self, sh: torch.Tensor, lam: torch.Tensor, idx: torch.Tensor | None
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """For every nu (or the nus ``idx``): its log normaliser and (nu + 1) / 2 ``[V, 1]`` (``_t_terms``),
+        and the two factors of the standardised residual at the nodes, (z - mu) / (sigma sqrt(nu)) =
+        (z - m) er_j - sr_i: er = e^-lam / sqrt(nu) and sr = a sinh(s) / sqrt(nu), ``[V, G]`` each (the
+        native kernels' inputs, models/_native.c)."""
         const, root, half = _t_terms(self.nus)
-        return (const, root, half) if idx is None else (const[idx], root[idx], half[idx])
+        if idx is not None:
+            const, root, half = const[idx], root[idx], half[idx]
+        return const, half, torch.exp(-lam) * root, sh * root
 
     def _log1p_terms(self, z: torch.Tensor, boxes: torch.Tensor, sh: torch.Tensor, lam: torch.Tensor,
                      idx: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -283,9 +289,9 @@ class StudentT(_Exact):
         With mu = m + a sinh(s) e^lam, (z - mu) / sigma = (z - m) e^-lam - a sinh(s): two small
         factors, then one pass over the ``[B, V, G, G]`` terms each for the difference, square and
         log1p."""
-        const, root, half = self._t_idx(idx)
-        scaled = (z[:, None, None] - boxes[None, :, 0:1]) * (torch.exp(-lam) * root)[None]  # [B, V, G] (lambda)
-        q = scaled[:, :, None, :] - (sh * root)[None, :, :, None]
+        const, half, er, sr = self._factors(sh, lam, idx)
+        scaled = (z[:, None, None] - boxes[None, :, 0:1]) * er[None]  # [B, V, G] (lambda)
+        q = scaled[:, :, None, :] - sr[None, :, :, None]
         return q.square_().log1p_(), const, half
 
     def _log_lik_all(self, z: torch.Tensor, boxes: torch.Tensor, sh: torch.Tensor, lam: torch.Tensor,
@@ -294,12 +300,12 @@ class StudentT(_Exact):
         of the nus ``idx``): ``[V, G, G]``."""
         native = kernels()
         if native is not None:
-            const, root, half = self._t_idx(idx)
-            er, sr = torch.exp(-lam) * root, sh * root
+            const, half, er, sr = self._factors(sh, lam, idx)
             sums = torch.from_numpy(native.t_loglik(z.numpy(), boxes[:, 0].numpy(), er.numpy(), sr.numpy()))
-            return z.shape[0] * (const - lam)[:, None, :] - half[:, :, None] * sums
-        q, const, half = self._log1p_terms(z, boxes, sh, lam, idx)
-        return z.shape[0] * (const - lam)[:, None, :] - half[:, :, None] * q.sum(0)
+        else:
+            q, const, half = self._log1p_terms(z, boxes, sh, lam, idx)
+            sums = q.sum(0)
+        return z.shape[0] * (const - lam)[:, None, :] - half[:, :, None] * sums
 
     @staticmethod
     def _fit_boxes(mu: torch.Tensor, lam: torch.Tensor, logw: torch.Tensor, logj: torch.Tensor,
@@ -535,10 +541,9 @@ class StudentT(_Exact):
         lam, sh, logw = self._nodes_all(boxes)
         native = kernels()
         if native is not None:
-            const, root, half = _t_terms(self.nus)
+            const, half, er, sr = self._factors(sh, lam, None)
             base = logw + logjs + (const - lam)[:, None, :]
-            lse = native.t_row_lse(z.numpy(), boxes[:, 0].numpy(), (torch.exp(-lam) * root).numpy(), (sh * root).numpy(),
-                                   half[:, 0].numpy(), base.numpy())
+            lse = native.t_row_lse(z.numpy(), boxes[:, 0].numpy(), er.numpy(), sr.numpy(), half[:, 0].numpy(), base.numpy())
             return torch.from_numpy(lse) - math.log(scale)
         q, const, half = self._log1p_terms(z, boxes, sh, lam, None)
         ll = (const - lam)[None, :, None, :] - half[None, :, :, None] * q  # [B, V, G, G]
