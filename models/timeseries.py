@@ -193,13 +193,13 @@ class TimeSeriesRegression(_Framed):
         posterior (R, z, a, b), updated together in one batched QR."""
         return ((float(self.period), self.harmonics if self.period else 0),)
 
-    @property
-    def _max_harmonics(self) -> int:
-        return max(h for _, h in self._components())
+    def _harmonics(self, count: int | None = None) -> int:
+        """The most harmonics among the first ``count`` components (None: all of them)."""
+        return max(h for _, h in self._components()[:count])
 
     @property
     def n_coef(self) -> int:
-        return 1 + self.trend + 2 * self._max_harmonics + self.order
+        return self._width()
 
     @property
     def dim(self) -> int:
@@ -207,7 +207,7 @@ class TimeSeriesRegression(_Framed):
 
     def parameter_names(self) -> list[str]:
         names = ["intercept"] + (["slope"] if self.trend else [])
-        names += [f"{f}[{h}]" for h in range(1, self._max_harmonics + 1) for f in ("sin", "cos")]
+        names += [f"{f}[{h}]" for h in range(1, self._harmonics() + 1) for f in ("sin", "cos")]
         return names + [f"ar[{i}]" for i in range(1, self.order + 1)] + ["noise_var"]
 
     # --- posterior layout ----------------------------------------------------------------------
@@ -216,9 +216,9 @@ class TimeSeriesRegression(_Framed):
     #: with that many, the first of ``_components``, bit for bit as before, restarts included
     legacy_components: ClassVar[tuple[int, ...]] = ()
 
-    def _width(self, c: int) -> int:
-        """Coefficients of a state with the first ``c`` components (their most harmonics set it)."""
-        return 1 + self.trend + 2 * max(h for _, h in self._components()[:c]) + self.order
+    def _width(self, c: int | None = None) -> int:
+        """Coefficients of a state with the first ``c`` components (None: all; their most harmonics set it)."""
+        return 1 + self.trend + 2 * self._harmonics(c) + self.order
 
     def _size(self, c: int) -> int:
         """The length of a state with the first ``c`` components."""
@@ -352,7 +352,7 @@ class TimeSeriesRegression(_Framed):
         coefficient no row informs keeps its prior and adds nothing to the evidence); and the
         lags after them."""
         b, p, comps = z.shape[0], self.order, self._components()[:count]
-        most = max(h for _, h in comps)
+        most = self._harmonics(count)
         t = torch.arange(t0, t0 + b, dtype=torch.float64)
         shared = [torch.ones(b, dtype=torch.float64)] + ([t] if self.trend else [])
         seq = torch.cat([lags, z])
