@@ -18,7 +18,6 @@ import csv
 import io
 import json
 import math
-import re
 
 import numpy as np
 
@@ -67,9 +66,11 @@ def _no_duplicates(pairs: list[tuple[str, object]]) -> dict:
     return out
 
 
-def loads(body: bytes | str) -> object:
+def loads(body: bytes | str, line: int | None = None) -> object:
     """JSON as RFC 8259 has it exchanged: UTF-8 without a byte-order mark (json.loads would also
-    take UTF-16 and UTF-32, and skip a BOM), no key twice in an object, no NaN or Infinity."""
+    take UTF-16 and UTF-32, and skip a BOM), no key twice in an object, no NaN or Infinity.
+    ``line``: the body's line this text is (NDJSON), which errors name (json's own "line 1 column C"
+    would be the line within it)."""
     if isinstance(body, bytes):
         if body.startswith(b"\xef\xbb\xbf"):
             raise ChunkError("body starts with a byte-order mark; send UTF-8 without one", 400)
@@ -79,12 +80,18 @@ def loads(body: bytes | str) -> object:
             raise ChunkError("body is not UTF-8 (JSON must be UTF-8)", 400) from None
     try:
         return json.loads(body, parse_constant=_Constant, object_pairs_hook=_no_duplicates)
-    except ChunkError:
-        raise
+    except ChunkError as exc:
+        if line is None:
+            raise
+        raise ChunkError(f"line {line}: {exc}", exc.status, exc.code) from None
     except RecursionError:
-        raise ChunkError("JSON nested too deeply", 400) from None
+        raise ChunkError("JSON nested too deeply" if line is None else f"line {line}: JSON nested too deeply", 400) from None
+    except json.JSONDecodeError as exc:
+        raise ChunkError(f"body is not valid JSON: {exc}" if line is None else
+                         f"line {line} is not valid JSON: {exc.msg} at column {exc.colno}", 400) from None
     except (ValueError, UnicodeDecodeError) as exc:
-        raise ChunkError(f"body is not valid JSON: {exc}", 400) from None
+        raise ChunkError(f"body is not valid JSON: {exc}" if line is None else f"line {line} is not valid JSON: {exc}",
+                         400) from None
 
 
 def _number(v: object, where: str) -> float:
@@ -227,12 +234,7 @@ def parse_ndjson(body: bytes, columns: list[str]) -> tuple[np.ndarray, np.ndarra
         line = line.removesuffix("\r")
         if not line.strip():
             continue
-        try:
-            item = loads(line)
-        except ChunkError as exc:  # json counts lines and columns within the one line it read
-            msg = str(exc).replace("body is not valid JSON: ", f"line {lineno} is not valid JSON: ", 1)
-            msg = re.sub(r": line 1 column (\d+) \(char \d+\)$", r" at column \1", msg)
-            raise ChunkError(msg if msg != str(exc) else f"line {lineno}: {exc}", exc.status, exc.code) from None
+        item = loads(line, lineno)
         if isinstance(item, dict):
             timed = TIME in item and TIME not in keys
             if timed != bool(stamps) and rows:
