@@ -199,7 +199,7 @@ def plot_traces(traces: dict[str, list[dict]], path: str, changepoints: dict[str
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    def at(i) -> np.ndarray:  # observation indices -> the x axis (a chunk's result at n: its last row, n - 1)
+    def x_of(i) -> np.ndarray:  # observation indices -> the x axis (a chunk's result at n: its last row, n - 1)
         i = np.asarray(i, dtype=np.int64)
         if stamps is None:
             return i
@@ -210,24 +210,24 @@ def plot_traces(traces: dict[str, list[dict]], path: str, changepoints: dict[str
     fig, axes = plt.subplots(len(panels), 1, figsize=(10, 2.4 * len(panels) + 0.6), sharex=True, squeeze=False)
     ax = dict(zip(panels, axes[:, 0]))
     if data is not None:
-        x = at(np.arange(data.shape[0]))
+        x = x_of(np.arange(data.shape[0]))
         for j in range(min(data.shape[1], 4)):
-            ax["data"].plot(x, data[:, j], lw=0.7, label=(columns or [f"x{j}"] * (j + 1))[j])
+            ax["data"].plot(x, data[:, j], lw=0.7, label=columns[j] if columns else f"x{j}")
         ax["data"].set_ylabel("data")
         if data.shape[1] > 1:
             ax["data"].legend(loc="upper left", fontsize="small")
     for label, t in traces.items():
-        n = at([r["n"] - 1 for r in t])
+        n = x_of([r["n"] - 1 for r in t])
         line, = ax["evidence"].plot(n, [r["log_evidence_per_observation"] for r in t], label=label)
         scored = [k for k, r in enumerate(t) if r["log_predictive_per_observation"] is not None]
         ax["predictive"].plot(n[scored], [t[k]["log_predictive_per_observation"] for k in scored], color=line.get_color(),
                               lw=0.8, label=label)
         if sampled:
             ax["steps"].plot(n, [r["annealing_steps"] for r in t], color=line.get_color(), label=label)
-        for cp in at((changepoints or {}).get(label, [])):
+        for cp in x_of((changepoints or {}).get(label, [])):
             for name in panels[-3 if sampled else -2:]:
                 ax[name].axvline(cp, color=line.get_color(), ls="--", lw=0.8)
-    for cp in at(stream or []):
+    for cp in x_of(stream or []):
         for a in ax.values():
             a.axvline(cp, color="black", lw=1.2)
     ax["evidence"].set_ylabel("log-evidence / obs")

@@ -388,15 +388,15 @@ class DetectIn(BaseModel):
         if isinstance(v, list):
             for i, x in enumerate(v):
                 for j, y in enumerate(x) if isinstance(x, list) else ((None, x),):
+                    place = f"values[{i}]" if j is None else f"values[{i}][{j}]"
                     if isinstance(y, bool) or not isinstance(y, (int, float)):  # one message, not both shapes' errors
-                        raise ValueError(f"values[{i}]{'' if j is None else f'[{j}]'} is {str(y)[:40]!r}: values must be "
-                                         "numbers (a list of numbers, or a list of rows of numbers)")
+                        raise ValueError(f"{place} is {str(y)[:40]!r}: values must be numbers (a list of numbers, or a "
+                                         "list of rows of numbers)")
                     if isinstance(y, float) and not math.isfinite(y):
-                        raise ValueError(f"values[{i}]{'' if j is None else f'[{j}]'} is {y}: values must be finite numbers")
+                        raise ValueError(f"{place} is {y}: values must be finite numbers")
                     if abs(y) > MAX_MAGNITUDE:  # (an int beyond float64 has no float: shown by its digits)
                         shown = str(y) if len(str(y)) <= 24 else f"{str(y)[:8]}... ({len(str(y))} digits)"
-                        raise ValueError(f"values[{i}]{'' if j is None else f'[{j}]'} is {shown}: values must be within "
-                                         f"+-{MAX_MAGNITUDE:g}")
+                        raise ValueError(f"{place} is {shown}: values must be within +-{MAX_MAGNITUDE:g}")
         return v
 
 

@@ -83,8 +83,8 @@ def series_of(body: DetectIn) -> tuple[np.ndarray, list | None]:
         raise ApiError(422, "invalid_series", f"{what}: rows must have 1 to 256 values, got {data.shape[1]}")
     at = too_large(data)  # ('values' are checked as they are read; 'series' points here)
     if at is not None:
-        where = f"series[{at[0]}].value" + (f"[{at[1]}]" if isinstance(raw[at[0]], list) else "") if what == "series" else \
-            f"values[{at[0]}]" + (f"[{at[1]}]" if isinstance(raw[at[0]], list) else "")
+        where = f"series[{at[0]}].value" if what == "series" else f"values[{at[0]}]"
+        where += f"[{at[1]}]" if isinstance(raw[at[0]], list) else ""
         raise ApiError(422, "invalid_series", f"{where} is {float(data[at]):g}: values must be within +-{MAX_MAGNITUDE:g}")
     if times is not None:
         check_times(times, data.shape[0], "times" if what == "values" else "series[].timestamp")
