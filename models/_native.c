@@ -616,41 +616,10 @@ static inline __attribute__((always_inline)) int weight_em_body(
     return 0;
 }
 
-#define GMM_ARGS int M, int K, int d, long B, const double *theta, const double *rows, long stride, \
-                 const double *w, double w_total, double *out
-#define GMM_PASS M, K, d, B, theta, rows, stride, w, w_total, out
-
 #if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
 #define CUSP_X86 1
-__attribute__((target("avx512f,avx512dq,avx2,fma"))) static int gmm_grad_avx512(GMM_ARGS) { return gmm_grad_body(GMM_PASS); }
-__attribute__((target("avx2,fma"))) static int gmm_grad_avx2(GMM_ARGS) { return gmm_grad_body(GMM_PASS); }
 #endif
-static int gmm_grad_base(GMM_ARGS) { return gmm_grad_body(GMM_PASS); }
 
-#define LL_ARGS int M, int K, int d, long B, const double *theta, const double *rows, long stride, double *out
-#define LL_PASS M, K, d, B, theta, rows, stride, out
-#ifdef CUSP_X86
-__attribute__((target("avx512f,avx512dq,avx2,fma"))) static int gmm_loglik_avx512(LL_ARGS) { return gmm_loglik_body(LL_PASS); }
-__attribute__((target("avx2,fma"))) static int gmm_loglik_avx2(LL_ARGS) { return gmm_loglik_body(LL_PASS); }
-#endif
-static int gmm_loglik_base(LL_ARGS) { return gmm_loglik_body(LL_PASS); }
-
-#define RUN_ARGS int M, int K, int d, long Bc, const double *chunk, long cstride, double lam, \
-                 long Bm, const double *pool, long pstride, const int64_t *idx, double wp, \
-                 int steps, double eta, double decay, const double *noise, double *theta, double *v, double *out
-#define RUN_PASS M, K, d, Bc, chunk, cstride, lam, Bm, pool, pstride, idx, wp, steps, eta, decay, noise, theta, v, out
-#ifdef CUSP_X86
-__attribute__((target("avx512f,avx512dq,avx2,fma"))) static int gmm_run_avx512(RUN_ARGS) { return gmm_run_body(RUN_PASS); }
-__attribute__((target("avx2,fma"))) static int gmm_run_avx2(RUN_ARGS) { return gmm_run_body(RUN_PASS); }
-#endif
-static int gmm_run_base(RUN_ARGS) { return gmm_run_body(RUN_PASS); }
-
-typedef int (*gmm_grad_fn)(GMM_ARGS);
-typedef int (*gmm_loglik_fn)(LL_ARGS);
-typedef int (*gmm_run_fn)(RUN_ARGS);
-static gmm_grad_fn gmm_grad_chosen;
-static gmm_loglik_fn gmm_loglik_chosen;
-static gmm_run_fn gmm_run_chosen;
 static int isa_chosen = -1;
 
 /* 2: AVX-512, 1: AVX2 + FMA, 0: the compiler's baseline; capped by CUSP_NATIVE_ISA */
@@ -660,45 +629,17 @@ int cusp_isa(void)
         const char *cap = getenv("CUSP_NATIVE_ISA");
         int want = cap && *cap ? atoi(cap) : 2;
         isa_chosen = 0;
-        gmm_grad_chosen = gmm_grad_base;
-        gmm_loglik_chosen = gmm_loglik_base;
-        gmm_run_chosen = gmm_run_base;
 #ifdef CUSP_X86
         __builtin_cpu_init();
-        if (want >= 2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq")) {
+        if (want >= 2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq"))
             isa_chosen = 2;
-            gmm_grad_chosen = gmm_grad_avx512;
-            gmm_loglik_chosen = gmm_loglik_avx512;
-            gmm_run_chosen = gmm_run_avx512;
-        } else if (want >= 1 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+        else if (want >= 1 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
             isa_chosen = 1;
-            gmm_grad_chosen = gmm_grad_avx2;
-            gmm_loglik_chosen = gmm_loglik_avx2;
-            gmm_run_chosen = gmm_run_avx2;
-        }
 #else
         (void)want;
 #endif
     }
     return isa_chosen;
-}
-
-int cusp_gmm_grad(GMM_ARGS)
-{
-    if (isa_chosen < 0) cusp_isa();
-    return gmm_grad_chosen(GMM_PASS);
-}
-
-int cusp_gmm_loglik(LL_ARGS)
-{
-    if (isa_chosen < 0) cusp_isa();
-    return gmm_loglik_chosen(LL_PASS);
-}
-
-int cusp_gmm_run(RUN_ARGS)
-{
-    if (isa_chosen < 0) cusp_isa();
-    return gmm_run_chosen(RUN_PASS);
 }
 
 /* A kernel in its three builds (AVX-512, AVX2+FMA, the compiler's baseline), each a call of
@@ -725,6 +666,19 @@ int cusp_gmm_run(RUN_ARGS)
         return NAME##_base(PASS);                                                                           \
     }
 #endif
+
+#define GMM_ARGS int M, int K, int d, long B, const double *theta, const double *rows, long stride, \
+                 const double *w, double w_total, double *out
+#define GMM_PASS M, K, d, B, theta, rows, stride, w, w_total, out
+#define LL_ARGS int M, int K, int d, long B, const double *theta, const double *rows, long stride, double *out
+#define LL_PASS M, K, d, B, theta, rows, stride, out
+#define RUN_ARGS int M, int K, int d, long Bc, const double *chunk, long cstride, double lam, \
+                 long Bm, const double *pool, long pstride, const int64_t *idx, double wp, \
+                 int steps, double eta, double decay, const double *noise, double *theta, double *v, double *out
+#define RUN_PASS M, K, d, Bc, chunk, cstride, lam, Bm, pool, pstride, idx, wp, steps, eta, decay, noise, theta, v, out
+CUSP_DISPATCH(gmm_grad, gmm_grad_body, GMM_ARGS, GMM_PASS)
+CUSP_DISPATCH(gmm_loglik, gmm_loglik_body, LL_ARGS, LL_PASS)
+CUSP_DISPATCH(gmm_run, gmm_run_body, RUN_ARGS, RUN_PASS)
 
 #define EM_ARGS int K, int d, long n, const double *y, long stride, const double *w, const double *mu, const double *var, double *stats
 #define EM_PASS K, d, n, y, stride, w, mu, var, stats
