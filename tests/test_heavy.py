@@ -161,14 +161,20 @@ def test_deterministic_and_the_state_codec():
 
 
 def test_row_predictive_is_the_one_step_update():
+    """Each row's predictive is taken on the current grid, with the rows kept or not. While they are
+    kept, a one-step update may refit the boxes from them, so the two agree to the quadrature's
+    error: measured at most 7.3e-9 nats over 42 cases (three data sets, 5 to 36 rows kept; up to
+    2.5e-4 for a row 20 sds out right after the warm-up, where a refit moves the box most);
+    without the rows, to rounding."""
     rng = np.random.default_rng(6)
     y = torch.from_numpy((3 + 0.1 * rng.standard_t(2, 200))[:, None])
     m = build_model("student-t", 1)
-    for upto in (15, 150):  # rows kept; grid without them
+    for upto, tol in ((15, 1e-7), (30, 1e-7), (150, 1e-9)):  # rows kept; grid without them
         post, _ = m.exact_update(m.exact_init(), y[:upto])
+        assert bool(post[4]) == (upto < 5 + EXACT_ROWS)
         got = m.exact_row_log_predictive(post, y[upto : upto + 4])
         one = torch.tensor([m.exact_update(post, y[i : i + 1])[1] for i in range(upto, upto + 4)], dtype=torch.float64)
-        assert torch.allclose(got, one, rtol=1e-9, atol=1e-9), (upto, got, one)
+        assert torch.allclose(got, one, rtol=0, atol=tol), (upto, got - one)
 
 
 def test_a_restart_keeps_the_frame():
