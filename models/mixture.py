@@ -357,8 +357,14 @@ class GaussianMixture(Model):
     #: equal weights, as the moves use, before; the same estimates of the evidence within their spread on
     #: 8 seeds of 4 cases, 500-27,000 rows, K = 3 and 5, and half the time: 259 -> 128 ms for 1,000 draws)
     FIRST_WEIGHT_SWEEPS = 3
-    #: the rows (a uniform sample) ``_map_em`` runs on in ``first_draws``, its statistics scaled to all
-    FIRST_MAP_ROWS = 5_000
+    #: the most rows ``_map_em`` runs on in ``first_draws`` (beyond: a uniform sample, its statistics
+    #: scaled to all). A fit on a sample of R of n rows sits about sqrt(n / R - 1) posterior sds off
+    #: the mode in every coordinate, and the draws around it miss the posterior: with 5,000 (until
+    #: 2026-11-28) the mode checks' fresh estimates over 26,000-42,000 rows (the late clusters) came
+    #: out 20-35 nats lower than with every row, and the runs ended lower (6 seeds, late clusters:
+    #: mean -73 -> -43 nats against the Laplace reference; the 3 -> 5 -> 7 clusters, K = 5: -137 ->
+    #: -98), for about 25 ms more a check at 40,000 rows
+    FIRST_MAP_ROWS = 100_000
     #: ``first_draws`` needs at least this many rows per component in the chunk (a fit of K components
     #: to fewer rows is no law to draw from)
     FIRST_ROWS_PER_COMPONENT = 10
@@ -389,7 +395,7 @@ class GaussianMixture(Model):
                                 joint=torch.zeros(1, dtype=torch.float64))
         t = fit.theta[0].numpy()
         y, weight = rows[:, :d].numpy(), 1.0
-        if b > self.FIRST_MAP_ROWS:  # the EM under the prior on a uniform sample, its statistics scaled to b
+        if b > self.FIRST_MAP_ROWS:  # the EM under the prior on a uniform sample, its statistics scaled to b (``FIRST_MAP_ROWS``)
             y, weight = y[torch.randperm(b, generator=generator)[: self.FIRST_MAP_ROWS].numpy()], b / self.FIRST_MAP_ROWS
         w, mu, var = _map_em(y, np.exp(t[:k] - _logsumexp(t[:k], 0)), t[k : k + k * d].reshape(k, d),
                              np.exp(t[k + k * d :]).reshape(k, d), self.FIRST_MAP_STEPS, weight)

@@ -131,8 +131,11 @@ JUMP_SCREEN_ROWS = 8_000
 JUMP_SCREEN_SLACK = 20.0
 JUMP_SCREEN_SE = 3.0
 #: Metropolis-Hastings steps per particle with whole configurations around the mode fit when the
-#: stuck-mode check flags (``Sampler._check_modes``)
-CONFIG_JUMPS = 10
+#: stuck-mode check flags (``Sampler._check_modes``). 10 until 2026-11-28: 5 gave the same errors
+#: within the seeds' spread on 6 seeds each of the late clusters and the 3 -> 5 -> 7 clusters (K = 3,
+#: 5, 7; a check's fresh estimate, ``check_draws``, sets the evidence there) and took 0.15-0.25 s off
+#: the late clusters' 2.5 s; 3 left two of six late-cluster runs 180-200 nats low
+CONFIG_JUMPS = 5
 #: and whenever the gap passes this many nats per parameter (below the stuck-mode limit: a sample of the
 #: posterior sits about 1/2 per parameter below its mode). 10 until 2026-11-27; with 3 and the rows
 #: above, 10 seeds at 1e5 (5e4 stationary): runs beyond 0.2 % of the Laplace reference 2 -> 0
