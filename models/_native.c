@@ -886,3 +886,65 @@ void cusp_affine_euler(int M, int D, int E, const double *A, const double *c, do
         }
     }
 }
+
+/* The metric-series regressions' conjugate update (models/timeseries.py, _srif_nig): for each of
+ * K components, the square-root information form [R | z] (R [D, D] upper triangular, z [D]) takes
+ * B rows [phi_b | y_b] (phi [K, B, D], y [B]) by Givens rotations, row by row: each zeroes a
+ * row's entries against R's diagonal, and what is left of the row's y after the D rotations adds
+ * to the residual e (e^2 the rows' residual sum of squares beyond the fit). Then the
+ * Normal-Inverse-Gamma noise (a, b) -> (a + B/2, b + e^2/2) and the log predictive of the rows,
+ * lgamma(a') - lgamma(a) + a log b - a' log b' + log|det R| - log|det R'| - B log(2 pi) / 2.
+ * R' keeps a non-negative diagonal where R had one. The same numbers as the QR of the stacked
+ * [R z; phi y] up to rounding (that QR's R differs by the signs of its rows). Tiny matrices:
+ * plain C, no dispatch. Returns 1 if a scratch row cannot be allocated. */
+int cusp_nig_update(int K, int D, long B, const double *R, const double *z, const double *ab, const double *phi,
+                    const double *y, double *R2, double *z2, double *ab2, double *lp)
+{
+    const int W = D + 1;
+    double *w = malloc(sizeof(double) * (size_t)W * (W + 1));
+    if (!w) return 1;
+    double *v = w + (size_t)W * W;
+    for (int k = 0; k < K; k++) {
+        const double *rk = R + (size_t)k * D * D, *zk = z + (size_t)k * D;
+        /* rows 0..D-1: [R | z]; row D: the residual, in its last column */
+        for (int i = 0; i < D; i++) {
+            for (int j = 0; j < D; j++) w[i * W + j] = rk[i * D + j];
+            w[i * W + D] = zk[i];
+        }
+        double e = 0.0;
+        for (long b = 0; b < B; b++) {
+            const double *pb = phi + ((size_t)k * B + b) * D;
+            for (int j = 0; j < D; j++) v[j] = pb[j];
+            v[D] = y[b];
+            for (int j = 0; j < D; j++) {
+                const double vj = v[j];
+                if (vj == 0.0) continue;
+                double *wj = w + (size_t)j * W;
+                const double h = hypot(wj[j], vj);
+                const double c = wj[j] / h, s = vj / h;
+                wj[j] = h;
+                v[j] = 0.0;
+                for (int l = j + 1; l < W; l++) {
+                    const double a = wj[l], t = v[l];
+                    wj[l] = c * a + s * t;
+                    v[l] = c * t - s * a;
+                }
+            }
+            e = hypot(e, v[D]);
+        }
+        double logdet = 0.0;
+        double *r2 = R2 + (size_t)k * D * D, *zo = z2 + (size_t)k * D;
+        for (int i = 0; i < D; i++) {
+            logdet += log(fabs(rk[i * D + i])) - log(fabs(w[i * W + i]));
+            for (int j = 0; j < D; j++) r2[i * D + j] = w[i * W + j];
+            zo[i] = w[i * W + D];
+        }
+        const double a = ab[2 * k], bb = ab[2 * k + 1];
+        const double a2 = a + 0.5 * (double)B, b2 = bb + 0.5 * e * e;
+        ab2[2 * k] = a2;
+        ab2[2 * k + 1] = b2;
+        lp[k] = lgamma(a2) - lgamma(a) + a * log(bb) - a2 * log(b2) + logdet - 0.5 * (double)B * LOG_2PI;
+    }
+    free(w);
+    return 0;
+}

@@ -52,6 +52,9 @@ class NativeKernels:
         self._t_row_lse = lib.cusp_t_row_lse
         self._t_row_lse.argtypes = [i, i, L, p, p, p, p, p, p, p]
         self._t_row_lse.restype = i
+        self._nig_update = lib.cusp_nig_update
+        self._nig_update.argtypes = [i, i, L, p, p, p, p, p, p, p, p, p]
+        self._nig_update.restype = i
         lib.cusp_isa.restype = i
         self.isa = ("baseline", "avx2+fma", "avx512")[lib.cusp_isa()]
 
@@ -200,6 +203,23 @@ class NativeKernels:
                            half.ctypes.data, base_ji.ctypes.data, out.ctypes.data):
             raise MemoryError("t_row_lse: scratch allocation failed")
         return out
+
+    def nig_update(self, r: np.ndarray, z: np.ndarray, ab: np.ndarray, phi: np.ndarray,
+                   y: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """models/timeseries.py's ``_srif_nig`` for K components: ``r [K, D, D]`` (upper triangular),
+        ``z [K, D]``, ``ab [K, 2]``, ``phi [K, B, D]``, ``y [B]`` -> (R' [K, D, D], z' [K, D],
+        ab' [K, 2], log p(y | past) [K]), by Givens rotations (models/_native.c)."""
+        r, z, ab, phi, y = (np.ascontiguousarray(a, dtype=np.float64) for a in (r, z, ab, phi, y))
+        k, d = z.shape
+        b = y.shape[0]
+        if r.shape != (k, d, d) or ab.shape != (k, 2) or phi.shape != (k, b, d) or y.ndim != 1 or b < 1:
+            raise ValueError(f"nig_update: r {r.shape}, z {z.shape}, ab {ab.shape}, phi {phi.shape} and y {y.shape} "
+                             "do not fit")
+        r2, z2, ab2, lp = np.empty((k, d, d)), np.empty((k, d)), np.empty((k, 2)), np.empty(k)
+        if self._nig_update(k, d, b, r.ctypes.data, z.ctypes.data, ab.ctypes.data, phi.ctypes.data, y.ctypes.data,
+                            r2.ctypes.data, z2.ctypes.data, ab2.ctypes.data, lp.ctypes.data):
+            raise MemoryError("nig_update: scratch allocation failed")
+        return r2, z2, ab2, lp
 
 
 def _check_indices(name: str, idx: np.ndarray, rows: int) -> None:

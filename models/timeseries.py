@@ -38,12 +38,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import ClassVar
 
 import numpy as np
 import torch
 
 from models.base import LOG_2PI, Model, ModelError
+from models.native import kernels
 
 
 def _check_warmup(name: str, warmup: int, least: int) -> None:
@@ -351,23 +353,23 @@ class TimeSeriesRegression(_Framed):
         component with fewer harmonics than the most has zeros in the others' places: a
         coefficient no row informs keeps its prior and adds nothing to the evidence); and the
         lags after them."""
-        b, p, comps = z.shape[0], self.order, self._components()[:count]
-        most = self._harmonics(count)
+        b, p = z.shape[0], self.order
         t = torch.arange(t0, t0 + b, dtype=torch.float64)
-        shared = [torch.ones(b, dtype=torch.float64)] + ([t] if self.trend else [])
         seq = torch.cat([lags, z])
-        lagged = [seq[p - i - 1 : p - i - 1 + b] for i in range(p)]  # lag i + 1 of each row
-        out = []
-        for period, harmonics in comps:
-            cols = list(shared)
-            for h in range(1, most + 1):
-                if h <= harmonics:
-                    angle = (2.0 * math.pi * h / period) * t
-                    cols += [torch.sin(angle), torch.cos(angle)]
-                else:
-                    cols += [torch.zeros(b, dtype=torch.float64)] * 2
-            out.append(torch.stack(cols + lagged, dim=1))
-        return torch.stack(out), seq[len(seq) - p :]
+        parts = [torch.ones(b, 1, dtype=torch.float64)] + ([t[:, None]] if self.trend else [])
+        parts += [seq[p - i - 1 : p - i - 1 + b, None] for i in range(p)]  # lag i + 1 of each row
+        shared = torch.cat(parts, 1) if len(parts) > 1 else parts[0]  # [B, 1 + trend + order]
+        freq, keep = _frequencies(self._components()[:count])
+        lead = 1 + self.trend
+        if freq.shape[1] == 0:
+            return shared.expand(freq.shape[0], b, shared.shape[1]).contiguous(), seq[len(seq) - p :]
+        # every component's harmonics at once: angle [K, B, H], then (sin, cos) interleaved per harmonic,
+        # zero where a component has fewer harmonics than the most (the same values as one by one)
+        angle = freq[:, None, :] * t[None, :, None]
+        waves = (torch.stack([torch.sin(angle), torch.cos(angle)], -1) * keep[:, None, :, None]).flatten(2)
+        k = freq.shape[0]
+        out = torch.cat([shared[None, :, :lead].expand(k, b, lead), waves, shared[None, :, lead:].expand(k, b, p)], 2)
+        return out, seq[len(seq) - p :]
 
     # --- exact updates -----------------------------------------------------------------------
     def _mix(self, parts: dict[str, torch.Tensor], lps: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -427,9 +429,37 @@ class TimeSeriesRegression(_Framed):
         return each[0] if "logw" not in parts else torch.logsumexp(parts["logw"][:, None] + each, 0)
 
 
+@lru_cache(maxsize=64)
+def _frequencies(comps: tuple[tuple[float, int], ...]) -> tuple[torch.Tensor, torch.Tensor]:
+    """For components (period, harmonics): the angular frequencies 2 pi h / period [K, H] (H the
+    most harmonics; 0 past a component's own) and which of them it has (1.0/0.0) [K, H]. Shared: not
+    to be written to."""
+    most = max(h for _, h in comps)
+    freq = torch.zeros(len(comps), most, dtype=torch.float64)
+    keep = torch.zeros(len(comps), most, dtype=torch.float64)
+    for i, (period, harmonics) in enumerate(comps):
+        for h in range(1, harmonics + 1):
+            freq[i, h - 1] = 2.0 * math.pi * h / period
+            keep[i, h - 1] = 1.0
+    return freq, keep
+
+
 def _srif_nig(r, z, ab, phi, y):
     """One block of the Normal-Inverse-Gamma regression, for K components at once: r [K, D, D],
-    z [K, D], ab [K, 2], phi [K, B, D], y [B] -> (R', z', ab', log p(y | past) [K])."""
+    z [K, D], ab [K, 2], phi [K, B, D], y [B] -> (R', z', ab', log p(y | past) [K]). In C by Givens
+    rotations (``NativeKernels.nig_update``) where the kernels are built: a one-row update is a
+    few dozen tensor operations here, and the detector makes about 20 of them a row (every
+    challenger of every default model); ``_srif_nig_torch`` (the stacked QR) is the fallback and
+    the reference (tests/test_native.py: the same evidence to rounding)."""
+    native = kernels()
+    if native is None:
+        return _srif_nig_torch(r, z, ab, phi, y)
+    r2, z2, ab2, lp = native.nig_update(r.numpy(), z.numpy(), ab.numpy(), phi.numpy(), y.numpy())
+    return torch.from_numpy(r2), torch.from_numpy(z2), torch.from_numpy(ab2), torch.from_numpy(lp)
+
+
+def _srif_nig_torch(r, z, ab, phi, y):
+    """``_srif_nig`` by the QR of the stacked [R z; phi y] (the reference)."""
     k, d = r.shape[0], r.shape[-1]
     n = y.shape[0]
     top = torch.cat([r, z[..., None]], -1)

@@ -443,6 +443,73 @@ def test_the_student_t_model_is_the_same_with_and_without_the_kernels(monkeypatc
     assert np.allclose(native_run, torch_run, rtol=0, atol=1e-9), np.abs(native_run - torch_run).max()
 
 
+@pytest.mark.parametrize("spec", ["level", "ar:order=3", "trend", "seasonal", "seasonal:period=24,harmonics=3,trend=1"])
+@pytest.mark.parametrize("b", [1, 7, 200])
+def test_the_regressions_update_equals_the_stacked_qr(spec, b):
+    """``nig_update`` (Givens rotations) against the QR of the stacked [R z; phi y]
+    (``_srif_nig_torch``), in raw units (1e3 + 1e-2 noise): R' up to the signs of its rows
+    (compared as R'^T R' and R'^T z'), (a, b) and the log predictive to rounding (measured at most
+    2.3e-13 nats on these cases)."""
+    from models import timeseries
+
+    rng = np.random.default_rng(b)
+    m = build_model(spec, 1)
+    y = torch.from_numpy((1e3 + 1e-2 * rng.standard_normal(300) + 1e-2 * np.sin(np.arange(300)))[:, None])
+    post, _ = m.exact_update(m.exact_init(), y[:50])
+    parts = m._parts(post)
+    z = (y[50 : 50 + b, 0] - float(post[1])) / float(post[2])
+    phi, _ = m._design(z, parts["lags"], 50, len(parts["ab"]))
+    got = timeseries._srif_nig(parts["r"], parts["z"], parts["ab"], phi, z)
+    want = timeseries._srif_nig_torch(parts["r"], parts["z"], parts["ab"], phi, z)
+    assert torch.allclose(got[3], want[3], rtol=1e-13, atol=1e-12)
+    assert torch.allclose(got[2], want[2], rtol=1e-13, atol=0)
+    gram = lambda r, v: (r.transpose(-1, -2) @ r, (r.transpose(-1, -2) @ v[..., None])[..., 0])  # noqa: E731
+    for a, c in zip(gram(got[0], got[1]), gram(want[0], want[1])):
+        assert torch.allclose(a, c, rtol=1e-12, atol=1e-12 * float(c.abs().max()))
+    diag = torch.diagonal(got[0], dim1=-2, dim2=-1)
+    assert bool((diag >= 0).all()) and bool((got[0].tril(-1) == 0).all())  # upper triangular, diagonal kept >= 0
+
+
+def test_the_regressions_are_the_same_with_and_without_the_kernel(monkeypatch):
+    """``level``, ``ar``, ``trend`` and ``seasonal`` with their detectors on a level shift in raw
+    units, native against torch: every chunk's log-evidence to 1e-9 nats (measured at most 4.6e-13)
+    and the same change points."""
+    from models import timeseries
+    from service.detect.offline import detect_series
+
+    x = 5e3 + 1e-3 * np.random.default_rng(4).standard_normal(300)
+    x[180:] += 4e-3
+
+    def run(native_on: bool):
+        with monkeypatch.context() as mp:
+            if not native_on:
+                mp.setattr(timeseries, "kernels", lambda: None)
+            out = {}
+            for spec in ("level", "ar", "trend", "seasonal"):
+                evidence: list[float] = []
+                events = detect_series(x[:, None], spec, chunk_size=7, seed=0,
+                                       on_chunk=lambda r, _e: evidence.append(r.log_evidence))
+                out[spec] = (np.array(evidence), [e.location for e in events])
+            return out
+
+    on, off = run(True), run(False)
+    for spec in on:
+        assert np.allclose(on[spec][0], off[spec][0], rtol=0, atol=1e-9), (spec, np.abs(on[spec][0] - off[spec][0]).max())
+        assert on[spec][1] == off[spec][1] and on[spec][1], spec
+
+
+def test_bad_regression_arguments_are_refused_not_read():
+    k = native.kernels()
+    r, z, ab = np.eye(3)[None].repeat(2, 0), np.zeros((2, 3)), np.ones((2, 2))
+    phi, y = np.ones((2, 4, 3)), np.zeros(4)
+    with pytest.raises(ValueError, match="nig_update"):
+        k.nig_update(r[:1], z, ab, phi, y)
+    with pytest.raises(ValueError, match="nig_update"):
+        k.nig_update(r, z, ab, phi[:, :3], y)
+    with pytest.raises(ValueError, match="nig_update"):
+        k.nig_update(r, z, ab, phi[:, :0], y[:0])
+
+
 def test_bad_student_t_arguments_are_refused_not_read():
     k = native.kernels()
     z, m, er, sr, half, base = _t_problem(5, seed=1)
