@@ -664,6 +664,26 @@ def test_placement_does_not_depend_on_the_chunk_size(chunk, seed):
     assert len(locs) == 2 and abs(locs[0] - 437) <= 5 and abs(locs[1] - 761) <= 5, (chunk, seed, locs)
 
 
+@pytest.mark.parametrize("spec", ["level", "ar", "seasonal"])
+def test_a_shift_in_the_second_chunk_is_placed_at_its_row(spec):
+    """Noise (0 +- 1) with +5 from a row of a stream's second chunk (chunks of 150): the winning
+    level shift's placement (``Detector._refine``) spans that chunk and the first, whose first rows
+    are the incumbent's warm-up, where no level shift can start. It once gave up on the whole span
+    there, so every such shift was reported at the chunk's first row, 150 (a new user's finding,
+    3 seeds, ``level``; in a 60,000-row /v1/detect the restart at the wrong row then raised false
+    alarms thousands of rows later); now each is at its row, as one in a later chunk always was.
+    Not ``trend``: with chunks this large early in a stream it reads the jump inside a chunk partly
+    as slope, and its challengers start at chunk boundaries; it reports these at 305-308 (225) or
+    not at all (250), with the fix and before it (issue 16)."""
+    from service.detect import detect_series
+
+    for seed, cp in ((0, 165), (1, 199), (2, 225), (0, 270)):
+        y = np.random.default_rng(seed).standard_normal(600)
+        y[cp:] += 5
+        found = [e.location for e in detect_series(y[:, None], spec, chunk_size=150, seed=0)]
+        assert found == [cp], (spec, seed, cp, found)
+
+
 def local_seasonal_reference(z: np.ndarray, period: float, harmonics: int, d: float, sd: float, order: int, m,
                              tau: int | None = None) -> float:
     """log p(z) under one component of ``local-seasonal`` (trend discount d, season discount sd),

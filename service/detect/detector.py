@@ -522,10 +522,12 @@ class Detector:
                 starts = [(model.exact_shift(post) if kind == 1 else model.exact_kink(post)) if kind else fresh
                           for kind in kinds]
                 if any(s is None for s in starts):
-                    if pointwise:
-                        scores.append([-math.inf]), befores.append(before)
-                        continue
-                    return None
+                    # no such restart before this row (a level shift inside the incumbent's warm-up,
+                    # which has no frame yet): not a place. (Among chunks this once gave up on the
+                    # whole span, so a level shift in a stream's second chunk was placed at that
+                    # chunk's first row: +5 sd at 165, 199 and 225 in chunks of 150 all at 150.)
+                    scores.append([-math.inf]), befores.append(before)
+                    continue
                 scores.append([before + (suffix[j] if suffix is not None else model.exact_update(s, rows[j:])[1])
                                for s in starts])
                 befores.append(before)
