@@ -75,6 +75,17 @@ def test_every_kind_of_error_is_a_problem_with_its_code(live):
     assert_problem(c.post("/v1/streams", json={"name": "m1", "columns": ["a"], "models": ["nope"]}), 422, "invalid_model")
     assert_problem(c.get(f"/v1/streams/{s}/evidence", params={"since": "abc"}), 422, "invalid_since")
     assert_problem(c.post("/v1/detect", json={"values": []}), 422, "invalid_series")
+    # a JSON endpoint sent a form (curl -d without a header): 415 naming the type, nothing created
+    form = {"content-type": "application/x-www-form-urlencoded"}
+    doc = assert_problem(c.post("/v1/streams", content=b'{"name":"form1","columns":["a"]}', headers=form), 415, "unsupported_media_type")
+    assert "application/x-www-form-urlencoded" in doc["detail"] and "application/json" in doc["detail"]
+    assert c.get("/v1/streams/form1").status_code == 404
+    assert_problem(c.post("/v1/detect", content=b'{"values":[1,2,3]}', headers={"content-type": "text/plain"}), 415,
+                   "unsupported_media_type")
+    r = c.post("/v1/streams", content=b'{"name":"form2","columns":["a"],"models":["gaussian"]}')
+    assert r.status_code == 201, r.text  # no header: JSON
+    assert c.post("/v1/detect", content=b'{"values":[1,2,3,4,5,6,7,8,9,10,11,12]}',
+                  headers={"content-type": "application/json; charset=utf-8"}).status_code == 200
     # FastAPI's own validation: the precise messages stay, each field listed in errors
     doc = assert_problem(c.post("/v1/streams", json={"name": "ok1", "columns": "a"}), 422, "invalid_request")
     assert doc["errors"][0]["loc"] == ["body", "columns"] and "columns" in doc["detail"]

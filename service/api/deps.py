@@ -65,8 +65,25 @@ async def page_access(request: Request, settings: SettingsDep) -> None:
         raise ApiError(401, "unauthorized", "missing or unknown API key (open the page with ?token=KEY)", {"WWW-Authenticate": "Bearer"})
 
 
-#: route-level checks: ``dependencies=[Read]`` or ``[Write]``
-Read, Write, Page = Depends(can_read), Depends(can_write), Depends(page_access)
+async def json_body(request: Request) -> None:
+    """A route whose body is a JSON object takes ``application/json`` (or a ``+json`` type, or no
+    Content-Type at all: its router sets ``strict_content_type=False``): another type is a 415
+    naming it, as chunks get, not the 422 "Input should be a valid dictionary" FastAPI gives for a
+    body it did not parse (seen: ``curl -d``, which sends ``application/x-www-form-urlencoded``).
+    A browser's cross-site "simple" request (a form, or text/plain) is refused here either way."""
+    raw = request.headers.get("content-type")
+    if raw is None:
+        return
+    kind = raw.split(";", 1)[0].strip().lower()
+    if kind == "application/json" or (kind.startswith("application/") and kind.endswith("+json")):
+        return
+    raise ApiError(415, "unsupported_media_type",
+                   f"unsupported content type {kind!r}; this endpoint takes a JSON object: send Content-Type: application/json "
+                   "(with curl: -H 'Content-Type: application/json')")
+
+
+#: route-level checks: ``dependencies=[Read]`` or ``[Write]``; ``Json`` where the body is a JSON object
+Read, Write, Page, Json = Depends(can_read), Depends(can_write), Depends(page_access), Depends(json_body)
 
 
 async def reject(ws: WebSocket, reason: str) -> None:

@@ -18,7 +18,7 @@ from models import ModelError
 from models.registry import default_portfolio
 from service import times as T
 from service.api import crud
-from service.api.deps import Read, SettingsDep
+from service.api.deps import Json, Read, SettingsDep
 from service.api.errors import ApiError, errors
 from service.api.schemas import (DETECT_DEFAULT_CHUNKS, MAX_DETECT_CHUNKS, MAX_DETECT_ROWS, DetectChange, DetectChunk,
                                  DetectEvent, DetectIn, DetectModel, DetectOut, StreamIn)
@@ -27,13 +27,13 @@ from service.detect import DetectorConfig
 from service.settings import Settings
 from service.sgais import EngineError
 
-router = APIRouter(prefix="/v1", tags=["detect"])
+router = APIRouter(prefix="/v1", tags=["detect"], strict_content_type=False)  # no Content-Type: JSON (``Json``)
 
 #: one-shot computations running at once per API process; more requests wait their turn
 CONCURRENT = 2
 
 
-@router.post("/detect", response_model=DetectOut, dependencies=[Read], responses=errors(400, 401, 413, 422))
+@router.post("/detect", response_model=DetectOut, dependencies=[Read, Json], responses=errors(400, 401, 413, 415, 422))
 async def detect(body: DetectIn, request: Request, settings: SettingsDep) -> DetectOut:
     data, times = series_of(body)
     cfg = crud.config_from_request(stream_request(body, data.shape[1]))

@@ -5,14 +5,14 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from service.api import crud
-from service.api.deps import Read, SettingsDep, StoreDep, Write
+from service.api.deps import Json, Read, SettingsDep, StoreDep, Write
 from service.api.errors import READ, WRITE, errors
 from service.api.schemas import StreamIn, StreamList, StreamOut
 
-router = APIRouter(prefix="/v1/streams", tags=["streams"])
+router = APIRouter(prefix="/v1/streams", tags=["streams"], strict_content_type=False)  # no Content-Type: JSON (``Json``)
 
 
-@router.post("", status_code=201, response_model=StreamOut, dependencies=[Write], responses=errors(400, *WRITE, 409, 413, 422))
+@router.post("", status_code=201, response_model=StreamOut, dependencies=[Write, Json], responses=errors(400, *WRITE, 409, 413, 415, 422))
 async def create_stream(body: StreamIn, store: StoreDep, settings: SettingsDep):
     return await crud.create_stream(store, settings, body)
 
