@@ -20,6 +20,7 @@ import contextlib
 import math
 import numbers
 import threading
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
@@ -31,7 +32,7 @@ from cusp.errors import InputError
 from cusp.times import epoch_seconds
 from models import ModelError
 from models.registry import build_model, default_portfolio, parse_spec
-from service.data import log_model_probabilities
+from service.data import MAX_MAGNITUDE, log_model_probabilities, too_large
 from service.detect import DetectorConfig, Event, OfflineRun, StreamAnswer, StreamChange, stream_window
 from service.runtime import build, model_seed, sampler_config
 from service.sgais import ChunkResult, ConfigError, EngineError
@@ -40,6 +41,9 @@ from service.times import seconds_per_row
 
 #: the largest seed the service accepts (``POST /v1/streams``)
 MAX_SEED = 2**62
+#: a first ``update`` of more rows than this without ``chunk_size`` is warned about: one chunk, in
+#: which no change can be found (a new user's whole series gave nothing, silently)
+ONE_CHUNK_WARNING = 250
 
 
 class Detector:
@@ -176,6 +180,11 @@ class Detector:
             self._stamps += stamps
         self._timed = stamps is not None
         if self.chunk_size is None:
+            if self.n == 0 and rows.shape[0] > ONE_CHUNK_WARNING:
+                warnings.warn(f"cusp.Detector: update() with {rows.shape[0]:,} rows and no chunk_size is one chunk; a "
+                              "change is found where the chunks after it differ, so a whole series in one update finds "
+                              "none. Give chunk_size (POST /v1/detect and cusp replay use ceil(rows / 250)) or update "
+                              "in the chunks the data arrive in", UserWarning, stacklevel=2)
             self._step(rows)
             return self
         buf = np.concatenate([self._pending, rows]) if len(self._pending) else rows
@@ -194,8 +203,15 @@ class Detector:
         return self
 
     def _rows(self, x: Any) -> np.ndarray:
+        raw = np.asarray([x] if isinstance(x, (str, bytes)) else x)
+        # numbers only, as the service takes (numpy would read "1.5" and True as numbers)
+        kinds = {raw.dtype.kind} if raw.dtype.kind != "O" else {
+            "b" if isinstance(v, (bool, np.bool_)) else "U" if isinstance(v, (str, bytes)) else "f" for v in raw.ravel()}
+        if kinds & {"U", "S", "b"}:
+            raise InputError(f"update(x): x must be numbers, not {'booleans' if 'b' in kinds else 'text'}")
         try:
-            a = np.asarray(x, dtype=np.float64)
+            # a copy: a read-only view (a pandas Series' values) would make torch warn, and callers may rewrite theirs
+            a = np.array(raw, dtype=np.float64)
         except (TypeError, ValueError):
             raise InputError(f"update(x): x must be a number, a row or rows of numbers, got {type(x).__name__}") from None
         width = self._width
@@ -213,6 +229,10 @@ class Detector:
         if bad.any():
             r, c = map(int, np.argwhere(bad)[0])
             raise InputError(f"update(x): row {r}, column {c} is {a[r, c]}; values must be finite numbers")
+        big = too_large(a)
+        if big is not None:  # as the service refuses them at ingest: beyond it the models' statistics overflow
+            r, c = big
+            raise InputError(f"update(x): row {r}, column {c} is {a[r, c]:g}; values must be within +-{MAX_MAGNITUDE:g}")
         return np.ascontiguousarray(a)
 
     def _times_of(self, times: Any, rows: int) -> list[float] | None:

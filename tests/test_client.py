@@ -6,6 +6,7 @@ the service's numbers for the same data, seed and chunking."""
 import http.server
 import threading
 import uuid
+import warnings
 from datetime import datetime, timedelta, timezone
 
 import httpx
@@ -226,6 +227,29 @@ def test_detector_times_are_checked_before_anything_is_processed():
     untimed = cusp.Detector(models=["level"]).update([1.0])
     with pytest.raises(cusp.InputError, match="came without times"):
         untimed.update([2.0], times=[t0])
+
+
+def test_detector_takes_what_the_service_takes():
+    """Values the service refuses at ingest are refused in-process too, before anything is processed
+    (found by a new user: text was read as numbers, and 1e200 raised an EngineError from inside a
+    model, or a ModelError, depending on the model list); a whole series in one update without
+    chunk_size, one chunk in which nothing can be found, is warned about."""
+    det = cusp.Detector(models=["level", "student-t"]).update([1.0, 2.0, 1.5])
+    for x, message in [(["1", "2"], "numbers, not text"), ("3", "numbers, not text"), ([True, False], "numbers, not booleans"),
+                       ([[1.0], ["a"]], "numbers, not text"), ([1e200], r"row 0, column 0 is 1e\+200; values must be within")]:
+        with pytest.raises(cusp.InputError, match=message):
+            det.update(x)
+    assert det.n == 3 and det.update(np.array([2.0])).n == 4
+    y = np.random.default_rng(0).standard_normal(600)
+    with pytest.warns(UserWarning, match="600 rows and no chunk_size is one chunk"):
+        cusp.Detector(models=["level"]).update(y)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        cusp.Detector(models=["level"], chunk_size=50).update(y)  # chunked: no warning
+        cusp.Detector(models=["level"]).update(y[:100]).update(y[100:])  # a first chunk of 100, then 500: as the service takes them
+        ro = y.copy()
+        ro.flags.writeable = False  # a read-only view (a pandas Series' values): no torch warning
+        cusp.Detector(models=["level"], chunk_size=50).update(ro)
 
 
 def test_lost_answers_and_busy_server_are_retried_with_the_same_seq(live, proxy, worker):
