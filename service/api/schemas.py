@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
 
 from service.data import MAX_MAGNITUDE
 from service.detect.config import DETECT_DEFAULT_CHUNKS
@@ -348,6 +348,17 @@ class SeriesPoint(BaseModel):
     value: FiniteFloat | list[FiniteFloat] = Field(..., description="the value (or one row of values)")
 
 
+#: Azure change-point fields ``POST /v1/detect`` refuses, each with cusp's way to say it
+AZURE_FIELDS = {
+    "period": "name a seasonal model instead, e.g. \"models\": [\"level\", \"seasonal:period=7\"] (without one, "
+              "the default portfolio's seasonal model weighs common periods itself)",
+    "threshold": "give the detector's threshold instead, \"detector\": {\"threshold\": 0.99} (the posterior "
+                 "probability a change needs)",
+    "stableTrendWindow": "cusp has no such window: a change is placed at its row, and the detector's training "
+                         "sample and expected_run_length set how soon changes may follow each other",
+}
+
+
 class DetectIn(BaseModel):
     """A whole series to detect change points in; nothing is stored. Give ``values`` (with
     optional ``times``) or ``series``."""
@@ -379,6 +390,24 @@ class DetectIn(BaseModel):
     seed: int = Field(0, ge=0, le=2**62)
     sampler: SamplerIn = Field(default_factory=SamplerIn)
     detector: dict[str, Any] = Field(default_factory=dict, description="change-point detector settings, as for a stream")
+    # Azure's change-point body: its required granularity (and customInterval) are taken and not
+    # needed (cusp reads the spacing from the timestamps); its tuning fields are refused, naming
+    # cusp's own (``_azure``)
+    granularity: Literal["yearly", "monthly", "weekly", "daily", "hourly", "minutely", "secondly", "microsecond",
+                         "none"] | None = Field(None, description="accepted for Azure-shaped bodies and not needed: the "
+                                                                  "spacing comes from the timestamps")
+    customInterval: int | None = Field(None, ge=1, description="accepted with 'granularity', not needed")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _azure(cls, v: Any) -> Any:
+        """Azure's tuning fields, refused with what to send instead (not silently ignored: each
+        would change the answer there)."""
+        if isinstance(v, dict):
+            for key, instead in AZURE_FIELDS.items():
+                if key in v:
+                    raise ValueError(f"{key!r} (from Azure's change-point API) is not taken here: {instead}")
+        return v
 
     @field_validator("values", mode="before")
     @classmethod
