@@ -114,6 +114,22 @@ def forget(stream: str, model: str | None = None) -> int:
     return removed
 
 
+def forget_stream(stream: str) -> int:
+    """Remove every series of ``stream`` (of each of its models and its own) from this process's
+    metrics; returns how many were removed."""
+    removed = 0
+    for collector in list(REGISTRY._collector_to_names):  # noqa: SLF001 - stable in prometheus_client
+        names = getattr(collector, "_labelnames", ())
+        if "stream" not in names:
+            continue
+        si = names.index("stream")
+        for labels in list(getattr(collector, "_metrics", {})):  # noqa: SLF001
+            if labels[si] == stream:
+                collector.remove(*labels)
+                removed += 1
+    return removed
+
+
 def metric_names() -> set[str]:
     """Every sample name this module can expose (with _total/_bucket/_sum/_count suffixes)."""
     names: set[str] = set()

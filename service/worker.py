@@ -352,6 +352,9 @@ class Worker:
             looked = sorted(woken | {s for s, _ in self._backlog})
         configs = self._configs_of(looked)
         if full:
+            for s in {key[0] for key in self.hot} | {key[0] for key in self._let_go} | set(self._configs):
+                if s not in configs and s not in self._stream_set:
+                    self._gone(s)  # deleted
             for key in list(self.hot):
                 if key[0] not in configs:
                     self._drop(key)
@@ -412,11 +415,14 @@ class Worker:
         out: dict[str, StreamConfig] = {}
         for s, uid in zip(streams, self.store.uids(streams)):
             if uid is None:
-                self._configs.pop(s, None)
+                if self._configs.pop(s, None) is not None:
+                    self._gone(s)  # deleted (its name not yet out of the set)
                 self._sweep(s)
                 continue
             self._orphans.pop(s, None)
             cached = self._configs.get(s)
+            if cached is not None and cached[0] != uid:
+                self._gone(s)  # deleted and created again: the pairs held and the series were the old stream's
             if cached is None or cached[0] != uid:
                 raw = self.store.config_raw(s)
                 if raw is None:
@@ -545,6 +551,19 @@ class Worker:
         self._backlog.discard(key)
         if held is not None:
             self._let_go[key] = time.monotonic()
+
+    def _gone(self, stream: str) -> None:
+        """A stream deleted (or deleted and created again, a new incarnation): its pairs held here go
+        and every series of it leaves this worker's /metrics now, without the grace a pair let go
+        keeps (its counts would carry on into the new stream's, its last values stay on a stream
+        that no longer exists: a new user saw cusp_observations_seen of a deleted stream, and of
+        the old stream after it was created again)."""
+        for key in [k for k in self.hot if k[0] == stream]:
+            self._drop(key)
+        for key in [k for k in self._let_go if k[0] == stream]:
+            del self._let_go[key]
+        self._configs.pop(stream, None)
+        M.forget_stream(stream)
 
     def _forget_series(self, grace: float = SERIES_GRACE_SECONDS) -> None:
         """Series of pairs let go more than ``grace`` ago leave this worker's exposition, and a

@@ -243,6 +243,40 @@ def test_a_worker_exports_series_only_for_pairs_it_holds(env):
         w.release_all()
 
 
+def test_a_deleted_streams_series_go_at_once_and_a_recreated_one_starts_afresh(env):
+    """A stream deleted: its series leave the worker's /metrics at the next full scan, without the
+    grace a pair let go keeps; deleted and created again: the worker drops the old incarnation's
+    pair and series when it sees the new uid, and the new stream's counts start from its own
+    chunks (a new user saw cusp_observations_seen 364 of the deleted stream, on the new one)."""
+    url, live = env
+    a, b = make(live, 2, prefix="del")
+    for s in (a, b):
+        post(live, s, 0)
+        post(live, s, 1)
+    w = Worker(url, worker_id="deleter")
+
+    def seen(s: str) -> float | None:
+        line = next((ln for ln in series_of(s) if ln.startswith("cusp_observations_seen")), None)
+        return None if line is None else float(line.rsplit(" ", 1)[1])
+
+    try:
+        while w.poll_once(None):
+            pass
+        assert seen(a) == 20 and seen(b) == 20
+        assert live.client.delete(f"/v1/streams/{a}").status_code == 204
+        w.poll_once(None)  # a full scan
+        assert series_of(a) == [] and seen(b) == 20 and (a, "gaussian") not in w.hot
+        assert live.client.delete(f"/v1/streams/{b}").status_code == 204
+        r = live.client.post("/v1/streams", json={"name": b, "columns": ["v"], "models": ["gaussian"], "seed": 1})
+        assert r.status_code == 201, r.text  # the same name again
+        post(live, b, 0)
+        while w.poll_once(None):
+            pass
+        assert seen(b) == 10, series_of(b)  # the new stream's own chunk, not 20 + 10
+    finally:
+        w.release_all()
+
+
 def test_a_stream_created_since_the_last_scan_stays_counted_in_the_share(env):
     """One worker: streams a and b exist at its full scan; c is created after it and woken. The
     worker holds all three pairs. A later poll woken by a alone must still count c's pair: before,
