@@ -124,6 +124,18 @@ def settings_of(cls: type[Model]) -> dict[str, dataclasses.Field]:
     return {f.name: f for f in dataclasses.fields(cls) if f.name not in ("n_columns", "target")}
 
 
+def spec_problem(spec: str) -> str | None:
+    """What is wrong with how ``spec`` is written that ``parse_spec`` lets pass (None: nothing): an
+    empty setting ('level:', 'gmm:components=5,'). Checked where a spec comes in (a stream, ``POST
+    /v1/detect``); ``parse_spec`` stays lenient for the specs of streams stored before."""
+    name, colon, rest = spec.strip().partition(":")
+    if colon and not rest.strip():
+        return f"nothing after ':' (write {name.strip()!r}, or its settings: '{name.strip()}:key=value')"
+    if colon and any(not p.strip() for p in rest.split(",")):
+        return "an empty setting (a comma too many)"
+    return None
+
+
 def parse_spec(spec: str) -> tuple[str, dict[str, str]]:
     """``'gmm:components=5'`` -> ``('gmm', {'components': '5'})``; raises ModelError naming what is wrong."""
     if not isinstance(spec, str) or not spec.strip():

@@ -86,6 +86,12 @@ def test_azure_shaped_series_models_and_default_chunks(live):
     ({"values": [1.0, 2.0], "threshold": 0.9}, 422, "'threshold' .*\"detector\": {\"threshold\""),
     ({"values": [1.0, 2.0], "stableTrendWindow": 5}, 422, "'stableTrendWindow' .*no such window"),
     ({"values": [1.0, 2.0], "granularity": "fortnightly"}, 422, "granularity"),
+    # the new user's small ones: a string where an integer goes, a spec with nothing after ':', a prior of 0
+    ({"values": [1.0, 2.0], "chunk_size": "2"}, 422, "chunk_size: Input should be a valid integer"),
+    ({"values": [1.0, 2.0], "seed": "3"}, 422, "seed: Input should be a valid integer"),
+    ({"values": [1.0, 2.0], "models": ["level:"]}, 422, "model 'level:': nothing after ':'"),
+    ({"values": [1.0, 2.0], "models": ["seasonal:period=7,"]}, 422, "an empty setting"),
+    ({"values": [1.0, 2.0], "models": [{"spec": "level", "prior": 0}]}, 422, "^body.models.0.object.prior: Input should be greater than 0$"),
 ])
 def test_bad_input_answers_4xx_naming_it_and_stores_nothing(live, redis_url, body, status, message):
     before = connect(redis_url).dbsize()

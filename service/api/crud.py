@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from models import ModelError, build_model
-from models.registry import SUPERVISED, default_portfolio
+from models.registry import SUPERVISED, default_portfolio, spec_problem
 from service import metrics as M
 from service import times as T
 from service.api.chunks import ChunkError
@@ -79,6 +79,9 @@ def config_from_request(body: StreamIn) -> StreamConfig:
             if m.target not in body.columns:
                 raise ApiError(422, "invalid_model", f"model {said}: target column {m.target!r} is not one of {body.columns}")
             target = body.columns.index(m.target)
+        problem = spec_problem(m.spec)
+        if problem is not None:  # 'level:' was taken, and named 'level_'
+            raise ApiError(422, "invalid_model", f"model {said}: {problem}")
         try:
             model = build_model(m.spec, len(body.columns), target)
         except ModelError as exc:

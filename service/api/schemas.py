@@ -27,6 +27,15 @@ class ModelIn(BaseModel):
     prior: float = Field(1.0, gt=0, allow_inf_nan=False, description="prior weight of this model among the stream's models")
 
 
+def _model_kind(v: Any) -> str:
+    return "object" if isinstance(v, (dict, ModelIn)) else "spec"
+
+
+#: a stream's model: a spec string or an object; told apart by type, so a bad object (a prior of 0)
+#: gets its own error, not also "Input should be a valid string" from the other shape
+ModelItem = Annotated[Annotated[ModelIn, Tag("object")] | Annotated[str, Tag("spec")], Discriminator(_model_kind)]
+
+
 class SamplerIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
     preset: Literal["paper", "accurate"] = "paper"
@@ -38,14 +47,14 @@ class StreamIn(BaseModel):
     name: str = Field(..., description="stream name: letters, digits, '_', '.', '-' (max 64)", json_schema_extra=NAME_SCHEMA)
     columns: list[str] = Field(..., min_length=1, max_length=256, json_schema_extra={"items": {"type": "string", "minLength": 1},
                                                                                      "uniqueItems": True})
-    models: list[ModelIn | str] | None = Field(
+    models: list[ModelItem] | None = Field(
         None, min_length=1, max_length=16,
         description="the stream's models (specs or objects); left out: the default portfolio (README), for one "
                     "column 'level', 'ar', 'trend', 'student-t' and 'seasonal' in the series' own units, whose model average gives the "
                     "stream's answer; for several columns 'gaussian'",
         examples=[["level", "ar", "trend"], [{"spec": "gmm:components=5", "name": "gmm5"}]])
     sampler: SamplerIn = Field(default_factory=SamplerIn)
-    seed: int = Field(0, ge=0, le=2**62)
+    seed: int = Field(0, ge=0, le=2**62, strict=True)
     detector: dict[str, Any] = Field(
         default_factory=dict,
         description="change-point detector settings (docs: README), e.g. {'expected_run_length': 5000, "
@@ -380,14 +389,14 @@ class DetectIn(BaseModel):
         None, description="instead of values and times: [{timestamp, value}], the shape of Azure's change-point API")
     columns: list[str] | None = Field(None, min_length=1, max_length=256,
                                       description="column names (default x0, x1, ...); a model's 'target' names one")
-    models: list[ModelIn | str] | None = Field(
+    models: list[ModelItem] | None = Field(
         None, min_length=1, max_length=16,
         description="model specs, as for a stream (default: the default portfolio for the data's width: level, ar, "
                     "trend, student-t and seasonal for one column, gaussian otherwise); plug-ins too")
     chunk_size: int | None = Field(
-        None, ge=1, description=f"rows per chunk (default: ceil(rows / {DETECT_DEFAULT_CHUNKS})); at most "
+        None, ge=1, strict=True, description=f"rows per chunk (default: ceil(rows / {DETECT_DEFAULT_CHUNKS})); at most "
                                 f"{MAX_DETECT_CHUNKS:,} chunks and CUSP_MAX_CHUNK_ROWS rows per chunk")
-    seed: int = Field(0, ge=0, le=2**62)
+    seed: int = Field(0, ge=0, le=2**62, strict=True)
     sampler: SamplerIn = Field(default_factory=SamplerIn)
     detector: dict[str, Any] = Field(default_factory=dict, description="change-point detector settings, as for a stream")
     # Azure's change-point body: its required granularity (and customInterval) are taken and not
