@@ -64,6 +64,10 @@ def serve(args: argparse.Namespace) -> int:
 
     settings = load_settings(**{k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None})
     _logging(settings.log_level)
+    busy = _port_problem(settings.host, settings.port)
+    if busy:  # before Redis and the workers start, and before "serving on" is printed
+        raise SystemExit(f"cusp serve: cannot listen on {settings.host}:{settings.port}: {busy} (another cusp serve? "
+                         "choose another with --port or CUSP_PORT)")
     embedded = None
     url = settings.redis_url
     if url is None:  # a redis-server child, restarted on the same data if it dies, stopped when serve dies
@@ -99,6 +103,25 @@ def serve(args: argparse.Namespace) -> int:
         if embedded:
             embedded.close()
     return 0
+
+
+def _port_problem(host: str, port: int) -> str | None:
+    """Why ``host:port`` cannot be listened on (None: it can), checked as uvicorn binds (SO_REUSEADDR).
+    A new user's busy port printed "cusp serving on ..." and only then failed."""
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except OSError as exc:
+        return str(exc)
+    family, kind, proto, _, addr = infos[0]
+    with socket.socket(family, kind, proto) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(addr)
+        except OSError as exc:
+            return exc.strerror or str(exc)
+    return None
 
 
 def worker(args: argparse.Namespace) -> int:

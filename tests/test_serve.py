@@ -289,3 +289,23 @@ def test_merged_exposition_keeps_what_the_change_point_alert_needs():
     assert metric(text, "cusp_stream_changepoints_total", stream="late") == 1
     assert metric(text, "cusp_stream_changepoints_created", stream="late") == born
     assert "foo_created" not in text
+
+
+def test_a_busy_port_is_refused_before_anything_starts(tmp_path):
+    """A port another process listens on: `cusp serve` says so and exits before it starts Redis or
+    workers, and never prints "serving on" (a new user saw that message, then Errno 98)."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        env = {**os.environ, "CUSP_DATA_DIR": str(tmp_path / "data"), "CUSP_PORT": str(port), "CUSP_HOST": "127.0.0.1",
+               "CUSP_WORKERS": "1"}
+        env.pop("CUSP_REDIS_URL", None)
+        out = subprocess.run([CUSP, "serve"], env=env, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert out.returncode != 0
+    text = out.stdout + out.stderr
+    assert f"cannot listen on 127.0.0.1:{port}" in text and "--port" in text, text
+    assert "serving on" not in text and redis_in(tmp_path / "data") == [], text
