@@ -78,7 +78,12 @@ def read_series(path: str | Path, time_column: str | None = None) -> tuple[list[
     except UnicodeDecodeError:
         raise DataError(f"{p}: not a text CSV file") from None
     if time_column is not None and time_column not in header:
-        raise DataError(f"{p}: no column {time_column!r} for the times; the header has {header}")
+        # as the automatic choice does (``TIME_COLUMNS``): a name that differs only in case is that
+        # column when exactly one does (a new user's --time-column Date on a 'date' header)
+        same = [h for h in header if h.lower() == time_column.lower()]
+        if len(same) != 1:
+            raise DataError(f"{p}: no column {time_column!r} for the times; the header has {header}")
+        time_column = same[0]
     col = time_column or next((h for h in header if h.lower() in TIME_COLUMNS), None)
     if col is None:
         names, data = read_table(p)

@@ -153,6 +153,21 @@ def test_replay_reads_a_time_column_and_times_its_change_points(tmp_path):
     assert f"change point at observation {changes[0]['location']} ({changes[0]['location_time']})" in stderr[timed]
 
 
+def test_a_time_column_named_in_another_case_is_that_column(tmp_path):
+    """--time-column Date on a 'date' header reads it (the automatic choice ignores case too), when
+    exactly one column matches; 'Date' and 'date' both in the header: only the exact name."""
+    from service.data import DataError, read_series
+
+    f = tmp_path / "d.csv"
+    f.write_text("date,v\n2021-01-01,1\n2021-01-02,2\n")
+    names, data, stamps = read_series(f, "Date")
+    assert names == ["v"] and data.shape == (2, 1) and list(stamps) == [1609459200.0, 1609545600.0]
+    both = tmp_path / "b.csv"
+    both.write_text("Date,date,v\n2021-01-01,2021-01-01,1\n2021-01-02,2021-01-02,2\n")
+    with pytest.raises(DataError, match="no column 'DATE'"):
+        read_series(both, "DATE")
+
+
 @pytest.mark.parametrize("detect", [False, True], ids=["plain", "detect"])
 def test_replay_reproduces_the_service_bit_for_bit_for_every_model(tmp_path, redis_url, detect):
     """The same data, seed and chunking through the service (a real API on a real Redis, a worker
