@@ -117,7 +117,7 @@ def test_bad_data_is_refused_before_any_model_sees_it():
     det = cusp.Detector(models=["level", "poisson"], chunk_size=4)
     det.update([1.0, 2.0, 3.0])
     before = (det.n, det.pending, det.evidence)
-    for bad, message in [(float("nan"), "row 0, column 0 is nan"), ([], "x is empty"), ("x", "must be a number"),
+    for bad, message in [(float("nan"), "row 0, column 0 is nan"), ([], "x is empty"), ("x", "must be numbers, not text"),
                          ([[1.0, 2.0]], "rows of 2 values, but this detector's data have 1 columns"),
                          ([[[1.0]]], "3 dimensions"), (-1.0, "model 'poisson': ")]:
         with pytest.raises(cusp.InputError, match=message):

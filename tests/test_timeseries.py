@@ -664,24 +664,40 @@ def test_placement_does_not_depend_on_the_chunk_size(chunk, seed):
     assert len(locs) == 2 and abs(locs[0] - 437) <= 5 and abs(locs[1] - 761) <= 5, (chunk, seed, locs)
 
 
-@pytest.mark.parametrize("spec", ["level", "ar", "seasonal"])
+@pytest.mark.parametrize("spec", ["level", "ar", "trend", "seasonal"])
 def test_a_shift_in_the_second_chunk_is_placed_at_its_row(spec):
     """Noise (0 +- 1) with +5 from a row of a stream's second chunk (chunks of 150): the winning
     level shift's placement (``Detector._refine``) spans that chunk and the first, whose first rows
     are the incumbent's warm-up, where no level shift can start. It once gave up on the whole span
     there, so every such shift was reported at the chunk's first row, 150 (a new user's finding,
     3 seeds, ``level``; in a 60,000-row /v1/detect the restart at the wrong row then raised false
-    alarms thousands of rows later); now each is at its row, as one in a later chunk always was.
-    Not ``trend``: with chunks this large early in a stream it reads the jump inside a chunk partly
-    as slope, and its challengers start at chunk boundaries; it reports these at 305-308 (225) or
-    not at all (250), with the fix and before it (issue 16)."""
+    alarms thousands of rows later); now each is at its row (or the one before: the first row of a
+    new regime may be read either way), as one in a later chunk always was. ``trend`` read the jump
+    inside a chunk this large partly as slope, and its restarts from the chunk's first row lost:
+    it reported these at 305-308 or not at all, until restarts could start inside a chunk
+    (``Detector._split``)."""
     from service.detect import detect_series
 
-    for seed, cp in ((0, 165), (1, 199), (2, 225), (0, 270)):
+    for seed, cp in ((0, 165), (1, 199), (2, 225), (0, 270), (2, 250)):
         y = np.random.default_rng(seed).standard_normal(600)
         y[cp:] += 5
         found = [e.location for e in detect_series(y[:, None], spec, chunk_size=150, seed=0)]
-        assert found == [cp], (spec, seed, cp, found)
+        assert len(found) == 1 and cp - 1 <= found[0] <= cp, (spec, seed, cp, found)
+
+
+def test_a_restart_inside_a_chunk_is_saved_and_restored_bit_for_bit():
+    """A challenger that starts inside its first chunk (``Detector._split``) keeps how many of that
+    chunk's rows it skips; a worker that restores it re-reads the chunk and drops them, and goes on
+    with the same numbers and events as without the cut."""
+    from tests.test_detect import _restores
+
+    y = np.random.default_rng(2).standard_normal(600)
+    y[225:] += 5
+    sampler = build_sampler(build_model("trend", 1), SGAISConfig())
+    x = torch.from_numpy(y[:, None])
+    full, alive = _restores(sampler, DetectorConfig(), x, 150, 4, (2,))
+    assert alive > 0
+    assert [e["location"] for _, evs in full for e in evs] == [225]
 
 
 def local_seasonal_reference(z: np.ndarray, period: float, harmonics: int, d: float, sd: float, order: int, m,
