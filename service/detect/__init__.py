@@ -26,7 +26,9 @@ models' one-step predictives (``row_fits``).
 
 The metric-series regressions also get a **level shift** at each candidate: the incumbent's
 posterior given the rows before t with the level alone drawn afresh from its prior
-(``Model.exact_shift``), exact, compared after one training row (its one new parameter); on a model
+(``Model.exact_shift``), exact, compared after one training row (its one new parameter). In a
+candidate chunk of several rows their restarts (from the prior, and the level shift) may start
+inside it, where a level shift is most probable (``Detector._split``); on a model
 with a slope one that wins is placed where a level shift or a slope change (``exact_kink``: a new
 slope from the level reached) is most probable and restarts there as both at once
 (``Detector._refine``). When it reaches
