@@ -31,7 +31,7 @@ import torch
 from cusp.errors import InputError
 from cusp.times import epoch_seconds
 from models import ModelError
-from models.registry import build_model, default_portfolio, parse_spec
+from models.registry import build_model, default_portfolio, parse_spec, spec_problem
 from service.data import MAX_MAGNITUDE, log_model_probabilities, too_large
 from service.detect import DetectorConfig, Event, OfflineRun, StreamAnswer, StreamChange, stream_window
 from service.runtime import build, model_seed, sampler_config
@@ -69,6 +69,10 @@ class Detector:
                  columns: int | None = None, target: int | None = None, priors: Mapping[str, float] | None = None,
                  sampler: str = "paper", sampler_settings: Mapping[str, Any] | None = None, **settings: Any):
         self.models = _specs(models)
+        for spec in self.models or ():
+            problem = spec_problem(spec)
+            if problem is not None:  # as the API refuses it ('level:' would be named 'level_' there)
+                raise InputError(f"model {spec!r}: {problem}")
         self.chunk_size = _optional_int("chunk_size", chunk_size, 1)
         if not _is_int(seed) or not 0 <= seed <= MAX_SEED:
             raise InputError(f"seed must be an integer in [0, 2**62], got {seed!r}")
@@ -203,7 +207,11 @@ class Detector:
         return self
 
     def _rows(self, x: Any) -> np.ndarray:
-        raw = np.asarray([x] if isinstance(x, (str, bytes)) else x)
+        try:
+            raw = np.asarray([x] if isinstance(x, (str, bytes)) else x)
+        except (TypeError, ValueError):  # ragged rows, say
+            raise InputError(f"update(x): x must be a number, a row or rows of numbers of one width, got "
+                             f"{type(x).__name__}") from None
         # numbers only, as the service takes (numpy would read "1.5" and True as numbers)
         kinds = {raw.dtype.kind} if raw.dtype.kind != "O" else {
             "b" if isinstance(v, (bool, np.bool_)) else "U" if isinstance(v, (str, bytes)) else "f" for v in raw.ravel()}

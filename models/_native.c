@@ -943,7 +943,8 @@ int cusp_nig_update(int K, int D, long B, const double *R, const double *z, cons
         const double a2 = a + 0.5 * (double)B, b2 = bb + 0.5 * e * e;
         ab2[2 * k] = a2;
         ab2[2 * k + 1] = b2;
-        lp[k] = lgamma(a2) - lgamma(a) + a * log(bb) - a2 * log(b2) + logdet - 0.5 * (double)B * LOG_2PI;
+        int sign; /* lgamma_r: lgamma writes the global signgam, and two API threads may run this at once */
+        lp[k] = lgamma_r(a2, &sign) - lgamma_r(a, &sign) + a * log(bb) - a2 * log(b2) + logdet - 0.5 * (double)B * LOG_2PI;
     }
     free(w);
     return 0;

@@ -210,9 +210,9 @@ class NativeKernels:
         ``z [K, D]``, ``ab [K, 2]``, ``phi [K, B, D]``, ``y [B]`` -> (R' [K, D, D], z' [K, D],
         ab' [K, 2], log p(y | past) [K]), by Givens rotations (models/_native.c)."""
         r, z, ab, phi, y = (np.ascontiguousarray(a, dtype=np.float64) for a in (r, z, ab, phi, y))
-        k, d = z.shape
-        b = y.shape[0]
-        if r.shape != (k, d, d) or ab.shape != (k, 2) or phi.shape != (k, b, d) or y.ndim != 1 or b < 1:
+        k, d = z.shape if z.ndim == 2 else (-1, -1)
+        b = y.shape[0] if y.ndim == 1 else 0
+        if k < 1 or r.shape != (k, d, d) or ab.shape != (k, 2) or phi.shape != (k, b, d) or b < 1:
             raise ValueError(f"nig_update: r {r.shape}, z {z.shape}, ab {ab.shape}, phi {phi.shape} and y {y.shape} "
                              "do not fit")
         r2, z2, ab2, lp = np.empty((k, d, d)), np.empty((k, d)), np.empty((k, 2)), np.empty(k)

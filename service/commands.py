@@ -108,19 +108,27 @@ def serve(args: argparse.Namespace) -> int:
 def _port_problem(host: str, port: int) -> str | None:
     """Why ``host:port`` cannot be listened on (None: it can), checked as uvicorn binds (SO_REUSEADDR).
     A new user's busy port printed "cusp serving on ..." and only then failed."""
+    import errno
     import socket
 
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except OSError as exc:
         return str(exc)
-    family, kind, proto, _, addr = infos[0]
-    with socket.socket(family, kind, proto) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    for family, kind, proto, _, addr in infos:  # every address, as asyncio's create_server binds them
         try:
-            sock.bind(addr)
-        except OSError as exc:
-            return exc.strerror or str(exc)
+            sock = socket.socket(family, kind, proto)
+        except OSError:
+            continue  # a family this machine lacks (IPv6 in some containers): uvicorn skips it too
+        with sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            try:
+                sock.bind(addr)
+            except OSError as exc:
+                if exc.errno in (errno.EADDRINUSE, errno.EACCES):  # others (EADDRNOTAVAIL): left to the server
+                    return exc.strerror or str(exc)
     return None
 
 

@@ -114,13 +114,18 @@ def forget(stream: str, model: str | None = None) -> int:
     return removed
 
 
+#: the API's own series of a stream (the API forgets them when it deletes the stream); a worker's
+#: ``forget_stream`` leaves them, should a worker run in the API's process (tests do)
+API_SERIES = (INGESTED_CHUNKS, INGESTED_ROWS)
+
+
 def forget_stream(stream: str) -> int:
-    """Remove every series of ``stream`` (of each of its models and its own) from this process's
-    metrics; returns how many were removed."""
+    """Remove every worker series of ``stream`` (of each of its models and its own) from this
+    process's metrics; returns how many were removed."""
     removed = 0
     for collector in list(REGISTRY._collector_to_names):  # noqa: SLF001 - stable in prometheus_client
         names = getattr(collector, "_labelnames", ())
-        if "stream" not in names:
+        if "stream" not in names or any(collector is c for c in API_SERIES):
             continue
         si = names.index("stream")
         for labels in list(getattr(collector, "_metrics", {})):  # noqa: SLF001

@@ -236,10 +236,13 @@ def test_detector_takes_what_the_service_takes():
     chunk_size, one chunk in which nothing can be found, is warned about."""
     det = cusp.Detector(models=["level", "student-t"]).update([1.0, 2.0, 1.5])
     for x, message in [(["1", "2"], "numbers, not text"), ("3", "numbers, not text"), ([True, False], "numbers, not booleans"),
-                       ([[1.0], ["a"]], "numbers, not text"), ([1e200], r"row 0, column 0 is 1e\+200; values must be within")]:
+                       ([[1.0], ["a"]], "numbers, not text"), ([1e200], r"row 0, column 0 is 1e\+200; values must be within"),
+                       ([[1.0, 2.0], [3.0]], "rows of numbers of one width")]:
         with pytest.raises(cusp.InputError, match=message):
             det.update(x)
     assert det.n == 3 and det.update(np.array([2.0])).n == 4
+    with pytest.raises(cusp.InputError, match="nothing after ':'"):
+        cusp.Detector(models=["level:"])
     y = np.random.default_rng(0).standard_normal(600)
     with pytest.warns(UserWarning, match="600 rows and no chunk_size is one chunk"):
         cusp.Detector(models=["level"]).update(y)

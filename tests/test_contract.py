@@ -86,6 +86,12 @@ def test_every_kind_of_error_is_a_problem_with_its_code(live):
     assert r.status_code == 201, r.text  # no header: JSON
     assert c.post("/v1/detect", content=b'{"values":[1,2,3,4,5,6,7,8,9,10,11,12]}',
                   headers={"content-type": "application/json; charset=utf-8"}).status_code == 200
+    # no type from a page of another origin (a fetch with a Blob body: no CORS preflight): refused
+    page = {"origin": "https://evil.example"}
+    assert_problem(c.post("/v1/streams", content=b'{"name":"csrf1","columns":["a"]}', headers=page), 415, "unsupported_media_type")
+    assert c.get("/v1/streams/csrf1").status_code == 404
+    assert_problem(c.post(f"/v1/streams/{s}/chunks", content=b'{"seq":1,"rows":[[1,2]]}', headers=page), 415,
+                   "unsupported_media_type")
     # FastAPI's own validation: the precise messages stay, each field listed in errors
     doc = assert_problem(c.post("/v1/streams", json={"name": "ok1", "columns": "a"}), 422, "invalid_request")
     assert doc["errors"][0]["loc"] == ["body", "columns"] and "columns" in doc["detail"]

@@ -508,6 +508,10 @@ def test_bad_regression_arguments_are_refused_not_read():
         k.nig_update(r, z, ab, phi[:, :3], y)
     with pytest.raises(ValueError, match="nig_update"):
         k.nig_update(r, z, ab, phi[:, :0], y[:0])
+    with pytest.raises(ValueError, match="nig_update"):
+        k.nig_update(r, z[0], ab, phi, y)  # z of one dimension
+    with pytest.raises(ValueError, match="nig_update"):
+        k.nig_update(r, z, ab, phi, y[:, None])
 
 
 def test_bad_student_t_arguments_are_refused_not_read():

@@ -2,6 +2,7 @@
 60-digit reference written here from the documented model, equivariance under units, chunking,
 the warm-up, counts, bad settings, and detection on trends, seasons, raw units and count rates."""
 
+import json
 import math
 
 import mpmath
@@ -689,12 +690,20 @@ def test_a_restart_inside_a_chunk_is_saved_and_restored_bit_for_bit():
     """A challenger that starts inside its first chunk (``Detector._split``) keeps how many of that
     chunk's rows it skips; a worker that restores it re-reads the chunk and drops them, and goes on
     with the same numbers and events as without the cut."""
+    from service.detect.state import MAGIC_SKIP, DetectorState
     from tests.test_detect import _restores
 
     y = np.random.default_rng(2).standard_normal(600)
     y[225:] += 5
     sampler = build_sampler(build_model("trend", 1), SGAISConfig())
     x = torch.from_numpy(y[:, None])
+    run = OfflineRun(sampler, 4, DetectorConfig())
+    for i in range(2):
+        run.step(x[150 * i : 150 * i + 150])
+    assert any(c.skip == 75 for c in run.dstate.challengers), [(c.start, c.skip) for c in run.dstate.challengers]
+    raw = run.dstate.to_bytes()
+    assert json.loads(raw)["magic"] == MAGIC_SKIP  # a version before skips refuses it by name
+    assert [c.skip for c in DetectorState.from_bytes(raw).challengers] == [c.skip for c in run.dstate.challengers]
     full, alive = _restores(sampler, DetectorConfig(), x, 150, 4, (2,))
     assert alive > 0
     assert [e["location"] for _, evs in full for e in evs] == [225]

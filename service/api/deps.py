@@ -65,14 +65,27 @@ async def page_access(request: Request, settings: SettingsDep) -> None:
         raise ApiError(401, "unauthorized", "missing or unknown API key (open the page with ?token=KEY)", {"WWW-Authenticate": "Bearer"})
 
 
-async def json_body(request: Request) -> None:
+def untyped_from_a_page(request: Request, settings: Settings) -> bool:
+    """A body without a Content-Type sent by a page of another origin: a browser sends a ``fetch``
+    with a Blob body that way without asking first (no CORS preflight), so taking it as JSON would
+    let any web page write to a cusp on the reader's machine (whose API keys are off by default).
+    Programs send no Origin; a page of an allowed origin (``CUSP_ALLOWED_ORIGINS``) may."""
+    origin = request.headers.get("origin")
+    return (request.headers.get("content-type") is None and origin is not None
+            and not origin_allowed(settings, origin, request.headers.get("host")))
+
+
+async def json_body(request: Request, settings: SettingsDep) -> None:
     """A route whose body is a JSON object takes ``application/json`` (or a ``+json`` type, or no
-    Content-Type at all: its router sets ``strict_content_type=False``): another type is a 415
-    naming it, as chunks get, not the 422 "Input should be a valid dictionary" FastAPI gives for a
+    Content-Type from a program: its router sets ``strict_content_type=False``): another type is a
+    415 naming it, as chunks get, not the 422 "Input should be a valid dictionary" FastAPI gives for a
     body it did not parse (seen: ``curl -d``, which sends ``application/x-www-form-urlencoded``).
-    A browser's cross-site "simple" request (a form, or text/plain) is refused here either way."""
+    A browser's cross-site "simple" requests are refused: a form or text/plain by their type, no
+    type at all from another origin by ``untyped_from_a_page``."""
     raw = request.headers.get("content-type")
     if raw is None:
+        if untyped_from_a_page(request, settings):
+            raise ApiError(415, "unsupported_media_type", "a request from a web page must say Content-Type: application/json")
         return
     kind = raw.split(";", 1)[0].strip().lower()
     if kind == "application/json" or (kind.startswith("application/") and kind.endswith("+json")):

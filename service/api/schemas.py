@@ -405,7 +405,7 @@ class DetectIn(BaseModel):
     granularity: Literal["yearly", "monthly", "weekly", "daily", "hourly", "minutely", "secondly", "microsecond",
                          "none"] | None = Field(None, description="accepted for Azure-shaped bodies and not needed: the "
                                                                   "spacing comes from the timestamps")
-    customInterval: int | None = Field(None, ge=1, description="accepted with 'granularity', not needed")
+    customInterval: int | None = Field(None, ge=1, strict=True, description="accepted with 'granularity', not needed")
 
     @model_validator(mode="before")
     @classmethod

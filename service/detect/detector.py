@@ -371,7 +371,8 @@ class Detector:
                     winner = best  # the restart failed on some chunk: keep the one that did not
             where = new.recent[i] if i is not None else None
             location = where.start if where is not None and (at or not best.skip) else best.start
-            refined = self._refine(new.recent, i, before, best.shift, new.dropped) if where is not None else None
+            refined = (self._refine(new.recent, i, before, best.shift, new.dropped, skip=best.skip if at == 0 else 0)
+                       if where is not None else None)
             if refined is not None:
                 where, location = (new.dropped + new.recent)[refined.chunk], refined.location
             n_total = new.offset_n + after.n
@@ -458,7 +459,7 @@ class Detector:
         return sorted(places.items())
 
     def _refine(self, recent: list[Recent], i: int, frame, shift: bool = False,
-                dropped: list[Recent] | None = None) -> "Refined | None":
+                dropped: list[Recent] | None = None, skip: int = 0) -> "Refined | None":
         """Where the change began, for the exact method: the row j that maximises log p(rows
         before j | incumbent) + log p(rows from j to now | a restart at j), the change's most
         probable place (the prior of a change is the same for every row); with what a restart
@@ -478,7 +479,8 @@ class Detector:
         The incumbent's log predictive of each row is kept with it; a level shift also needs the
         incumbent's posterior before each row, replayed from its state before the first (the
         anchor). Returns ``Refined.chunk`` as an index into ``dropped + recent``. None: nothing to
-        refine (another method, a single row, no saved state)."""
+        refine (another method, a single row, no saved state). ``skip``: the winner started that
+        many rows into chunk i (``_split``), the place the support set is anchored to."""
         recent = (dropped or []) + recent
         i += len(dropped or [])
         if not self.exact or any(r.rows is None for r in recent):
@@ -542,7 +544,7 @@ class Detector:
             top = max(best)
             if top == -math.inf:
                 return None
-            at = sum(int(r.rows.shape[0]) for r in recent[lo:i])
+            at = sum(int(r.rows.shape[0]) for r in recent[lo:i]) + skip
             if pointwise:
                 j = max(range(span), key=lambda k: (best[k], -abs(k - at)))
             else:

@@ -13,6 +13,10 @@ from service.detect.signals import Cusum, RunningLevel, StepSpike
 from service.sgais import ChunkResult, Reservoir, ReservoirWrites, SGAISState, load_state
 
 MAGIC = "cusp-detector-1"
+#: the same layout with challengers that start inside their first chunk (``Challenger.skip``):
+#: written only when one does, so a version before it refuses such a state by name instead of
+#: re-reading the skipped rows (a worker rolled back)
+MAGIC_SKIP = "cusp-detector-2"
 
 
 @dataclass(frozen=True)
@@ -129,7 +133,7 @@ class DetectorState:
     def to_bytes(self) -> bytes:
         lv, st, cu = self.level, self.steps, self.cusum
         head = {
-            "magic": MAGIC, "offset_n": self.offset_n, "offset_log_evidence": self.offset_log_evidence.hex(),
+            "magic": MAGIC_SKIP if any(c.skip for c in self.challengers) else MAGIC, "offset_n": self.offset_n, "offset_log_evidence": self.offset_log_evidence.hex(),
             **({"memory_rows": self.memory_rows} if self.memory_rows else {}),
             "chunks": self.chunks, "count": lv.count, "level": lv.mean.hex(), "var": lv.var.hex(),
             "steps_mean": st.mean.hex(), "steps_var": st.var.hex(), "events": self.events,
@@ -169,7 +173,8 @@ class DetectorState:
 
 
 def _decode_v1(h: dict) -> DetectorState:
-    """Layout ``cusp-detector-1`` (the signals' fields flat at the top level)."""
+    """Layouts ``cusp-detector-1`` and ``-2`` (the signals' fields flat at the top level; ``-2``: some
+    challenger has ``skip``)."""
     f = float.fromhex
     rng = torch.frombuffer(bytearray(base64.b64decode(h["rng"])), dtype=torch.uint8).clone()
     chs = [
@@ -199,7 +204,7 @@ def _decode_v1(h: dict) -> DetectorState:
 
 
 #: layout magic -> decoder: every layout this version reads
-DECODERS = {MAGIC: _decode_v1}
+DECODERS = {MAGIC: _decode_v1, MAGIC_SKIP: _decode_v1}
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse
 from service import metrics as M
 from service.api import chunks as C
 from service.api import crud
-from service.api.deps import SettingsDep, StoreDep, Write, reject, ws_allowed
+from service.api.deps import SettingsDep, StoreDep, Write, reject, untyped_from_a_page, ws_allowed
 from service.api.errors import WRITE, ApiError, errors
 from service.api.schemas import ChunkAck, ChunkColumns, ChunkRows
 from service.settings import Settings
@@ -69,6 +69,8 @@ async def post_chunk(stream: str, request: Request, store: StoreDep, settings: S
                      seq: Annotated[int | None, Query(ge=0, le=2**53, description="sequence number for NDJSON/CSV bodies")] = None,
                      times: Annotated[Literal["first"] | None, Query(
                          description="float64 bodies only: 'first' when each row starts with its time (epoch seconds)")] = None):
+    if untyped_from_a_page(request, settings):  # (a cross-site fetch with a Blob body: no preflight)
+        raise ApiError(415, "unsupported_media_type", "a request from a web page must say its Content-Type")
     cfg = await crud.stream_config(store, stream)
     body = await read_body(request, settings.max_body_bytes)
     # no header: JSON; a header whose media type is empty (';;;') names nothing we read: 415
