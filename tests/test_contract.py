@@ -61,6 +61,10 @@ def test_every_kind_of_error_is_a_problem_with_its_code(live):
     doc = assert_problem(c.post(f"/v1/streams/{s}/chunks", json={"seq": 0, "rows": [[1.0, 2.0], [3.0, "x"]]}), 422, "invalid_rows")
     assert doc["detail"] == "row 1 column 'b': \"x\" is not a number"  # names the row and the column, as before
     assert_problem(c.post(f"/v1/streams/{s}/chunks", json={"seq": "0", "rows": rows}), 422, "invalid_seq")
+    csv = {"content-type": "text/csv"}
+    for bad in ("-1", "x", str(2**53 + 1)):  # a query seq is a seq too (was invalid_request)
+        doc = assert_problem(c.post(f"/v1/streams/{s}/chunks?seq={bad}", content=b"1,2\n", headers=csv), 422, "invalid_seq")
+        assert doc["errors"][0]["loc"] == ["query", "seq"], doc
     assert_problem(c.post(f"/v1/streams/{s}/chunks", content=b"{", headers={"content-type": "application/json"}), 400, "malformed_body")
     assert_problem(c.post(f"/v1/streams/{s}/chunks", content=b"", headers={"content-type": "application/json"}), 400, "empty_body")
     assert_problem(c.post(f"/v1/streams/{s}/chunks", content=b"1,2", headers={"content-type": "text/plain"}), 415, "unsupported_media_type")

@@ -159,8 +159,10 @@ async def invalid_request(request: Request, exc: RequestValidationError) -> JSON
     errs = [{"loc": list(e.get("loc", ())), "msg": str(e.get("msg", "")), "type": str(e.get("type", ""))} for e in exc.errors()]
     malformed = any(e["type"] == "json_invalid" for e in errs)
     detail = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in errs[:10]) or "invalid request"
-    return problem(400 if malformed else 422, "malformed_body" if malformed else "invalid_request", detail, request.url.path,
-                   errors=errs)
+    code = "malformed_body" if malformed else "invalid_request"
+    if errs and all(e["loc"] == ["query", "seq"] for e in errs):
+        code = "invalid_seq"  # ?seq=-1 on a CSV chunk is what "seq": -1 in a JSON one is (a new user's finding)
+    return problem(400 if malformed else 422, code, detail, request.url.path, errors=errs)
 
 
 async def internal_error(request: Request, exc: Exception) -> JSONResponse:
