@@ -101,17 +101,7 @@ def forget(stream: str, model: str | None = None) -> int:
     """Remove this process's series of ``stream`` (and ``model``; None: the series labelled by the
     stream alone) from every labelled metric; returns how many were removed. A worker calls it for
     pairs it no longer holds, so its exposition follows its leases, not its history."""
-    removed = 0
-    for collector in list(REGISTRY._collector_to_names):  # noqa: SLF001 - stable in prometheus_client
-        names = getattr(collector, "_labelnames", ())
-        if "stream" not in names or (model is None) == ("model" in names):
-            continue
-        si, mi = names.index("stream"), names.index("model") if model is not None else None
-        for labels in list(getattr(collector, "_metrics", {})):  # noqa: SLF001
-            if labels[si] == stream and (mi is None or labels[mi] == model):
-                collector.remove(*labels)
-                removed += 1
-    return removed
+    return _remove(stream, model, lambda collector, names: (model is None) != ("model" in names))
 
 
 #: the API's own series of a stream (the API forgets them when it deletes the stream); a worker's
@@ -122,14 +112,20 @@ API_SERIES = (INGESTED_CHUNKS, INGESTED_ROWS)
 def forget_stream(stream: str) -> int:
     """Remove every worker series of ``stream`` (of each of its models and its own) from this
     process's metrics; returns how many were removed."""
+    return _remove(stream, None, lambda collector, names: not any(collector is c for c in API_SERIES))
+
+
+def _remove(stream: str, model: str | None, chosen) -> int:
+    """Remove the series labelled ``stream`` (and ``model``, unless None) of the labelled metrics
+    ``chosen(collector, label names)`` picks; returns how many were removed."""
     removed = 0
     for collector in list(REGISTRY._collector_to_names):  # noqa: SLF001 - stable in prometheus_client
         names = getattr(collector, "_labelnames", ())
-        if "stream" not in names or any(collector is c for c in API_SERIES):
+        if "stream" not in names or not chosen(collector, names):
             continue
-        si = names.index("stream")
+        si, mi = names.index("stream"), names.index("model") if model is not None else None
         for labels in list(getattr(collector, "_metrics", {})):  # noqa: SLF001
-            if labels[si] == stream:
+            if labels[si] == stream and (mi is None or labels[mi] == model):
                 collector.remove(*labels)
                 removed += 1
     return removed
