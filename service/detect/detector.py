@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import replace
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import torch
 
@@ -74,6 +74,15 @@ def stream_window(models, config: DetectorConfig, chunk_rows: int = 0) -> int:
     largest ``training_rows``, at least ``chunk_rows``); ``model_averaged_changes``'s window offline,
     in replay, in the API and in ``cusp.Detector`` alike."""
     return max(chunk_rows, max(training_rows(m, config) for m in models))
+
+
+class Split(NamedTuple):
+    """A restart's start inside its first chunk (``Detector._split``): the rows of the chunk before
+    it, the incumbent's state after them and its log predictive of them."""
+
+    rows: int
+    state: ExactState
+    prefix: float
 
 
 class Detector:
@@ -311,7 +320,7 @@ class Detector:
                             break  # all still training: keep the earlier candidates
                         new.challengers.remove(weakest)
                     c = self._challenger(g, new.recent, i, kind == "memory", before, frame=before, shift=kind == "shift",
-                                         last_rows=inc_rows, split=0 if kind == "memory" else split)
+                                         last_rows=inc_rows, split=None if kind == "memory" else split)
                     if c is not None:
                         # the baseline is the level before the candidate: a CUSUM start lies
                         # chunks back, and the level since has followed the change part way
@@ -326,7 +335,7 @@ class Detector:
             for kind in self._kinds(int(new.recent[-1].rows.shape[0])):
                 if len(new.challengers) < self.max_restarts:
                     c = self._challenger(g, new.recent, len(new.recent) - 1, kind == "memory", before, frame=before,
-                                         shift=kind == "shift", split=0 if kind == "memory" else split)
+                                         shift=kind == "shift", split=None if kind == "memory" else split)
                     if c is not None:
                         c.level = new.level.mean
                         new.challengers.append(c)
@@ -771,7 +780,8 @@ class Detector:
 
     def _challenger(self, g: torch.Generator, recent: list[Recent], i: int, memory: bool = False,
                     incumbent: SGAISState | None = None, frame: SGAISState | None = None,
-                    shift: bool = False, last_rows: Callable[[], RowFits] | None = None, split: int = 0) -> Challenger | None:
+                    shift: bool = False, last_rows: Callable[[], RowFits] | None = None,
+                    split: "Split | None" = None) -> Challenger | None:
         """A restart at ``recent[i]``, fed ``recent[i:]`` (up to this chunk). From the prior, or
         with ``memory`` from the posterior given the last rows before the change (at least
         ``train`` of them, and as many as the restart's first chunk has): a change that adds to
@@ -783,32 +793,26 @@ class Detector:
         the rows before ``recent[i]`` with a new level (``ExactSampler.shift``), compared after its
         first chunk (``SHIFT_TRAIN``); None where that posterior is not at hand (``_state_at``).
         ``last_rows``: the last of ``recent``'s featurized rows and the incumbent's log predictive of
-        each (``_feed``). ``split``: the restart starts that many rows into ``recent[i]`` (``_split``;
-        exact models, not with a memory): the incumbent takes those rows, and the restart, from its
-        posterior after them (a level shift) or from the prior, the rest."""
+        each (``_feed``). ``split``: the restart starts ``split.rows`` rows into ``recent[i]``
+        (``_split``; exact models, not with a memory): the incumbent takes those rows, and the
+        restart, from its posterior after them (a level shift) or from the prior, the rest."""
         if memory and not self.with_memory(int(recent[i].rows.shape[0])):
             return None
         seed = int(torch.randint(0, 2**62, (1,), generator=g))
         first = recent[i]
-        prefix = 0.0  # the incumbent's log predictive of the rows before a split
-        if split:
-            at = self._state_at(recent, i)
-            if at is None or memory:
-                return None
-            with torch.inference_mode():
-                rows = self.sampler.model.featurize(first.rows.to(torch.float64))
-                post, prefix = self.sampler.model.exact_update(at.post, rows[:split])
-            at = replace(at, post=post)
+        if split is not None and memory:
+            return None
+        skip, prefix = (split.rows, split.prefix) if split is not None else (0, 0.0)
         if shift:
-            at = at if split else self._state_at(recent, i)
+            at = split.state if split is not None else self._state_at(recent, i)
             state = None if at is None else self.sampler.shift(seed, at)
             if state is None:
                 return None
         else:
             state = self.sampler.init(seed) if frame is None else self.sampler.restart(seed, frame)
-        c = Challenger(start=first.start + split, chunk=first.chunk, seqs=[], state=state,
-                       base_log_evidence=first.base + float(prefix), first_rows=int(first.rows.shape[0]),
-                       reservoir=self._reservoir(None), skip=split)
+        c = Challenger(start=first.start + skip, chunk=first.chunk, seqs=[], state=state,
+                       base_log_evidence=first.base + prefix, first_rows=int(first.rows.shape[0]),
+                       reservoir=self._reservoir(None), skip=skip)
         mem_seqs: list[int] = []
         if memory:
             mem_seqs, mem_rows = self._rows_before(recent, i)
@@ -825,16 +829,17 @@ class Detector:
         c.shift = shift
         for j, r in enumerate(recent[i:], i):
             rows, lp, last = r.rows, r.lp, last_rows if j == len(recent) - 1 else None
-            if j == i and split:
-                rows, lp = rows[split:], lp - float(prefix)
-                last = None if last is None else (lambda f=last: tuple(t[split:] for t in f()))
+            if j == i and skip:
+                rows, lp = rows[skip:], lp - prefix
+                last = None if last is None else (lambda f=last: tuple(t[skip:] for t in f()))
             if not self._feed(c, rows, r.seq, lp, last):
                 break
         return c if c.seqs[c.memory:] else None
 
-    def _split(self, recent: list[Recent], i: int) -> int:
+    def _split(self, recent: list[Recent], i: int) -> "Split | None":
         """Where inside ``recent[i]`` (a chunk of several rows) a restart there should start, for an
-        exact model with level shifts; 0: at the chunk's first row. Chunks large against the data's
+        exact model with level shifts, with the incumbent's state and log predictive of the rows
+        before it (what the restarts there go on from); None: at the chunk's first row. Chunks large against the data's
         structure (a year of daily sales in chunks of 150; a stream's first chunks) hold a change
         well inside them, and a restart from the chunk's first row must explain the rows before the
         change too: it lost there, or won chunks later and was placed far off (``trend``, +5 sd at
@@ -845,19 +850,19 @@ class Detector:
         ``SUPPORT_NATS`` (the incumbent's log predictive of the rows before it, plus the shift's of
         the rest, against the shift's of all): three exact updates of the chunk's rows."""
         if not self.shifts:
-            return 0
+            return None
         r = recent[i]
         b = int(r.rows.shape[0])
         if b < 4:
-            return 0
+            return None
         at = self._state_at(recent, i)
         if at is None:
-            return 0
+            return None
         model = self.sampler.model
         with torch.inference_mode():
             whole = model.exact_shift(at.post)
             if whole is None:
-                return 0
+                return None
             rows = model.featurize(r.rows.to(torch.float64))
             lps = model.exact_row_log_predictive(at.post, rows)
             run = torch.cumsum(lps - lps.mean(), 0)[:-1]  # run[q - 1]: the first q rows' excess
@@ -866,9 +871,11 @@ class Detector:
             post, before = model.exact_update(at.post, rows[:q])
             later = model.exact_shift(post)
             if later is None:
-                return 0
+                return None
             _, after = model.exact_update(later, rows[q:])
-        return q if float(before) + float(after) > float(all_shifted) + SUPPORT_NATS else 0
+        if float(before) + float(after) <= float(all_shifted) + SUPPORT_NATS:
+            return None
+        return Split(rows=q, state=replace(at, post=post), prefix=float(before))
 
     @staticmethod
     def _state_at(recent: list[Recent], i: int) -> SGAISState | None:
