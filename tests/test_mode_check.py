@@ -54,16 +54,21 @@ def test_mode_jumps_free_the_stuck_runs(seed):
     """The same data with the default sampler (mode jumps, service/sgais/engine.py ``_jump``; first-
     chunk warm-up). Measured, seeds 0-5: the plain sampler ends -14,268, -1,067, -21,748, -453,
     -9,682, -21,605 nats from the reference (five runs flagged); the default -47.4, -34.8, -30.5,
-    -35.6, -38.1, -47.0 (|reference| about 8e4: relative < 1e-3), never flagged. The bound, 150 nats,
-    is 3x the worst measured; a run stuck as the plain ones are misses it by thousands."""
+    -35.6, -38.1, -47.0 (|reference| about 8e4: relative < 1e-3), never flagged. Since the fresh
+    estimate runs at every mode check (2026-11-28; the last at 16,384 of these 16,500 rows): -4.4,
+    -1.6, -3.9, -3.0, -4.1, -0.2, its steps there 5.3-13.1 nats (the running estimate's drift over
+    the 8,000 rows since the check before, which ``evidence_restated`` reports beyond 10), never
+    stuck. The bound, 30 nats, is 7x the worst measured; a run stuck as the plain ones are misses
+    it by thousands, and the running estimate alone by 30-50."""
     from bench.reference import laplace_log_evidence
 
     data = clusters([[-4, 0], [4, 0], [0, 5]], seed=seed)
     results = run(3, data, seed, preset="paper")
     m = build_model("gmm:components=3", 2)
     error = results[-1][1].log_evidence - laplace_log_evidence(m, m.featurize(data)).log_evidence
-    assert -150 < error < 20, error  # measured -47.4 .. -30.5
-    assert all(r.reliable for _, r in results)
+    assert -30 < error < 10, error  # measured -4.4 .. -0.2
+    assert not any("stuck_mode" in r.warnings for _, r in results)
+    assert all(set(r.warnings) <= {"evidence_restated"} and r.restated < 25 for _, r in results)  # steps up to 13.1
 
 
 @pytest.mark.parametrize("seed", range(3))
