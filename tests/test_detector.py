@@ -189,7 +189,10 @@ def test_a_mixture_restart_is_a_change_only_when_it_fits_the_rows_before_it_wors
     seeds 0-3: same clusters, both restarts judged no change with the allowance and a change
     without it (the test can fail); a 4th cluster, a change either way. Since the first chunk's
     importance draws (2026-11-27), with restarts sampled alike: seeds 0-3 as before, seed 4 (yes,
-    yes) and 5 (yes, no)."""
+    yes) and 5 (yes, no). Since the fresh estimate at every mode check (2026-11-28), seeds 0-7 on
+    the same clusters: (no, no) on 0-2, (yes, no) on 3, 5 and 6, (no, yes) on 4 and 7 (before: the
+    same but 6, no and no); a 4th cluster found by both on all eight. (With the Laplace law in the
+    first chunk's draws too, 8 of these 16 verdicts were yes: why it is only at the checks.)"""
     assert _mixture_verdicts(seed, change=False) == (False, False)
     assert _mixture_verdicts(seed, change=True) == (True, True)
     assert _mixture_verdicts(seed, change=False, allowance=False) == (True, True)

@@ -689,7 +689,7 @@ class Sampler(SamplerBase):
             # every row is at hand (the reservoir holds the history): a fresh estimate of the
             # evidence so far, averaged with the running one (``_with_draws``)
             everything = torch.cat([reservoir.data, rows])
-            drawn = self.model.first_draws(everything, g, self.config.check_draws, fit=found)
+            drawn = self.model.first_draws(everything, g, self.config.check_draws, fit=found, laplace=True)
             if drawn is not None:
                 theta, logw, log_z = self._with_draws(new.theta, new.log_weights.numpy(), new.log_evidence, *drawn, everything, g)
                 new = replace(new, theta=theta, log_weights=torch.from_numpy(logw), log_evidence=log_z)
