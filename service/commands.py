@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import signal
 import sys
 import threading
@@ -151,13 +152,32 @@ def worker(args: argparse.Namespace) -> int:
         w.release_all()
         return 0
     stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
+    _stop_on_signals(stop)
     from models import native
 
     log.info("worker %s started; mixture kernel: %s", w.id, native.status())
     w.run_forever(stop)
     return 0
+
+
+def _stop_on_signals(stop: threading.Event) -> None:
+    """SIGTERM and SIGINT set ``stop``, from a thread of its own that reads the signal wake-up
+    file descriptor (written by the interpreter's C-level handler). A Python handler that called
+    ``stop.set()`` itself could deadlock: a second signal while the first handler held the Event's
+    lock ran the handler again on the same thread, which then waited for that lock for ever (seen
+    2026-11-28: a worker of a SIGKILLed ``cusp serve``, SIGTERMed by PR_SET_PDEATHSIG, hung in
+    ``Event.set`` in 1 of 3 runs of tests/test_serve.py)."""
+    r, w = os.pipe()
+    os.set_blocking(w, False)
+    signal.set_wakeup_fd(w)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: None)  # a Python handler must exist (not the default) for the fd to be written
+
+    def watch() -> None:
+        os.read(r, 1)
+        stop.set()
+
+    threading.Thread(target=watch, name="cusp-signals", daemon=True).start()
 
 
 def _serve_metrics(port: int, host: str = "0.0.0.0", problem=lambda: None, scope_of=None) -> None:

@@ -309,3 +309,26 @@ def test_a_busy_port_is_refused_before_anything_starts(tmp_path):
     text = out.stdout + out.stderr
     assert f"cannot listen on 127.0.0.1:{port}" in text and "--port" in text, text
     assert "serving on" not in text and redis_in(tmp_path / "data") == [], text
+
+
+
+def test_a_signal_during_the_stop_events_own_lock_does_not_deadlock_the_loop():
+    """The worker's SIGTERM/SIGINT set its stop event from a thread that reads the signal wake-up
+    descriptor (``service.commands._stop_on_signals``). With ``stop.set()`` in the Python handler
+    itself, a signal arriving while the main thread held the Event's lock (a first handler inside
+    ``Event.set``) ran the handler on that thread, which then waited for the lock for ever: a
+    worker of a SIGKILLed ``cusp serve`` hung so in 1 of 3 runs of this file (2026-11-28). Here a
+    process holds the lock while it signals itself: it must stop. With the old handler it hangs
+    (the test can fail: measured, killed by the 20 s timeout)."""
+    code = """
+import os, signal, threading, time
+from service.commands import _stop_on_signals
+stop = threading.Event()
+_stop_on_signals(stop)
+with stop._cond:  # as a first handler inside Event.set holds it
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(0.5)  # the Python-level handler runs here, on this thread
+print("stopped" if stop.wait(10) else "not stopped", flush=True)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=20)
+    assert out.stdout.strip() == "stopped", (out.stdout, out.stderr)
