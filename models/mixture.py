@@ -883,7 +883,7 @@ def _laplace_pass(y: np.ndarray, weight: float, w: np.ndarray, mu: np.ndarray, v
     e_k = np.eye(k)[:, : k - 1] - w[None, : k - 1]  # [K, K-1]: eta's entries of a_ik
     miss = np.zeros((dp, dp))  # sum_i sum_k r_ik a_ik a_ik'
     miss[: k - 1, : k - 1] = (big_n[:, None, None] * e_k[:, :, None] * e_k[:, None, :]).sum(0)
-    cross = (e_k.T[:, :, None] * rb[None]).reshape(k - 1, -1)  # [K-1, K * 2d], in idx's order
+    cross = (e_k.T[:, :, None] * rb[None]).reshape(k - 1, 2 * k * d)  # [K-1, K * 2d], in idx's order
     miss[: k - 1, idx.ravel()] = cross
     miss[idx.ravel(), : k - 1] = cross.T
     miss[idx[:, :, None], idx[:, None, :]] = rbb
