@@ -23,7 +23,9 @@ def worker_pids(proc) -> list[int]:
     out = []
     for c in children(proc.pid):
         try:
-            if b"worker" in Path(f"/proc/{c}/cmdline").read_bytes():
+            # the argument itself: a substring also matched the redis-server, whose config path holds the
+            # test's tmp directory (a test with "worker" in its name)
+            if b"worker" in Path(f"/proc/{c}/cmdline").read_bytes().split(b"\0"):
                 out.append(c)
         except OSError:
             continue
