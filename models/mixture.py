@@ -292,20 +292,19 @@ class GaussianMixture(Model):
         return (loc[None] + scale[None] * eps / np.sqrt(chi))[np.arange(m)[:, None], order]
 
     def _configuration_log_q(self, blocks: np.ndarray, loc: np.ndarray, scale: np.ndarray,
-                             relabel: bool = False) -> np.ndarray:
+                             match: np.ndarray | None = None) -> np.ndarray:
         """log q of the means and log variances of particles given as component blocks [M, K, 2d]: the
         sum over the K! label orders of the product of each block's Student-t density under the
         component it is put on, over K! (the components are exchangeable, so any order of the fit's
-        is as good); the fit's own order alone beyond ``CONFIG_MAX_PERMUTED`` components, or with
-        ``relabel`` (draws in a random order, their fit's components apart: ``_labels_apart``) the
-        order that matches each particle's blocks to them (``_match_blocks``), over K!: [M]."""
+        is as good); the fit's own order alone beyond ``CONFIG_MAX_PERMUTED`` components, or, given
+        ``match`` [M, K] (draws in a random order, their fit's components apart: ``_labels_apart``),
+        the order that matches each particle's blocks to them (``_match_blocks``), over K!: [M]."""
         nu = self.CONFIG_DOF
         k = blocks.shape[1]
         const = math.lgamma(0.5 * (nu + 1)) - math.lgamma(0.5 * nu) - 0.5 * math.log(nu * math.pi)
         u = (blocks[:, :, None, :] - loc[None, None]) / scale[None, None]  # [M, K (blocks), K (fit), 2d]
         f = (const - np.log(scale)[None, None] - 0.5 * (nu + 1) * np.log1p(u * u / nu)).sum(-1)  # [M, K, K]
-        if k > self.CONFIG_MAX_PERMUTED and relabel:
-            match = _match_blocks(blocks, loc, scale)  # [M, K]: the block put on each fit component
+        if k > self.CONFIG_MAX_PERMUTED and match is not None:  # match [M, K]: the block put on each fit component
             return f[np.arange(len(f))[:, None], match, np.arange(k)[None]].sum(1) - math.lgamma(k + 1)
         if k > self.CONFIG_MAX_PERMUTED:
             return np.einsum("mjj->m", f)
@@ -440,15 +439,19 @@ class GaussianMixture(Model):
         # the weights' EM starts from the fit's weight of the component each block was drawn around
         # (the nearest in the law's scale: the blocks come in a random order); importance sampling
         # needs no reverse move, so its counts need not be a function of the draw's means alone
-        nearest = (((blocks[:, :, None, :] - loc[None, None]) / scale[None, None]) ** 2).sum(-1).argmin(2)  # [M, K]
+        dist = (((blocks[:, :, None, :] - loc[None, None]) / scale[None, None]) ** 2).sum(-1)  # [M, blocks, fit]
+        nearest = dist.argmin(2)  # [M, K]
         alpha = self._particle_counts(mu, s, cands, 1.0, b, start=w[nearest], sweeps=self.FIRST_WEIGHT_SWEEPS)
+        # the fit component each block sits on, where the laws' densities sum over label orders around it
+        # (the Laplace law's always, the configuration law's beyond CONFIG_MAX_PERMUTED), else None
+        match = _match_blocks(dist) if relabel or (m_lap and k <= self.CONFIG_MAX_PERMUTED) else None
         z = _draw_weights(generator, alpha[: count - m_lap])
         if m_lap:
             z = np.concatenate([z, z_lap])
-        log_q = self._configuration_log_q(blocks, loc, scale, relabel) + _log_q_weights(z, alpha)
+        log_q = self._configuration_log_q(blocks, loc, scale, match if relabel else None) + _log_q_weights(z, alpha)
         if m_lap:  # the mixture of the two laws
             log_q = np.logaddexp(math.log1p(-self.LAPLACE_SHARE) + log_q,
-                                 math.log(self.LAPLACE_SHARE) + self._laplace_log_q(lap, z, blocks, loc, scale, relabel))
+                                 math.log(self.LAPLACE_SHARE) + self._laplace_log_q(lap, z, blocks, match))
         theta = np.concatenate([z, mu.reshape(count, k * d), s.reshape(count, k * d)], 1)
         return torch.from_numpy(theta), torch.from_numpy(np.where(bad, np.inf, log_q))
 
@@ -498,7 +501,7 @@ class GaussianMixture(Model):
             return weight * float(self.total_log_likelihood(theta, rows_t)[0]) + prior
 
         v = np.concatenate([np.log(w[: k - 1]) - np.log(w[k - 1]), mu.ravel(), np.log(var).ravel()])
-        f, steps = joint(v), 0
+        f = joint(v)
         for _ in range(self.LAPLACE_NEWTON):
             w_, mu_, var_ = _v_unpack(v, k, d)
             info = _laplace_pass(y_info, w_info, w_, mu_, var_)
@@ -524,7 +527,7 @@ class GaussianMixture(Model):
                 t *= 0.5
             else:
                 break
-            v, f, steps = v + t * step, fc, steps + 1
+            v, f = v + t * step, fc
         else:
             chol = _cholesky(_laplace_pass(y_info, w_info, *_v_unpack(v, k, d)))
         if chol is None or not np.isfinite(chol).all() or not np.isfinite(v).all():
@@ -532,10 +535,8 @@ class GaussianMixture(Model):
         near = np.arange(k)[None]
         if k <= self.CONFIG_MAX_PERMUTED:
             perms = _permutations(k)
-            w_, mu_, var_ = _v_unpack(v, k, d)
-            moved = _v_of(np.log(w_)[perms], mu_[perms], np.log(var_)[perms]) - v[None]
-            near = perms[((moved @ chol) ** 2).sum(1) <= self.LAPLACE_NEAR ** 2]
-        return Laplace(v, chol, near, steps)
+            near = perms[_relabelled_distance2(v, chol, perms, d) <= self.LAPLACE_NEAR ** 2]
+        return Laplace(v, chol, near)
 
     #: beyond ``CONFIG_MAX_PERMUTED`` components, ``first_draws`` puts its draws in a random order
     #: when swapping any two of the fit's components costs the configuration law more than this many
@@ -556,13 +557,10 @@ class GaussianMixture(Model):
             return False
         if lap is None:
             return True
-        d = self.n_columns
-        w_, mu_, var_ = _v_unpack(lap.mode, k, d)
         i, j = np.triu_indices(k, 1)
-        perms = np.broadcast_to(np.arange(k), (len(i), k)).copy()
-        perms[np.arange(len(i)), i], perms[np.arange(len(i)), j] = j, i
-        moved = _v_of(np.log(w_)[perms], mu_[perms], np.log(var_)[perms]) - lap.mode[None]
-        return bool((((moved @ lap.chol) ** 2).sum(1) > self.LAPLACE_NEAR ** 2).all())
+        swaps = np.broadcast_to(np.arange(k), (len(i), k)).copy()
+        swaps[np.arange(len(i)), i], swaps[np.arange(len(i)), j] = j, i
+        return bool((_relabelled_distance2(lap.mode, lap.chol, swaps, self.n_columns) > self.LAPLACE_NEAR ** 2).all())
 
     def _laplace_draws(self, lap: "Laplace", m: int, generator: torch.Generator,
                        relabel: bool = False) -> tuple[np.ndarray, np.ndarray]:
@@ -585,18 +583,18 @@ class GaussianMixture(Model):
         blocks = np.concatenate([v[:, k - 1 : k - 1 + k * d].reshape(m, k, d), v[:, k - 1 + k * d :].reshape(m, k, d)], 2)
         return z, blocks[rows, order]
 
-    def _laplace_log_q(self, lap: "Laplace", z: np.ndarray, blocks: np.ndarray, loc: np.ndarray, scale: np.ndarray,
-                       relabel: bool = False) -> np.ndarray:
+    def _laplace_log_q(self, lap: "Laplace", z: np.ndarray, blocks: np.ndarray, match: np.ndarray | None) -> np.ndarray:
         """log density of the Laplace law (``_laplace_draws``) at particles (z [M, K], blocks [M, K, 2d]):
-        each particle's blocks are matched to the fit's components (``_match_blocks``), and the sum
-        over label orders keeps the orders near that match (``Laplace.near``); the fit's own order
-        beyond ``CONFIG_MAX_PERMUTED`` unless ``relabel`` (``first_draws``). [M]."""
+        with ``match`` [M, K] (each particle's block on each fit component, ``_match_blocks``), the
+        sum over label orders keeps the orders near that match (``Laplace.near``), over K!; without,
+        the draws were left in the fit's order (beyond ``CONFIG_MAX_PERMUTED``, ``first_draws``). [M]."""
         m, k = z.shape
         d = self.n_columns
         dp = len(lap.mode)
         nu = self.LAPLACE_DOF
-        permuted = k <= self.CONFIG_MAX_PERMUTED or relabel
-        match = _match_blocks(blocks, loc, scale) if permuted else np.broadcast_to(np.arange(k), (m, k))
+        permuted = match is not None
+        if not permuted:
+            match = np.broadcast_to(np.arange(k), (m, k))
         const = (math.lgamma(0.5 * (nu + dp)) - math.lgamma(0.5 * nu) - 0.5 * dp * math.log(nu * math.pi)
                  + float(np.log(np.diag(lap.chol)).sum()))
         terms = []
@@ -917,12 +915,11 @@ def _laplace_gradient(y: np.ndarray, feats: np.ndarray, weight: float, w: np.nda
     return np.concatenate([g_eta, g_mu.ravel(), g_s.ravel()])
 
 
-def _match_blocks(blocks: np.ndarray, loc: np.ndarray, scale: np.ndarray) -> np.ndarray:
-    """Which of each particle's blocks [M, K, 2d] sits on each fit component (``loc``, ``scale``
-    [K, 2d]): greedily, the nearest pair in the fit's scale first: [M, K]."""
-    m, k = blocks.shape[:2]
-    cost = (((blocks[:, :, None, :] - loc[None, None]) / scale[None, None]) ** 2).sum(-1)  # [M, blocks, fit]
-    cost = np.where(np.isfinite(cost), cost, np.inf)
+def _match_blocks(dist: np.ndarray) -> np.ndarray:
+    """Which of each particle's blocks sits on each fit component, from their squared distances in
+    the fit's scale ``dist [M, blocks, fit]``: greedily, the nearest pair first: [M, K]."""
+    m, k = dist.shape[:2]
+    cost = np.where(np.isfinite(dist), dist, np.inf)
     match = np.broadcast_to(np.arange(k), (m, k)).copy()
     rows = np.arange(m)
     for _ in range(k):
@@ -953,16 +950,24 @@ def _v_of(z: np.ndarray, mu: np.ndarray, s: np.ndarray) -> np.ndarray:
     return np.concatenate([z[:, : k - 1] - z[:, k - 1 :], mu.reshape(m, -1), s.reshape(m, -1)], 1)
 
 
+def _relabelled_distance2(v: np.ndarray, chol: np.ndarray, perms: np.ndarray, d: int) -> np.ndarray:
+    """Squared Mahalanobis distances (negative Hessian chol chol') from the mode ``v`` [D'] to its
+    relabellings by ``perms`` [P, K]: [P]."""
+    k = perms.shape[1]
+    w, mu, var = _v_unpack(v, k, d)
+    moved = _v_of(np.log(w)[perms], mu[perms], np.log(var)[perms]) - v[None]
+    return ((moved @ chol) ** 2).sum(1)
+
+
 @dataclass(frozen=True)
 class Laplace:
     """The Laplace law of ``GaussianMixture.first_draws``: the posterior's mode in v [D'], the
-    Cholesky factor of the negative Hessian there (P = chol chol'), the label orders that map the
-    mode near itself (``LAPLACE_NEAR``) [P, K], and the Newton steps taken."""
+    Cholesky factor of the negative Hessian there (P = chol chol'), and the label orders that map
+    the mode near itself (``LAPLACE_NEAR``) [P, K]."""
 
     mode: np.ndarray
     chol: np.ndarray
     near: np.ndarray
-    steps: int
 
 
 _PERMUTATIONS: dict[int, np.ndarray] = {}
