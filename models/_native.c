@@ -13,7 +13,9 @@
  * gmm_run: one SGHMC run (the engine's hot loop) in one call, mini-batches gathered from the
  * reservoir inside, the gradient in float32 on centred rows (grad_core32). gather_gram: linear
  * regression's mini-batch Gram matrices straight from the reservoir. t_loglik and t_row_lse: the
- * Student-t model's quadrature (models/heavy.py), sums over rows at its grid nodes.
+ * Student-t model's quadrature (models/heavy.py), sums over rows at its grid nodes. em_stats,
+ * em_run and laplace_rows: the mixture's EM fits and the observed information of its Laplace law
+ * (models/mixture.py's _em_matrix, _map_em and _laplace_pass: the mode checks' fresh estimates).
  *
  * Determinism: the order of every sum is fixed (per-lane partial sums over blocks of BT rows,
  * then a fixed-order reduction), so a run gives the same bits on one machine whatever the
@@ -501,15 +503,11 @@ static inline __attribute__((always_inline)) int gmm_loglik_body(
  * responsibilities under (w [K], mu [K, d], var [K, d]) of the rows y [n] (y_j at y[b * stride + j])
  * and their sums in one pass, stats [K, 1 + 2d] = sum_b r_kb (1, y_b, y_b^2), without the [K, n]
  * responsibilities numpy writes. Returns 0, or 1 when the scratch could not be allocated. */
-static inline __attribute__((always_inline)) int em_stats_body(
-    int K, int d, long n, const double *y, long stride, const double *w, const double *mu, const double *var, double *stats)
+/* One E step's sums over the rows already in s's columns (s.wcol: 1 on the rows, 0 on the padding) */
+static inline __attribute__((always_inline)) void em_pass(
+    int K, int d, scratch *s, const double *w, const double *mu, const double *var, double *stats)
 {
     const int S = 1 + 2 * d;
-    scratch s;
-    if (scratch_alloc(&s, K, d, n)) return 1;
-    columns_at(d, n, s.padded, 0, y, stride, NULL, s.ycol);
-    for (long b = 0; b < n; b++) s.wcol[b] = 1.0;
-    pad_tail(d, n, s.padded, s.ycol, s.wcol);
     double a[K * d], c[K * d], cst[K];
     for (int k = 0; k < K; k++) {
         double q = 0.0, lv = 0.0;
@@ -523,23 +521,169 @@ static inline __attribute__((always_inline)) int em_stats_body(
         }
         cst[k] = log(w[k]) - 0.5 * (lv + q);
     }
-    double *lj = s.lj, *acc = s.acc, *mx = s.mx, *sm = s.sm, *inv = s.inv, *r = s.r;
+    double *lj = s->lj, *acc = s->acc, *mx = s->mx, *sm = s->sm, *inv = s->inv, *r = s->r;
     memset(acc, 0, sizeof(double) * (size_t)K * S * BT);
-    for (long b0 = 0; b0 < s.padded; b0 += BT) {
-        block_softmax_terms(K, d, s.padded, s.ycol + b0, a, c, cst, lj, mx, sm);
-        for (int i = 0; i < BT; i++) inv[i] = s.wcol[b0 + i] / sm[i];
+    for (long b0 = 0; b0 < s->padded; b0 += BT) {
+        block_softmax_terms(K, d, s->padded, s->ycol + b0, a, c, cst, lj, mx, sm);
+        for (int i = 0; i < BT; i++) inv[i] = s->wcol[b0 + i] / sm[i];
         for (int k = 0; k < K; k++) {
             const double *l = lj + (size_t)k * BT;
             double *a0 = acc + (size_t)k * S * BT;
             for (int i = 0; i < BT; i++) { r[i] = l[i] * inv[i]; a0[i] += r[i]; }
             for (int j = 0; j < 2 * d; j++) {
-                const double *yc = s.ycol + (size_t)j * s.padded + b0;
+                const double *yc = s->ycol + (size_t)j * s->padded + b0;
                 double *a1 = a0 + (size_t)(1 + j) * BT;
                 for (int i = 0; i < BT; i++) a1[i] += r[i] * yc[i];
             }
         }
     }
     for (int q = 0; q < K * S; q++) stats[q] = lane_sum(acc + (size_t)q * BT);
+}
+
+static inline __attribute__((always_inline)) int em_scratch(scratch *s, int K, int d, long n, const double *y, long stride)
+{
+    if (scratch_alloc(s, K, d, n)) return 1;
+    columns_at(d, n, s->padded, 0, y, stride, NULL, s->ycol);
+    for (long b = 0; b < n; b++) s->wcol[b] = 1.0;
+    pad_tail(d, n, s->padded, s->ycol, s->wcol);
+    return 0;
+}
+
+static inline __attribute__((always_inline)) int em_stats_body(
+    int K, int d, long n, const double *y, long stride, const double *w, const double *mu, const double *var, double *stats)
+{
+    scratch s;
+    if (em_scratch(&s, K, d, n, y, stride)) return 1;
+    em_pass(K, d, &s, w, mu, var, stats);
+    free(s.buf);
+    return 0;
+}
+
+/* `iterations` EM steps (E step, then M step) on the rows y [n] from (w [K], mu [K, d], var [K, d]),
+ * overwritten with the last M step's. map 0: models/mixture.py's _em_matrix (maximum likelihood;
+ * nk = N_k + 1e-9, a component without rows keeps `means`' mean, variances floored at `floor`, and
+ * unit where N_k <= 1); map 1: _map_em (the posterior's mode, each row standing for `weight`).
+ * The sums are em_pass's, in the same order as em_stats, so a step is the numpy path's step up to
+ * the last bits of the M step's arithmetic. Returns 0, or 1 when the scratch could not be allocated. */
+static inline __attribute__((always_inline)) int em_run_body(
+    int K, int d, long n, const double *y, long stride, double *w, double *mu, double *var, const double *means,
+    int iterations, double floor_, int map, double weight)
+{
+    const int S = 1 + 2 * d;
+    scratch s;
+    if (em_scratch(&s, K, d, n, y, stride)) return 1;
+    double st[K * S], nk[K];
+    for (int it = 0; it < iterations; it++) {
+        em_pass(K, d, &s, w, mu, var, st);
+        if (map) {
+            for (int q = 0; q < K * S; q++) st[q] *= weight;
+            for (int k = 0; k < K; k++) {
+                const double *sk = st + (size_t)k * S, nn = sk[0], kappa = 0.25 + nn;
+                for (int j = 0; j < d; j++) {
+                    const double m = sk[1 + j] / kappa, e = sk[1 + d + j] - kappa * m * m;
+                    mu[k * d + j] = m;
+                    var[k * d + j] = (1.0 + 0.5 * (e < 0.0 ? 0.0 : e)) / (1.0 + 0.5 * nn + 0.5);
+                }
+                w[k] = (nn + 1.0) / ((double)n * weight + (double)K);
+            }
+        } else {
+            double tot = 0.0;
+            for (int k = 0; k < K; k++) { nk[k] = st[k * S] + 1e-9; tot += nk[k]; }
+            for (int k = 0; k < K; k++) {
+                const double *sk = st + (size_t)k * S;
+                w[k] = nk[k] / tot;
+                for (int j = 0; j < d; j++) {
+                    const double m = sk[0] > 0.0 ? sk[1 + j] / nk[k] : means[k * d + j];
+                    double v = sk[1 + d + j] / nk[k] - m * m;
+                    v = v < floor_ ? floor_ : v; /* np.maximum: a NaN stays NaN */
+                    mu[k * d + j] = m;
+                    var[k * d + j] = sk[0] > 1.0 ? v : 1.0;
+                }
+            }
+        }
+    }
+    free(s.buf);
+    return 0;
+}
+
+/* The rows' part of the mixture's observed information in v (models/mixture.py, _laplace_pass), for
+ * the rows y [n] under (w [K], mu [K, d], var [K, d]): each row's responsibilities r_k and, with
+ * dev = (y - mu_k) / var_k and b_k = (dev, (dev (y - mu_k) - 1) / 2) [2d], its score sc [n, D']
+ * (D' = K - 1 + 2Kd: r_k - w_k for k < K - 1, then r_k dev_k for every k, then r_k b_k's second half)
+ * written; and added to the sums big_n [K] += r_k, rb [K, 2d] += r_k b_k, rbb [K, 2d, 2d] += r_k
+ * b_k b_k'. In blocks of BT rows with per-lane partial sums (em_pass's layout and order). Returns 0, or
+ * 1 when the scratch could not be allocated. */
+static inline __attribute__((always_inline)) int laplace_rows_body(
+    int K, int d, long n, const double *y, long stride, const double *w, const double *mu, const double *var,
+    double *sc, double *big_n, double *rb, double *rbb)
+{
+    const int D2 = 2 * d, dp = K - 1 + 2 * K * d, Q = K * D2 * D2;
+    scratch s;
+    if (em_scratch(&s, K, d, n, y, stride)) return 1;
+    /* per-lane sums: big_n [K][BT], rb [K * 2d][BT], rbb [K * 2d * 2d][BT] */
+    double *lanes = aligned_alloc(64, sizeof(double) * (size_t)(K + K * D2 + Q + 2 * D2) * BT);
+    if (!lanes) { free(s.buf); return 1; }
+    memset(lanes, 0, sizeof(double) * (size_t)(K + K * D2 + Q) * BT);
+    double *ln = lanes, *lrb = ln + (size_t)K * BT, *lrbb = lrb + (size_t)K * D2 * BT;
+    double *bv = lrbb + (size_t)Q * BT, *rv = bv + (size_t)D2 * BT; /* b_k and r_k b_k of a block, [2d][BT] each */
+    double a[K * d], c[K * d], cst[K], iv[K * d];
+    for (int k = 0; k < K; k++) {
+        double q = 0.0, lv = 0.0;
+        for (int j = 0; j < d; j++) {
+            const int i = k * d + j;
+            iv[i] = 1.0 / var[i];
+            a[i] = mu[i] * iv[i];
+            c[i] = -0.5 * iv[i];
+            q += mu[i] * a[i];
+            lv += log(var[i]);
+        }
+        cst[k] = log(w[k]) - 0.5 * (lv + q);
+    }
+    double *lj = s.lj, *mx = s.mx, *sm = s.sm, *inv = s.inv, *r = s.r;
+    for (long b0 = 0; b0 < s.padded; b0 += BT) {
+        block_softmax_terms(K, d, s.padded, s.ycol + b0, a, c, cst, lj, mx, sm);
+        for (int i = 0; i < BT; i++) inv[i] = s.wcol[b0 + i] / sm[i]; /* 0 on the padding */
+        const int rows = n - b0 < BT ? (int)(n - b0) : BT;
+        for (int k = 0; k < K; k++) {
+            const double *l = lj + (size_t)k * BT;
+            double *lnk = ln + (size_t)k * BT;
+            for (int i = 0; i < BT; i++) { r[i] = l[i] * inv[i]; lnk[i] += r[i]; }
+            for (int j = 0; j < d; j++) {
+                const double *yc = s.ycol + (size_t)j * s.padded + b0, m = mu[k * d + j], p = iv[k * d + j];
+                double *b1 = bv + (size_t)j * BT, *b2 = bv + (size_t)(d + j) * BT;
+                for (int i = 0; i < BT; i++) {
+                    const double e = yc[i] - m, dev = e * p;
+                    b1[i] = dev;
+                    b2[i] = 0.5 * (dev * e - 1.0);
+                }
+            }
+            for (int j = 0; j < D2; j++) {
+                const double *bj = bv + (size_t)j * BT;
+                double *rj = rv + (size_t)j * BT, *acc = lrb + (size_t)(k * D2 + j) * BT;
+                for (int i = 0; i < BT; i++) { rj[i] = r[i] * bj[i]; acc[i] += rj[i]; }
+            }
+            for (int u = 0; u < D2; u++) {
+                const double *ru = rv + (size_t)u * BT;
+                for (int v = 0; v < D2; v++) {
+                    const double *bw = bv + (size_t)v * BT;
+                    double *acc = lrbb + (size_t)((k * D2 + u) * D2 + v) * BT;
+                    for (int i = 0; i < BT; i++) acc[i] += ru[i] * bw[i];
+                }
+            }
+            for (int i = 0; i < rows; i++) {
+                double *row = sc + (size_t)(b0 + i) * dp;
+                if (k < K - 1) row[k] = r[i] - w[k];
+                for (int j = 0; j < d; j++) {
+                    row[K - 1 + k * d + j] = rv[(size_t)j * BT + i];
+                    row[K - 1 + K * d + k * d + j] = rv[(size_t)(d + j) * BT + i];
+                }
+            }
+        }
+    }
+    for (int k = 0; k < K; k++) big_n[k] += lane_sum(ln + (size_t)k * BT);
+    for (int q = 0; q < K * D2; q++) rb[q] += lane_sum(lrb + (size_t)q * BT);
+    for (int q = 0; q < Q; q++) rbb[q] += lane_sum(lrbb + (size_t)q * BT);
+    free(lanes);
     free(s.buf);
     return 0;
 }
@@ -687,6 +831,14 @@ CUSP_DISPATCH(gmm_run, gmm_run_body, RUN_ARGS, RUN_PASS)
 #define WE_PASS M, K, d, R, y, stride, wts, mu, sv, sweeps, tol, w, counts
 CUSP_DISPATCH(em_stats, em_stats_body, EM_ARGS, EM_PASS)
 CUSP_DISPATCH(weight_em, weight_em_body, WE_ARGS, WE_PASS)
+#define EMR_ARGS int K, int d, long n, const double *y, long stride, double *w, double *mu, double *var, \
+                 const double *means, int iterations, double floor_, int map, double weight
+#define EMR_PASS K, d, n, y, stride, w, mu, var, means, iterations, floor_, map, weight
+CUSP_DISPATCH(em_run, em_run_body, EMR_ARGS, EMR_PASS)
+#define LR_ARGS int K, int d, long n, const double *y, long stride, const double *w, const double *mu, \
+                const double *var, double *sc, double *big_n, double *rb, double *rbb
+#define LR_PASS K, d, n, y, stride, w, mu, var, sc, big_n, rb, rbb
+CUSP_DISPATCH(laplace_rows, laplace_rows_body, LR_ARGS, LR_PASS)
 
 /* Gram matrices of gathered rows (models/linear.py, sampled_stats): out [E, F, F] with
  * out[e] = sum_b r_b r_b^T over the rows r_b = pool[idx[e * Bm + b]] (F columns at row stride

@@ -859,8 +859,13 @@ def _laplace_pass(y: np.ndarray, weight: float, w: np.ndarray, mu: np.ndarray, v
     big_n = np.zeros(k)
     rb = np.zeros((k, 2 * d))
     rbb = np.zeros((k, 2 * d, 2 * d))
+    native = kernels()
     for lo in range(0, n, LAPLACE_BLOCK):
         yb = y[lo : lo + LAPLACE_BLOCK]
+        if native is not None:
+            sc = native.laplace_rows(yb, w, mu, var, big_n, rb, rbb)
+            opg += sc.T @ sc
+            continue
         dv = yb[:, None, :] - mu[None]  # [B, K, d]
         ld = log_w[None] - 0.5 * (log_var[None] + dv * dv / var[None]).sum(-1)  # [B, K], up to a constant
         r = np.exp(ld - ld.max(1, keepdims=True))
@@ -1125,20 +1130,24 @@ def _em_matrix(y: np.ndarray, means: np.ndarray, iterations: int, start=None, re
     k = means.shape[0]
     floor = 1e-6
     feats = np.concatenate([np.ones((n, 1)), y, y * y], axis=1)  # [n, 1 + 2d]
+
+    def m_step(st: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        nk = st[:, 0] + 1e-9
+        mu = np.where(st[:, :1] > 0, st[:, 1 : 1 + d] / nk[:, None], means)
+        var = np.maximum(st[:, 1 + d :] / nk[:, None] - mu * mu, floor)
+        return nk / nk.sum(), mu, np.where(st[:, :1] > 1.0, var, 1.0)  # a component with (almost) no rows: unit variance
+
     if start is None:
         nearest = np.stack([((y - means[j]) ** 2).sum(-1) for j in range(k)]).argmin(0)
-        st = (nearest[None] == np.arange(k)[:, None]).astype(np.float64) @ feats  # hard assignments' sums
-    for i in range(iterations + 1):
-        if i == 0 and start is not None:
-            w, mu, var = start
-        else:
-            nk = st[:, 0] + 1e-9
-            w = nk / nk.sum()
-            mu = np.where(st[:, :1] > 0, st[:, 1 : 1 + d] / nk[:, None], means)
-            var = np.maximum(st[:, 1 + d :] / nk[:, None] - mu * mu, floor)
-            var = np.where(st[:, :1] > 1.0, var, 1.0)  # a component with (almost) no rows: unit variance
-        if i < iterations:
-            st = _em_stats(y, feats, w, mu, var)
+        w, mu, var = m_step((nearest[None] == np.arange(k)[:, None]).astype(np.float64) @ feats)  # hard assignments' sums
+    else:
+        w, mu, var = start
+    native = kernels()
+    if native is not None and iterations > 0:  # the steps in one call (each an ``_em_stats`` and an M step)
+        w, mu, var = native.em_run(y, w, mu, var, means, iterations, floor)
+    else:
+        for _ in range(iterations):
+            w, mu, var = m_step(_em_stats(y, feats, w, mu, var))
     return w, mu, var, (_responsibilities(feats, w, mu, var).T if responsibilities else None)
 
 
@@ -1174,6 +1183,9 @@ def _map_em(y: np.ndarray, w: np.ndarray, mu: np.ndarray, var: np.ndarray, itera
     weights (N_k + 1) / (n + K) (Dirichlet(1) with the log-weights' Jacobian). ``weight``: each row
     stands for this many (a sample of the rows). Returns (w, mu, var)."""
     n, d = y.shape
+    native = kernels()
+    if native is not None and iterations > 0:
+        return native.em_run(y, w, mu, var, None, iterations, map_weight=weight)
     feats = np.concatenate([np.ones((n, 1)), y, y * y], axis=1)  # [n, 1 + 2d]
     k = w.shape[0]
     for _ in range(iterations):

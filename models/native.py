@@ -46,6 +46,12 @@ class NativeKernels:
         self._weight_em = lib.cusp_weight_em
         self._weight_em.argtypes = [i, i, i, L, p, L, p, p, p, i, f, p, p]
         self._weight_em.restype = i
+        self._em_run = lib.cusp_em_run
+        self._em_run.argtypes = [i, i, L, p, L, p, p, p, p, i, f, i, f]
+        self._em_run.restype = i
+        self._laplace_rows = lib.cusp_laplace_rows
+        self._laplace_rows.argtypes = [i, i, L, p, L, p, p, p, p, p, p, p]
+        self._laplace_rows.restype = i
         self._t_loglik = lib.cusp_t_loglik
         self._t_loglik.argtypes = [i, i, L, p, p, p, p, p]
         self._t_loglik.restype = i
@@ -156,6 +162,46 @@ class NativeKernels:
         if self._em_stats(k, d, y.shape[0], y.ctypes.data, d, w.ctypes.data, mu.ctypes.data, var.ctypes.data, out.ctypes.data):
             raise MemoryError("em_stats: scratch allocation failed")
         return out
+
+    def em_run(self, y: np.ndarray, w: np.ndarray, mu: np.ndarray, var: np.ndarray, means: np.ndarray | None,
+               iterations: int, floor: float = 0.0, map_weight: float | None = None
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``iterations`` EM steps (E, then M) on the rows ``y [n, d]`` from (``w [K]``, ``mu [K, d]``,
+        ``var [K, d]``): models/mixture.py's ``_em_matrix`` steps (``means [K, d]``: where a component
+        has no rows, ``floor`` its variances' floor), or with ``map_weight`` (each row standing for
+        that many) ``_map_em``'s. Returns the new (w, mu, var)."""
+        y = np.ascontiguousarray(y, dtype=np.float64)
+        k, d = np.shape(mu)
+        w, mu, var = (np.array(a, dtype=np.float64, order="C") for a in (w, mu, var))  # copies: overwritten
+        means = np.ascontiguousarray(mu if means is None else means, dtype=np.float64)
+        if y.ndim != 2 or y.shape[1] != d or w.shape != (k,) or var.shape != (k, d) or means.shape != (k, d):
+            raise ValueError(f"em_run: y {y.shape}, w {w.shape}, mu {mu.shape}, var {var.shape} and means "
+                             f"{means.shape} do not fit")
+        if self._em_run(k, d, y.shape[0], y.ctypes.data, d, w.ctypes.data, mu.ctypes.data, var.ctypes.data,
+                        means.ctypes.data, int(iterations), float(floor), int(map_weight is not None),
+                        float(map_weight or 1.0)):
+            raise MemoryError("em_run: scratch allocation failed")
+        return w, mu, var
+
+    def laplace_rows(self, y: np.ndarray, w: np.ndarray, mu: np.ndarray, var: np.ndarray, big_n: np.ndarray,
+                     rb: np.ndarray, rbb: np.ndarray) -> np.ndarray:
+        """The rows' part of models/mixture.py's ``_laplace_pass`` for ``y [n, d]`` under (``w [K]``,
+        ``mu [K, d]``, ``var [K, d]``): returns the rows' scores ``[n, K - 1 + 2Kd]`` and adds their
+        responsibilities' sums to ``big_n [K]``, ``rb [K, 2d]`` and ``rbb [K, 2d, 2d]`` (C-contiguous
+        float64, updated in place)."""
+        y = np.ascontiguousarray(y, dtype=np.float64)
+        k, d = np.shape(mu)
+        w, mu, var = (np.ascontiguousarray(a, dtype=np.float64) for a in (w, mu, var))
+        if (y.ndim != 2 or y.shape[1] != d or w.shape != (k,) or var.shape != (k, d) or big_n.shape != (k,)
+                or rb.shape != (k, 2 * d) or rbb.shape != (k, 2 * d, 2 * d)
+                or not all(a.dtype == np.float64 and a.flags.c_contiguous for a in (big_n, rb, rbb))):
+            raise ValueError(f"laplace_rows: y {y.shape}, w {w.shape}, mu {mu.shape}, var {var.shape}, big_n "
+                             f"{big_n.shape}, rb {rb.shape} and rbb {rbb.shape} do not fit")
+        sc = np.empty((y.shape[0], k - 1 + 2 * k * d))
+        if self._laplace_rows(k, d, y.shape[0], y.ctypes.data, d, w.ctypes.data, mu.ctypes.data, var.ctypes.data,
+                              sc.ctypes.data, big_n.ctypes.data, rb.ctypes.data, rbb.ctypes.data):
+            raise MemoryError("laplace_rows: scratch allocation failed")
+        return sc
 
     def weight_em(self, y: np.ndarray, wts: np.ndarray, mu: np.ndarray, s: np.ndarray, w: np.ndarray, sweeps: int,
                   tol: float) -> tuple[np.ndarray, np.ndarray]:

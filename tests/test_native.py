@@ -619,3 +619,31 @@ def test_the_library_reads_the_same_switch(monkeypatch):
     monkeypatch.setenv("CUSP_NATIVE", "maybe")
     with pytest.raises(ValueError, match="CUSP_NATIVE"):
         native._enabled()
+
+
+@pytest.mark.parametrize("k,d,b", CASES + [(3, 2, mixture.LAPLACE_BLOCK + 904)])
+def test_the_laplace_and_map_kernels_equal_the_numpy_path(k, d, b, monkeypatch):
+    """``_laplace_pass`` (the observed information: the rows' scores by ``laplace_rows``, blocks of
+    ``LAPLACE_BLOCK`` rows with and without a tail) and ``_map_em`` (steps by ``em_run``), native against
+    numpy: the same up to rounding."""
+    y, w, mu, var, *_ = _em_problem(k, d, b, seed=k * 100 + d * 10 + b)
+    got_info = mixture._laplace_pass(y, 2.5, w, mu, var)
+    got_map = mixture._map_em(y, w, mu, var, 7, weight=1.5)
+    monkeypatch.setattr(mixture, "kernels", lambda: None)
+    want_info = mixture._laplace_pass(y, 2.5, w, mu, var)
+    assert np.allclose(got_info, want_info, rtol=1e-10, atol=1e-11 * np.abs(want_info).max())
+    for a, c in zip(got_map, mixture._map_em(y, w, mu, var, 7, weight=1.5)):
+        assert np.allclose(a, c, rtol=1e-9, atol=1e-12)
+
+
+def test_bad_laplace_and_em_run_arguments_are_refused_not_read():
+    k = native.kernels()
+    w, mu, var = np.ones(2) / 2, np.zeros((2, 2)), np.ones((2, 2))
+    with pytest.raises(ValueError, match="em_run"):
+        k.em_run(np.zeros((10, 3)), w, mu, var, None, 3)
+    with pytest.raises(ValueError, match="em_run"):
+        k.em_run(np.zeros((10, 2)), w, mu, var, np.zeros((3, 2)), 3)
+    with pytest.raises(ValueError, match="laplace_rows"):
+        k.laplace_rows(np.zeros((10, 2)), w, mu, var, np.zeros(2), np.zeros((2, 4)), np.zeros((2, 4, 3)))
+    with pytest.raises(ValueError, match="laplace_rows"):
+        k.laplace_rows(np.zeros((10, 2)), w, mu, var, np.zeros(2), np.zeros((2, 4), dtype=np.float32), np.zeros((2, 4, 4)))
