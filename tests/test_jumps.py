@@ -226,6 +226,23 @@ def test_warmup_steps_and_model_defaults():
     assert (plain.jumps, plain.warmup, plain.control_variates, plain.first_draws, plain.check_draws) == (0, 0.0, False, 0, 0)
 
 
+def test_the_mixtures_warm_up_gives_way_to_its_first_draws_and_comes_back_in_the_restarts():
+    """The mixture's first chunk is carried by its importance draws (``first_draws``): no SGHMC warm-up
+    then; without the draws (set off, or the detector's restarts) the model's 9 is back; a warm-up set
+    by the user is kept; logistic regression (no draws) keeps its own."""
+    from service.detect.detector import Detector
+
+    gmm, logistic = build_model("gmm:components=3", 2), build_model("logistic-regression:classes=3", 4)
+    assert SGAISConfig().for_model(gmm).warmup == 0.0
+    assert SGAISConfig(first_draws=0).for_model(gmm).warmup == gmm.sgais_warmup == 9.0
+    assert SGAISConfig(warmup=2.0).for_model(gmm).warmup == 2.0
+    assert SGAISConfig().for_model(logistic).warmup == logistic.sgais_warmup == 9.0
+    det = Detector(build_sampler(gmm, SGAISConfig()))
+    assert det.restarts.config.first_draws == 0 and det.restarts.config.warmup == 9.0
+    det = Detector(build_sampler(gmm, SGAISConfig(warmup=2.0)))
+    assert det.restarts.config.warmup == 2.0
+
+
 def test_logistic_regression_uses_control_variates_by_default():
     x = D.logistic_regression_data(1_500, 0)
     model = build_model("logistic-regression:classes=4", n_columns=x.shape[1])

@@ -109,7 +109,8 @@ class Detector:
         # 15-21 nats) that nothing had moved: false alarms at 13,500 and 18,000 (``cusp bench detect``)
         self.restarts = sampler
         if getattr(sampler.config, "first_draws", 0) and hasattr(model, "first_draws"):
-            self.restarts = build_sampler(model, sampler.config.replace(first_draws=0, check_draws=0))
+            # (from the settings as given: without the draws, the model's own first-chunk warm-up is back)
+            self.restarts = build_sampler(model, getattr(sampler, "requested", sampler.config).replace(first_draws=0, check_draws=0))
         self.run_length_seconds = self.config.run_length_seconds
         self.scale_free = self.config.expected_run_length == AUTO
         self.log_hazard = -math.log(DEFAULT_RUN_LENGTH if self.run_length_seconds is not None or self.scale_free

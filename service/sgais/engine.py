@@ -223,6 +223,7 @@ class Sampler(SamplerBase):
 
     def __init__(self, model: Model, config: SGAISConfig):
         self.model = model
+        self.requested = config  # as given: the model's defaults fill its None settings in ``config``
         self.config = config.for_model(model)
         self._integrate = INTEGRATORS[config.integrator]
         # accepted, proposed, passed a two-stage jump's first stage (diagnostics; not part of the state)
