@@ -267,6 +267,28 @@ class NativeKernels:
             raise MemoryError("nig_update: scratch allocation failed")
         return r2, z2, ab2, lp
 
+    def nig_update_into(self, src: np.ndarray, at: tuple[int, int, int], phi: np.ndarray, y: np.ndarray,
+                        dst: np.ndarray, lp: np.ndarray) -> None:
+        """``nig_update`` on a state laid out in one array: ``R [K, D, D]``, ``z [K, D]`` and ``ab [K, 2]``
+        read at the element offsets ``at`` = (R's, z's, ab's) of ``src`` (C-contiguous float64), R', z',
+        ab' written at the same offsets of ``dst`` (the same layout) and log p(y | past) into
+        ``lp [K]``; K and D from ``phi [K, B, D]``. For models/timeseries.py's point-by-point updates:
+        one foreign call, no copies of the state's parts."""
+        phi = np.ascontiguousarray(phi, dtype=np.float64)
+        y = np.ascontiguousarray(y, dtype=np.float64)
+        k, b, d = phi.shape if phi.ndim == 3 else (0, 0, 0)
+        o_r, o_z, o_ab = (int(o) for o in at)
+        ends = (o_r + k * d * d, o_z + k * d, o_ab + 2 * k)
+        if (k < 1 or b < 1 or y.shape != (b,) or lp.shape != (k,) or min(o_r, o_z, o_ab) < 0
+                or any(not (a.dtype == np.float64 and a.flags.c_contiguous and a.ndim == 1) for a in (src, dst, lp))
+                or src.shape != dst.shape or max(ends) > src.shape[0] or not dst.flags.writeable):
+            raise ValueError(f"nig_update_into: a state of {src.shape}, offsets {at}, phi {phi.shape}, y {y.shape} "
+                             f"and lp {lp.shape} do not fit")
+        s, t = src.ctypes.data, dst.ctypes.data
+        if self._nig_update(k, d, b, s + 8 * o_r, s + 8 * o_z, s + 8 * o_ab, phi.ctypes.data, y.ctypes.data,
+                            t + 8 * o_r, t + 8 * o_z, t + 8 * o_ab, lp.ctypes.data):
+            raise MemoryError("nig_update: scratch allocation failed")
+
 
 def _check_indices(name: str, idx: np.ndarray, rows: int) -> None:
     """Row indices ``idx`` into a pool of ``rows`` rows, before C reads through them."""

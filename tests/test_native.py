@@ -647,3 +647,42 @@ def test_bad_laplace_and_em_run_arguments_are_refused_not_read():
         k.laplace_rows(np.zeros((10, 2)), w, mu, var, np.zeros(2), np.zeros((2, 4)), np.zeros((2, 4, 3)))
     with pytest.raises(ValueError, match="laplace_rows"):
         k.laplace_rows(np.zeros((10, 2)), w, mu, var, np.zeros(2), np.zeros((2, 4), dtype=np.float32), np.zeros((2, 4, 4)))
+
+
+@pytest.mark.parametrize("spec", ["level", "ar:order=3", "trend:order=1", "seasonal", "seasonal:period=12,trend=1"])
+def test_the_framed_update_in_numpy_equals_the_torch_path(spec, monkeypatch):
+    """``TimeSeriesRegression._update_framed`` (numpy around ``nig_update``, once the frame is fixed)
+    against the torch path: the states and every chunk's log predictive, one row at a time and in
+    chunks of 5, to rounding."""
+    from models import timeseries
+
+    m = build_model(spec, 1)
+    y = torch.from_numpy(300.0 + 20.0 * np.random.default_rng(7).standard_normal((60, 1)))
+
+    def run(native_on: bool, size: int):
+        with monkeypatch.context() as mp:
+            if not native_on:
+                mp.setattr(timeseries, "kernels", lambda: None)
+            post, lps = m.exact_init(), []
+            for lo in range(0, 60, size):
+                post, lp = m.exact_update(post, y[lo : lo + size])
+                lps.append(lp)
+            return post, np.array(lps)
+
+    for size in (1, 5):
+        (got, got_lp), (want, want_lp) = run(True, size), run(False, size)
+        assert torch.allclose(got, want, rtol=1e-10, atol=1e-12), (size, (got - want).abs().max())
+        assert np.allclose(got_lp, want_lp, rtol=0, atol=1e-9), (size, np.abs(got_lp - want_lp).max())
+
+
+def test_bad_nig_update_into_arguments_are_refused_not_read():
+    k = native.kernels()
+    state, phi, y = np.zeros(20), np.ones((1, 1, 2)), np.zeros(1)
+    with pytest.raises(ValueError, match="nig_update_into"):  # R runs past the state's end
+        k.nig_update_into(state, (18, 0, 4), phi, y, np.zeros(20), np.zeros(1))
+    with pytest.raises(ValueError, match="nig_update_into"):  # another layout to write into
+        k.nig_update_into(state, (0, 4, 6), phi, y, np.zeros(21), np.zeros(1))
+    with pytest.raises(ValueError, match="nig_update_into"):
+        k.nig_update_into(state, (0, 4, 6), phi, np.zeros(2), np.zeros(20), np.zeros(1))
+    with pytest.raises(ValueError, match="nig_update_into"):
+        k.nig_update_into(state, (-1, 4, 6), phi, y, np.zeros(20), np.zeros(1))

@@ -188,7 +188,7 @@ def prepare(model: Model, config: SGAISConfig, n: int, chunk: torch.Tensor, rese
     rows = model.featurize(chunk)
     if rows.shape[0] == 0:
         raise ValueError("empty chunk")
-    if not bool(torch.isfinite(rows).all()):
+    if not bool(np.isfinite(rows.numpy()).all()):
         raise ValueError("chunk contains NaN or infinite values")
     expected = min(n, config.reservoir_capacity)
     if reservoir.size != expected:

@@ -16,6 +16,7 @@ import math
 import time
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from models.base import Model
@@ -113,7 +114,7 @@ class ExactSampler(SamplerBase):
             g = torch.Generator()
             g.set_state(state.rng)
             writes = algorithm_r(g, state.n, rows, self.config.reservoir_capacity)
-        if not math.isfinite(lp) or not all(bool(torch.isfinite(t).all()) for t in _tensors(post)):
+        if not math.isfinite(lp) or not all(bool(np.isfinite(t.numpy()).all()) for t in _tensors(post)):
             # a value so far out that the statistics overflow float64 (e.g. 1e160 squared): refused,
             # state unchanged (the worker retries, then dead-letters it), never a -inf or NaN evidence
             raise EngineError(f"the chunk's exact update is not finite (log predictive {lp}): a value in it is too "
