@@ -52,6 +52,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="detector setting, e.g. threshold=0.999 (repeatable; see README)")
 
 
+#: column names that usually number the rows rather than measure anything (``run``'s note)
+INDEX_NAMES = ("year", "month", "week", "day", "hour", "quarter", "index", "idx", "id", "t", "n", "row")
+
+
 class Progress:
     """A one-line progress bar on a terminal's stderr; silent otherwise."""
 
@@ -76,7 +80,14 @@ def run(args: argparse.Namespace) -> int:
     torch.set_num_threads(1)
     if args.chunk_size is not None and args.chunk_size < 1:
         raise DataError("--chunk-size must be a positive integer")
+    if not 0 <= args.seed <= 2**62:  # the API's limits (a stream's seed), so a replay can be a stream
+        raise DataError("--seed must be an integer in [0, 2^62]")
     names, data, stamps = read_series(args.data, args.time_column)
+    counters = [n for n in names if n.strip().lower() in INDEX_NAMES]
+    if stamps is None and data.shape[1] > 1 and counters:  # a new user's yearly CSV ran as two-column data
+        print(f"note: column {', '.join(map(repr, counters))} is modelled as data with the others; if it numbers the rows "
+              "(a year, an index), leave it out of the file, or give the rows' times as --time-column (RFC 3339 times, "
+              "dates or epoch seconds)", file=sys.stderr)
     if args.chunk_size is None:
         args.chunk_size = default_chunk_size(data.shape[0], args.detect)
         print(f"chunks of {args.chunk_size} row{'' if args.chunk_size == 1 else 's'} (--chunk-size to change)", file=sys.stderr)

@@ -68,6 +68,7 @@ def test_replay_reads_npy(tmp_path):
         ("a,b\n1,2\n", ["--model", "gaussian", "--sampler", "fast"], "unknown sampler preset"),
         ("a,b\n1,2\n", ["--model", "gaussian", "--particles", "1"], "particles"),
         ("a,b\n1,2\n", ["--model", "gaussian", "--chunk-size", "0"], "chunk-size"),
+        ("a,b\n1,2\n", ["--model", "gaussian", "--seed", "-1"], "--seed must be an integer in [0, 2^62]"),
         ("a,b\n1,2\n", ["--model", "linear-regression", "--target", "zz"], "target column 'zz'"),
         ("a,b\n1,2\n", ["--model", "logistic-regression"], "class label"),
         ("ts,v\n2021-01-02,1\n2021-01-01,2\n", ["--model", "gaussian"], "ts[1] is before ts[0]"),
@@ -264,3 +265,18 @@ def test_replay_detect_chunks_a_short_series_as_post_detect_does(tmp_path):
     old = cusp(str(p), "--detect", "--chunk-size", "500", "--out", str(tmp_path / "t.jsonl"))
     assert old.returncode == 0 and "stream (model-averaged)" not in old.stderr, old.stderr
     assert "chunks of 500 rows" in cusp(str(p), "--out", str(tmp_path / "t.jsonl")).stderr
+
+
+def test_a_column_that_numbers_the_rows_gets_a_note(tmp_path, capsys):
+    """A new user's yearly CSV (year, value) ran as two columns of data without a word: now a note
+    names the column and says what to do (the run goes on: it may be data)."""
+    from service.cli import main
+
+    p = tmp_path / "yearly.csv"
+    p.write_text("year,value\n" + "".join(f"{1990 + i},{10 + (i > 12) * 5 + (i % 3)}\n" for i in range(25)))
+    assert main(["replay", str(p)]) == 0
+    err = capsys.readouterr().err
+    assert "note: column 'year' is modelled as data" in err, err
+    p.write_text("value\n" + "".join(f"{10 + (i % 3)}\n" for i in range(25)))
+    assert main(["replay", str(p)]) == 0
+    assert "note:" not in capsys.readouterr().err
