@@ -177,7 +177,7 @@ class Detector:
         ways its new regime may start (``_kinds``), whether or not each could be built there."""
         return self.log_prior_odds(rows, since) - math.log(len(self._kinds(rows)))
 
-    def _log_odds(self, c: Challenger, since: int) -> float:
+    def _log_odds(self, c: Challenger, since: int, s: DetectorState | None = None) -> float:
         """What ``decide`` adds to a challenger's log Bayes factor for its posterior log odds of a
         change: its prior log odds (``restart_log_prior_odds``), less what a single outlier
         explains. On point-by-point data one wild row is worth tens of nats to any restart, whose
@@ -194,15 +194,81 @@ class Detector:
         was once thought a small part of a chunk's term; it is not (seen: the same spike among rows
         in chunks of 10 or 25 was a change with confidence 0.997-1.0 for level, ar, trend and
         seasonal: a short-memory restart at its chunk, compared from that chunk on, scored the
-        spike 20 nats better than the incumbent and nothing else much differently)."""
+        spike 20 nats better than the incumbent and nothing else much differently).
+
+        And an outlier before the restart (exact models, with the detector's state ``s``): an
+        incumbent that absorbed a wild row predicts every row after it worse (a 70-sd spike in
+        N(10, 1): its noise variance inflated, each row's log predictive -1.4 -> -2.65), so a
+        restart after it gains a nat or two a row and was reported 15-120 rows later, and once
+        adopted, held the spike itself and was beaten the same way again: two change points for
+        one wild reading (a new user, point by point, 20-70 sd; ``level``, ``ar``, ``trend``,
+        ``seasonal``). So the hypotheses are also "the most surprising chunk before the restart
+        was an outlier" (the incumbent without it: ``_outlier_log_bf``'s A on the rows before the
+        restart, B on the rows from its start, log Bayes factors against the incumbent; the chunk
+        itself explained alike by all), with and without the change, an outlier as likely a
+        priori as a change. Against no change (weight 1), change e^(L+q), the single row e^(top+q),
+        outlier e^(A+B+q), outlier and change e^(A+L-B+2q) (the restart against the incumbent
+        without the outlier is L - B on its rows): P(change) = (e^(L+q) + e^(A+L-B+2q)) / (all).
+        A restart after a lone spike then stands against an outlier hypothesis as good as it
+        (L about B); a real change after a spike keeps its odds (B < 0 there: the incumbent without
+        the spike, tighter, predicts the new level worse). Worked out only where the rest gives
+        P >= 1/2."""
         q = self.restart_log_prior_odds(c.first_rows, since)
-        if not c.compared or (c.first_rows != 1 and c.top_row <= 0.0):
-            return q
-        top = max(c.diffs[len(c.diffs) - c.compared:]) if c.first_rows == 1 else c.top_row
-        l2 = c.log_bf - top
-        a, b = -(c.log_bf + q), -l2  # log e^-(L+q) + e^-L2, stably
-        both = -(max(a, b) + math.log1p(math.exp(-abs(a - b))))
-        return both - c.log_bf
+        change, other = [c.log_bf + q], [0.0]  # log weights against no change
+        if c.compared and not (c.first_rows != 1 and c.top_row <= 0.0):
+            top = max(c.diffs[len(c.diffs) - c.compared:]) if c.first_rows == 1 else c.top_row
+            other.append(top + q)  # e^-L2 of change's: L2 = L - top
+        if s is not None and self.exact and _logsumexp(change) >= _logsumexp(other):
+            split = self._outlier_log_bf(s, c)
+            if split is not None:
+                a, b, _ = split
+                change.append(a + c.log_bf - b + 2.0 * q)
+                other.append(a + b + q)
+        return _logsumexp(change) - _logsumexp(other) - c.log_bf
+
+    def _outlier_log_bf(self, s: DetectorState, c: Challenger) -> tuple[float, float, int] | None:
+        """(A, B, the end of that chunk) of ``_log_odds``: the log Bayes factor of "the most surprising chunk of this regime
+        before ``c`` starts (its log predictive per row at least ``surprise`` robust sds below the
+        median of the regime's chunks before ``c``) was an outlier" against the incumbent, on the chunks between it and ``c``'s start (A) and on those
+        from that start (B): the incumbent's posterior from before that chunk, updated with the
+        chunks after it but not with it, against the incumbent's log predictives of those chunks.
+        None where no chunk is that surprising, or no state before it is kept (``Recent.state``,
+        ``Recent.before``, ``DetectorState.dropped``'s anchor). For an autoregression or a trend
+        the rows after it meet one lag or time step off: an approximation of a hypothesis that is
+        itself one of several."""
+        rows = [*s.dropped, *s.recent]
+        if any(r.rows is None for r in rows):
+            return None
+        # its chunks' log predictive per row against their median, in 1.4826 x their median absolute
+        # deviations (what the state keeps for every chunk, ``dropped``'s included: the same after a
+        # restore)
+        cands = [(k, r.lp / int(r.rows.shape[0])) for k, r in enumerate(rows)
+                 if r.start >= s.offset_n and r.start + int(r.rows.shape[0]) <= c.start]
+        if len(cands) < 5:
+            return None
+        x = sorted(v for _, v in cands)
+        med = x[len(x) // 2]
+        mad = 1.4826 * sorted(abs(v - med) for v in x)[len(x) // 2]
+        j, low = min(cands, key=lambda kv: kv[1])
+        if not mad > 0.0 or (low - med) / mad > -self.config.surprise or j + 1 >= len(rows):
+            return None
+        a = max((k for k in range(j + 1) if rows[k].state is not None or rows[k].before is not None), default=None)
+        if a is None:
+            return None
+        model = self.sampler.model
+        split = j + 1 + sum(1 for r in rows[j + 1 :] if r.start < c.start)
+        out = []
+        with torch.inference_mode():
+            post = load_state(rows[a].state).post if rows[a].state is not None else rows[a].before.post
+            if a < j:
+                post = model.exact_update(post, model.featurize(torch.cat([r.rows for r in rows[a:j]]).to(torch.float64)))[0]
+            for part in (rows[j + 1 : split], rows[split:]):
+                if not part:
+                    out.append(0.0)
+                    continue
+                post, clean = model.exact_update(post, model.featurize(torch.cat([r.rows for r in part]).to(torch.float64)))
+                out.append(float(clean) - sum(r.lp for r in part))
+        return out[0], out[1], rows[j].start + int(rows[j].rows.shape[0])
 
     def log_prior_odds(self, rows: int, since: int = 0) -> float:
         """log p/(1-p), p the prior probability of a change within the candidate's first chunk of
@@ -344,7 +410,7 @@ class Detector:
         # 3. did one win? (An earlier restart also beats an incumbent that a later change hurts,
         # so the winner's own comparison places the change: ``_where``.)
         events: list[Event] = []
-        best, confidence = decide(new.challengers, lambda c: self._log_odds(c, c.start - new.offset_n),
+        best, confidence = decide(new.challengers, lambda c: self._log_odds(c, c.start - new.offset_n, new),
                                   cfg.threshold,
                                   eligible=self._eligible,
                                   data_moved=lambda c, others: self._data_moved(
@@ -381,7 +447,14 @@ class Detector:
                     winner = best  # the restart failed on some chunk: keep the one that did not
             where = new.recent[i] if i is not None else None
             location = where.start if where is not None and (at or not best.skip) else best.start
-            refined = (self._refine(new.recent, i, before, best.shift, new.dropped, skip=best.skip if at == 0 else 0)
+            # not at or before an outlier that the rows between it and the winner's start are better
+            # predicted without (``_log_odds``): the incumbent's predictives after a wild row are poor
+            # wherever the change is put, and a place at the spike itself scored best (a spike at 100,
+            # +3 sd at 200, point by point: the change placed at 100)
+            outlier = self._outlier_log_bf(new, best) if self.exact else None
+            floor = outlier[2] if outlier is not None and outlier[0] > 0.0 else None
+            refined = (self._refine(new.recent, i, before, best.shift, new.dropped, skip=best.skip if at == 0 else 0,
+                                    floor=floor)
                        if where is not None else None)
             if refined is not None:
                 where, location = (new.dropped + new.recent)[refined.chunk], refined.location
@@ -459,7 +532,7 @@ class Detector:
         for c in s.challengers:
             if not c.compared or not self._eligible(c):
                 continue
-            q = posterior(c.log_bf, self._log_odds(c, c.start - s.offset_n))
+            q = posterior(c.log_bf, self._log_odds(c, c.start - s.offset_n, s))
             if q < PENDING_FLOOR:
                 continue
             fed = c.seqs[c.memory:]
@@ -469,7 +542,7 @@ class Detector:
         return sorted(places.items())
 
     def _refine(self, recent: list[Recent], i: int, frame, shift: bool = False,
-                dropped: list[Recent] | None = None, skip: int = 0) -> "Refined | None":
+                dropped: list[Recent] | None = None, skip: int = 0, floor: int | None = None) -> "Refined | None":
         """Where the change began, for the exact method: the row j that maximises log p(rows
         before j | incumbent) + log p(rows from j to now | a restart at j), the change's most
         probable place (the prior of a change is the same for every row); with what a restart
@@ -490,7 +563,8 @@ class Detector:
         incumbent's posterior before each row, replayed from its state before the first (the
         anchor). Returns ``Refined.chunk`` as an index into ``dropped + recent``. None: nothing to
         refine (another method, a single row, no saved state). ``skip``: the winner started that
-        many rows into chunk i (``_split``), the place the support set is anchored to."""
+        many rows into chunk i (``_split``), the place the support set is anchored to. ``floor``: no
+        row before it is a place (an outlier's chunk ends there, ``update``)."""
         recent = (dropped or []) + recent
         i += len(dropped or [])
         if not self.exact or any(r.rows is None for r in recent):
@@ -498,7 +572,7 @@ class Detector:
         pointwise = int(recent[i].rows.shape[0]) == 1
         # point by point the incumbent's log predictive of each row is kept with it: no state is
         # needed, unless for a level shift or among chunks of several rows
-        replay = shift or not pointwise or any(int(r.rows.shape[0]) != 1 for r in recent)
+        replay = shift or not pointwise or any(int(r.rows.shape[0]) != 1 for r in recent) or floor is not None
         if pointwise:
             lo = max((k for k in range(i + 1) if recent[k].state is not None), default=0) if replay else 0
             hi = len(recent)
@@ -527,6 +601,10 @@ class Detector:
             kinds = [1, 2] if shift and self.kinks else [int(shift)]
             scores, befores, posts = [], [], []  # scores: [row][kind]
             before = 0.0
+            # after an outlier (``floor``, point by point): the places after it are scored with the
+            # incumbent that did not learn from it (``_log_odds``), its row explained alike by all
+            f = floor - recent[lo].start if floor is not None and pointwise else -1
+            clean, cbefore = None, 0.0
             for j in range(span):
                 if j:
                     if post is None:
@@ -534,8 +612,17 @@ class Detector:
                     else:
                         post, lp = model.exact_update(post, rows[j - 1 : j])
                     before += lp
-                posts.append(post)
-                starts = [(model.exact_shift(post) if kind == 1 else model.exact_kink(post)) if kind else fresh
+                    if clean is not None:
+                        if j - 1 == f - 1:
+                            cbefore += lp
+                        else:
+                            clean, clp = model.exact_update(clean, rows[j - 1 : j])
+                            cbefore += clp
+                if j == f - 1 and f >= 1:
+                    clean, cbefore = post, before
+                use = clean if clean is not None and j >= f else post
+                posts.append(use)
+                starts = [(model.exact_shift(use) if kind == 1 else model.exact_kink(use)) if kind else fresh
                           for kind in kinds]
                 if any(s is None for s in starts):
                     # no such restart before this row (a level shift inside the incumbent's warm-up,
@@ -544,13 +631,13 @@ class Detector:
                     # chunk's first row: +5 sd at 165, 199 and 225 in chunks of 150 all at 150.)
                     scores.append([-math.inf]), befores.append(before)
                     continue
-                scores.append([before + (suffix[j] if suffix is not None else model.exact_update(s, rows[j:])[1])
-                               for s in starts])
+                scores.append([(cbefore if clean is not None and j >= f else before)
+                               + (suffix[j] if suffix is not None else model.exact_update(s, rows[j:])[1]) for s in starts])
                 befores.append(before)
             # (placing by the winning level shift unless a slope change is SUPPORT_NATS ahead kept
             # the AR(1) latency's jump at 250 where a kink at 249 is 0.7 nats ahead four rows after
             # it, but placed the slope-change simulation 6-8 rows late on 3 of 3 seeds, F1 0.83 -> 0.50)
-            best = [max(v) for v in scores]
+            best = [max(v) if floor is None or recent[lo].start + k >= floor else -math.inf for k, v in enumerate(scores)]
             top = max(best)
             if top == -math.inf:
                 return None
@@ -967,6 +1054,11 @@ class Detector:
         w = weight(self.config.smoothing, s.level.count)
         s.steps.update(steps, w, first=s.level.count == 0)
         s.level.update(x, b, w)
+
+
+def _logsumexp(xs: list[float]) -> float:
+    top = max(xs)
+    return top + math.log(sum(math.exp(x - top) for x in xs))
 
 
 def detector_seed(model_seed: int) -> int:
