@@ -143,6 +143,11 @@ def run(args: argparse.Namespace) -> int:
     finally:
         if out is not sys.stdout:
             out.close()
+    near = answer.nearest if args.detect else None
+    if near is not None and not any(abs(near[1] - c) <= answer.window for c in stream_found):
+        support = ", ".join(f"{m} p={p:.3g} confidence {c:.4f}" for m, (p, c) in sorted(near[2].items()))
+        print(f"stream (model-averaged): no change at observation {near[1]}: its probability reached {near[0]:.4f}, "
+              f"below the threshold {dcfg.threshold:g} ({support})", file=sys.stderr)
     final = {label: t[-1]["log_evidence"] for label, t in traces.items()}
     probs = log_model_probabilities(final)
     for label in labels:

@@ -280,3 +280,25 @@ def test_a_column_that_numbers_the_rows_gets_a_note(tmp_path, capsys):
     p.write_text("value\n" + "".join(f"{10 + (i % 3)}\n" for i in range(25)))
     assert main(["replay", str(p)]) == 0
     assert "note:" not in capsys.readouterr().err
+
+
+def test_replay_says_when_model_events_fall_short_of_a_stream_change(tmp_path, capsys):
+    """25 yearly values with a +3 sd jump at 12: `level` and `student-t` report it (0.9955 and
+    0.9910), the model-averaged probability stays at 0.9883, under 0.99: a new user saw two events
+    and silence from the stream. The replay now says how near the stream came, and with which
+    support; nothing of the kind where the stream reports the change (a jump twice as large)."""
+    from service.cli import main
+
+    y = 100 + 5 * np.random.default_rng(0).standard_normal(25)
+    y[12:] += 15
+    p = tmp_path / "yearly.csv"
+    p.write_text("value\n" + "".join(f"{v:.3f}\n" for v in y))
+    assert main(["replay", str(p), "--detect", "--out", str(tmp_path / "t.jsonl")]) == 0
+    err = capsys.readouterr().err
+    assert "stream (model-averaged): no change at observation 13: its probability reached 0.98" in err, err
+    assert "level p=0.8" in err and "below the threshold 0.99" in err, err
+    y[12:] += 15
+    p.write_text("value\n" + "".join(f"{v:.3f}\n" for v in y))
+    assert main(["replay", str(p), "--detect", "--out", str(tmp_path / "t.jsonl")]) == 0
+    err = capsys.readouterr().err
+    assert "stream (model-averaged): change point at observation 1" in err and "no change at" not in err, err

@@ -79,6 +79,10 @@ class StreamAnswer:
         # observations then (not part of the state: the service keeps the last ones beside it)
         self.probabilities: dict[str, float] | None = None
         self.compared_n: int | None = None
+        # the most probable candidate that stayed below ``threshold``, (probability, location, each
+        # supporting model's (p, confidence)), for ``cusp replay`` to say why a model's event is no
+        # stream change (a new user saw two events and silence); not part of the state
+        self.nearest: tuple[float, int, dict[str, tuple[float, float]]] | None = None
 
     def step(self, n: int, rows: int, log_evidence: dict[str, float] | None,
              events: dict[str, list[Event]] | None = None,
@@ -134,6 +138,9 @@ class StreamAnswer:
             weights = _with_changes(probs, {m: best[m][1] for m in best if m not in reported})
             best = {m: (weights[m], c, where, when) for m, (_, c, where, when) in best.items()}
             bound = sum(p * c for p, c, _, _ in best.values())
+            if bound < self.threshold and (self.nearest is None or bound > self.nearest[0]):
+                top = max(reported, key=lambda m: best[m][0] * best[m][1])
+                self.nearest = (bound, best[top][2], {m: (p, c) for m, (p, c, _, _) in best.items()})
             if bound >= self.threshold:
                 top = max(reported, key=lambda m: best[m][0] * best[m][1])
                 found.append(StreamChange(location=best[top][2], detected_at=int(n), confidence=min(bound, 1.0),
