@@ -226,8 +226,7 @@ class TimeSeriesRegression(_Framed):
 
     def _size(self, c: int) -> int:
         """The length of a state with the first ``c`` components."""
-        d = self._width(c)
-        return 3 + self.warmup + self.order + (c if c > 1 else 0) + c * (2 + d * d + d)
+        return self._offsets(c)[4] + c * self._width(c)
 
     def _count(self, post: torch.Tensor) -> int:
         """The components of the state ``post``: this version's, or a legacy layout's."""
@@ -238,23 +237,27 @@ class TimeSeriesRegression(_Framed):
         raise ModelError(f"{self.name}: a state of {post.numel()} numbers is not this model's ({self._size(c)}): "
                          "saved by another model or version")
 
+    def _offsets(self, c: int) -> tuple[int, int, int, int, int]:
+        """Where the pieces of a state with ``c`` components start (``_parts``): (lags, logw, ab,
+        r, z); buf starts at 3, logw is there only with several components."""
+        d, o_lags = self._width(c), 3 + self.warmup
+        o_w = o_lags + self.order
+        o_ab = o_w + (c if c > 1 else 0)
+        o_r = o_ab + 2 * c
+        return o_lags, o_w, o_ab, o_r, o_r + c * d * d
+
     def _parts(self, post: torch.Tensor) -> dict[str, torch.Tensor]:
         """Views into ``post``: buf [warmup], lags [order], logw [K] (only with several components:
         their posterior log weights), ab [K, 2], r [K, D, D], z [K, D]."""
-        k, p, c = self.warmup, self.order, self._count(post)
+        c = self._count(post)
         d = self._width(c)
-        o = 3
-        parts = {"buf": post[o : o + k]}
-        o += k
-        parts["lags"] = post[o : o + p]
-        o += p
+        o_lags, o_w, o_ab, o_r, o_z = self._offsets(c)
+        parts = {"buf": post[3:o_lags], "lags": post[o_lags:o_w]}
         if c > 1:
-            parts["logw"] = post[o : o + c]
-            o += c
-        parts["ab"] = post[o : o + 2 * c].view(c, 2)
-        o += 2 * c
-        parts["r"] = post[o : o + c * d * d].view(c, d, d)
-        parts["z"] = post[o + c * d * d : o + c * d * d + c * d].view(c, d)
+            parts["logw"] = post[o_w:o_ab]
+        parts["ab"] = post[o_ab:o_r].view(c, 2)
+        parts["r"] = post[o_r:o_z].view(c, d, d)
+        parts["z"] = post[o_z : o_z + c * d].view(c, d)
         return parts
 
     def _join(self, head: torch.Tensor, parts: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -419,19 +422,16 @@ class TimeSeriesRegression(_Framed):
         detector makes about 28 of them a row). The same evidence to rounding (tests/test_native.py)."""
         v = post.numpy()
         c = self._count(post)
-        d, k, p = self._width(c), self.warmup, self.order
-        o_w = 3 + k + p  # the layout of ``_parts``: logw (several components), ab, r, z
-        o_ab = o_w + (c if c > 1 else 0)
-        o_r = o_ab + 2 * c
+        o_lags, o_w, o_ab, o_r, o_z = self._offsets(c)  # ``_parts``' layout
         seen, centre, scale = int(v[0]), float(v[1]), float(v[2])
         zv = (rows[:, 0].numpy() - centre) / scale
         b = zv.shape[0]
-        phi, lags = self._design_np(zv, v[3 + k : o_w], seen, c)
+        phi, lags = self._design_np(zv, v[o_lags:o_w], seen, c)
         out, lps = np.empty_like(v), np.empty(c)
         out[:3] = (seen + b, centre, scale)
-        out[3 : 3 + k] = v[3 : 3 + k]
-        out[3 + k : o_w] = lags
-        native.nig_update_into(v, (o_r, o_r + c * d * d, o_ab), phi, zv, out, lps)
+        out[3:o_lags] = v[3:o_lags]
+        out[o_lags:o_w] = lags
+        native.nig_update_into(v, (o_r, o_z, o_ab), phi, zv, out, lps)
         if c == 1:
             mixed = float(lps[0])
         else:

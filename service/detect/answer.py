@@ -138,14 +138,14 @@ class StreamAnswer:
             weights = _with_changes(probs, {m: best[m][1] for m in best if m not in reported})
             best = {m: (weights[m], c, where, when) for m, (_, c, where, when) in best.items()}
             bound = sum(p * c for p, c, _, _ in best.values())
-            if bound < self.threshold and (self.nearest is None or bound > self.nearest[0]):
-                top = max(reported, key=lambda m: best[m][0] * best[m][1])
-                self.nearest = (bound, best[top][2], {m: (p, c) for m, (p, c, _, _) in best.items()})
+            top = max(reported, key=lambda m: best[m][0] * best[m][1])
+            support = {m: (p, c) for m, (p, c, _, _) in best.items()}
             if bound >= self.threshold:
-                top = max(reported, key=lambda m: best[m][0] * best[m][1])
                 found.append(StreamChange(location=best[top][2], detected_at=int(n), confidence=min(bound, 1.0),
-                                          support={m: (p, c) for m, (p, c, _, _) in best.items()}, location_time=best[top][3]))
+                                          support=support, location_time=best[top][3]))
                 self.changes = (self.changes + [best[top][2]])[-self.MAX_CHANGES:]
+            elif self.nearest is None or bound > self.nearest[0]:
+                self.nearest = (bound, best[top][2], support)
         return found
 
     def chunk(self, rows: int, evidence: dict[str, tuple[int, float] | None],

@@ -233,7 +233,7 @@ class Detector:
         from that start (B): the incumbent's posterior from before that chunk, updated with the
         chunks after it but not with it, against the incumbent's log predictives of those chunks.
         None where no chunk is that surprising, or no state before it is kept (``Recent.state``,
-        ``Recent.before``, ``DetectorState.dropped``'s anchor). For an autoregression or a trend
+        ``DetectorState.dropped``'s anchor). For an autoregression or a trend
         the rows after it meet one lag or time step off: an approximation of a hypothesis that is
         itself one of several."""
         rows = [*s.dropped, *s.recent]
@@ -252,16 +252,16 @@ class Detector:
         j, low = min(cands, key=lambda kv: kv[1])
         if not mad > 0.0 or (low - med) / mad > -self.config.surprise or j + 1 >= len(rows):
             return None
-        a = max((k for k in range(j + 1) if rows[k].state is not None or rows[k].before is not None), default=None)
+        # the incumbent's posterior before chunk j, from the last saved state at or before it (chunk j
+        # is never the one being processed, the only one with ``Recent.before``)
+        a = max((k for k in range(j + 1) if rows[k].state is not None), default=None)
         if a is None:
             return None
         model = self.sampler.model
         split = j + 1 + sum(1 for r in rows[j + 1 :] if r.start < c.start)
         out = []
+        post = self._load(rows[a]) if a == j else self._fold(rows[a:j])
         with torch.inference_mode():
-            post = load_state(rows[a].state).post if rows[a].state is not None else rows[a].before.post
-            if a < j:
-                post = model.exact_update(post, model.featurize(torch.cat([r.rows for r in rows[a:j]]).to(torch.float64)))[0]
             for part in (rows[j + 1 : split], rows[split:]):
                 if not part:
                     out.append(0.0)
