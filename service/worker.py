@@ -23,8 +23,10 @@ Scheduling: the ingest script publishes the stream's name on ``cusp:wake``; an i
 blocks on it and then looks at the named streams (and its pairs with more backlog) only, not at
 every stream. A full scan of every stream (one pipelined round trip per kind of read) runs at
 start, every ``FULL_SCAN_SECONDS``, after an error and when the number of live workers changed,
-for anything a lost message left behind. Pairs are served from a rotating start, not in name
-order. SIGTERM: the chunk in hand is finished, leases are released, the loop exits.
+for anything a lost message left behind; and once more a life key's time after that number fell
+(a worker that died between renewing its life key and writing its heartbeat still held its
+pairs at the first of those scans). Pairs are served from a rotating start, not in name order.
+SIGTERM: the chunk in hand is finished, leases are released, the loop exits.
 
 Health: the loop records each step it completes (a poll, a chunk applied) in ``LoopHealth``, which
 the worker's ``/healthz`` reads (stuck for ``stall_seconds``, or the last ``MAX_POLL_ERRORS`` polls
@@ -204,6 +206,7 @@ class Worker:
         self._pairs_total = 0  # stream x model pairs at the last full scan
         self._scanned = -math.inf  # monotonic time of the last full scan
         self._alive = 0  # live workers at the last poll
+        self._rescan_at: float | None = None  # monotonic time of a full scan due after the live count fell
         self._backlog: set[tuple[str, str]] = set()  # held pairs that had more chunks than one batch
         self._turn = 0  # rotating start over the pairs of a poll
         self._unreleased: set[tuple[str, str]] = set()  # pairs dropped on a Redis error, their leases still ours
@@ -340,7 +343,17 @@ class Worker:
             self._drop(key)
         now = time.time()
         alive = self.store.live_workers(self.id, now, self.ttl_ms / 1000)  # live: a heartbeat as young as a lease key
-        full = woken is None or alive != self._alive or time.monotonic() - self._scanned >= FULL_SCAN_SECONDS
+        mono = time.monotonic()
+        # one more full scan a life key's time after the live count fell: the pass that saw the drop
+        # may have found the dead worker's life key still there (it dies between its keeper's two
+        # commands: a life key just renewed, a heartbeat from the keeper's previous period), and
+        # nothing else would look at its pairs again before the next periodic scan
+        again = self._rescan_at is not None and mono >= self._rescan_at
+        full = woken is None or alive != self._alive or again or mono - self._scanned >= FULL_SCAN_SECONDS
+        if alive < self._alive:
+            self._rescan_at = mono + self.ttl_ms / 1000
+        elif again:
+            self._rescan_at = None
         self._alive = alive
         if full:
             self._streams = self.store.stream_names()

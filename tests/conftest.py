@@ -27,3 +27,11 @@ def redis_cluster(tmp_path_factory):
     c = RedisClusterProcs(tmp_path_factory.mktemp("redis-cluster"))
     yield c
     c.close()
+
+
+@pytest.fixture
+def reaped(cluster):
+    """The requesting module's ``cluster`` (test_reliability's, or test_cluster's on the Redis
+    Cluster); the worker processes a test started are killed when it ends, passed or not."""
+    yield cluster
+    cluster[3].reap()

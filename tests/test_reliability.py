@@ -146,6 +146,14 @@ class ForkServer:
         os.kill(pid, sig)
         wait_for(lambda: not self.running(pid), 30, f"worker {pid} to exit after signal {sig}")
 
+    def reap(self) -> None:
+        """SIGKILL every worker still running: a test that failed half-way leaves none behind to
+        take the next test's pairs (seen: a failed paused-worker test's two workers held the
+        crash test's stream, and that test failed too)."""
+        for pid in list(self.procs.forked):
+            if self.running(pid):
+                self.stop(pid)
+
 
 @pytest.fixture
 def procs(tmp_path):
@@ -346,13 +354,13 @@ def lease_holder(r, s: str) -> int | None:
     pytest.param(GAUSSIAN, 10, 1, id="gaussian"),
     pytest.param("gmm:components=3", 12, 2, id="gmm3", marks=pytest.mark.slow),
 ])
-def test_worker_sigkilled_repeatedly_gives_bit_identical_results(cluster, spec, kills, seed):
+def test_worker_sigkilled_repeatedly_gives_bit_identical_results(reaped, spec, kills, seed):
     """100,000 observations in 200 chunks of 500, fed while a worker process applies them.
     ``kills`` times, at a seeded random moment (once a seeded random seq was applied, plus a
     random fraction of a chunk's time), the worker, which holds the stream's lease, is
     SIGKILLed and a fresh worker process is started; it takes over once the dead worker's
     lease expires. The results equal the uninterrupted run's exactly, no seq missing or twice."""
-    procs, redis, client, workers = cluster
+    procs, redis, client, workers = reaped
     r = connect(redis.url)
     chunks = shift_chunks(100_000)
     timing: list[float] = []
@@ -386,11 +394,11 @@ def test_worker_sigkilled_repeatedly_gives_bit_identical_results(cluster, spec, 
 
 
 # --- split brain ------------------------------------------------------------------------------
-def test_paused_worker_is_fenced_off_after_takeover(cluster):
+def test_paused_worker_is_fenced_off_after_takeover(reaped):
     """Two worker processes; the lease holder is SIGSTOPped mid-chunk past its lease, the other
     takes over and applies, the first is resumed with SIGCONT: its late write is refused by
     the fencing token and counted in its own cusp_fenced_writes_total; results stay exactly-once."""
-    procs, redis, client, workers = cluster
+    procs, redis, client, workers = reaped
     r = connect(redis.url)
     chunks = shift_chunks(16 * CHUNK)
     heavy = {"sghmc_steps": 100}  # ~0.07 s per chunk, nearly all of it computing (so a pause lands mid-chunk)
@@ -439,12 +447,12 @@ def _answers(port: int) -> bool:
 
 
 # --- poison chunk -----------------------------------------------------------------------------
-def test_poison_chunk_dead_lettered_by_a_worker_process_counting_earlier_attempts(cluster):
+def test_poison_chunk_dead_lettered_by_a_worker_process_counting_earlier_attempts(reaped):
     """A chunk the model cannot take (planted past the API's validation), with two failed
     attempts already recorded in Redis as a crashed worker would leave them: a fresh worker
     process dead-letters it on its first failure (CUSP_MAX_ATTEMPTS=3 in all), with the
     error, and goes on; another stream on the same worker is unaffected."""
-    procs, redis, client, workers = cluster
+    procs, redis, client, workers = reaped
     r = connect(redis.url)
     chunks = shift_chunks(4 * CHUNK)
     s, healthy = create(client, GAUSSIAN), create(client, GAUSSIAN)

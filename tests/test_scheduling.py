@@ -301,3 +301,39 @@ def test_a_stream_created_since_the_last_scan_stays_counted_in_the_share(env):
         assert len(w.hot) == 3, f"a pair was given back: {sorted(w.hot)}"
     finally:
         w.release_all()
+
+
+def test_a_dead_workers_pair_is_taken_over_when_its_life_key_outlived_its_heartbeat(env):
+    """Worker a holds a pair with a chunk pending and dies just after its lease keeper renewed
+    its life key but before it wrote its heartbeat (the two are separate commands): its heartbeat
+    goes stale a quarter of a lease before its life key lapses. Worker b's pass that sees the
+    live count drop finds a's life key still there and cannot take the pair; its later passes,
+    woken by nothing, must still take it within a lease. Before, b looked again only at the next
+    full scan, 30 s later (seen in a clean-clone CI run: a SIGSTOPped worker's pair not taken
+    over in 10 s, once in about 20 runs of the paused-worker test)."""
+    url, live = env
+    r = connect(url)
+    [s] = make(live, 1)
+    lease = 1.0
+    a = Worker(url, lease_seconds=lease, worker_id="a")
+    b = Worker(url, lease_seconds=lease, worker_id="b")
+    try:
+        post(live, s, 0)
+        assert a.poll_once(None) == 1  # a takes the pair and applies seq 0
+        assert b._wait_for_work(0.0) is None  # b subscribes
+        assert b.poll_once(None) == 0 and b._alive == 2  # b sees a alive and leaves its pair alone
+        post(live, s, 1)  # pending, and a will never apply it
+        assert b._wait_for_work(1.0) == {s}
+        # a dies between the keeper's two commands: a life key just renewed, a heartbeat from the
+        # keeper's previous period
+        r.set(keys.life("a"), "1", px=int(lease * 1000 * 0.75))
+        r.zadd(keys.WORKERS, {"a": time.time() - lease})
+        assert b.poll_once({s}) == 0 and b._alive == 1  # the drop is seen; a's life key still holds the pair
+        assert holders(url, [s])[s] == "a"
+        took = wait_until(lambda: b.poll_once(b._wait_for_work(0.05)) or applied(url, s) == 1, 3 * lease,
+                          "b to take a's pair over and apply seq 1")
+        assert applied(url, s) == 1 and holders(url, [s])[s] == "b", took
+    finally:
+        b._close_wake()
+        for w in (a, b):
+            w.release_all()
