@@ -499,6 +499,96 @@ static inline __attribute__((always_inline)) int gmm_loglik_body(
     return 0;
 }
 
+/* out [M]: sum_b log p(y_b | theta_m), the mixture's log-likelihood of B rows summed per particle
+ * (GaussianMixture.total_log_likelihood: importance draws' weights, Metropolis-Hastings ratios and
+ * mode checks over the whole reservoir, where gmm_loglik's [M, B] float64 terms cost most of a
+ * late check). The terms in float32, as grad_core32 computes them, on rows centred in float64
+ * first (y - c, c their mean: raw units far from zero lose nothing to the cast): each component's
+ * u = (y - c) / sigma - (mu - c) / sigma in one FMA, l_k = log w_k - log sigma_k - d log(2 pi) / 2
+ * - |u|^2 / 2, then the row's max and log-sum-exp; each row's value is added in float64 lanes.
+ * What float32 costs: 2-6e-7 nats a row, mostly the same way in every row of a component (its
+ * constants rounded to float32: the likelihood of parameters within float32 rounding of theta),
+ * so about 0.05 nats over 10^5 rows, against importance weights and acceptance ratios that span
+ * tens to thousands of nats (tests/test_native.py holds it to a float64 reference, raw units
+ * included). Unlike gmm_loglik's raw moments (mu y / sigma^2 - y^2 / 2 sigma^2, which cancel
+ * in float64 once |y| / sigma passes about 1e7), centred rows hold at any location. A row that every
+ * component puts at -inf (u * u past float32's range) is -inf; a NaN parameter's rows are NaN, as
+ * in gmm_loglik. Returns 0, or 1 when the scratch
+ * could not be allocated. */
+static inline __attribute__((always_inline)) int gmm_total32_body(
+    int M, int K, int d, long B, const double *theta, const double *rows, long stride, double *out)
+{
+    const int D = K * (1 + 2 * d);
+    scratch32 s;
+    if (scratch32_alloc(&s, K, d, B)) return 1;
+    const long padded = s.padded;
+    double cen[d];
+    for (int j = 0; j < d; j++) cen[j] = 0.0;
+    for (long b = 0; b < B; b++)
+        for (int j = 0; j < d; j++) cen[j] += rows[b * stride + j];
+    for (int j = 0; j < d; j++) cen[j] = B > 0 ? cen[j] / (double)B : 0.0;
+    for (long b = 0; b < B; b++)
+        for (int j = 0; j < d; j++) s.ycol[(size_t)j * padded + b] = (float)(rows[b * stride + j] - cen[j]);
+    for (long b = B; b < padded; b++)
+        for (int j = 0; j < d; j++) s.ycol[(size_t)j * padded + b] = 0.0f;
+    float *lj = s.lj, *mx = s.mx, *sm = s.sm;
+    float isd[K * d], nmu[K * d], cst[K];
+    double beta[K], acc[BTF];
+    for (int m = 0; m < M; m++) {
+        const double *z = theta + (size_t)m * D, *mu = z + K, *ls = mu + K * d;
+        mixture_weights(K, z, beta);
+        for (int k = 0; k < K; k++) {
+            double ss = 0.0, bad = 0.0;
+            for (int j = 0; j < d; j++) {
+                const int q = k * d + j;
+                const double is = exp(-0.5 * ls[q]);
+                isd[q] = (float)is;
+                nmu[q] = (float)(-(mu[q] - cen[j]) * is);
+                ss += ls[q];
+                bad += 0.0 * (mu[q] + ls[q]); /* NaN when either is NaN or infinite */
+            }
+            cst[k] = (float)(log(beta[k]) - 0.5 * (d * LOG_2PI + ss) + bad);
+        }
+        for (int i = 0; i < BTF; i++) acc[i] = 0.0;
+        for (long b0 = 0; b0 < padded; b0 += BTF) {
+            for (int k = 0; k < K; k++) {
+                float *l = lj + (size_t)k * BTF;
+                for (int i = 0; i < BTF; i++) l[i] = cst[k];
+                for (int j = 0; j < d; j++) {
+                    const float *y = s.ycol + (size_t)j * padded + b0;
+                    const float is = isd[k * d + j], nm = nmu[k * d + j];
+                    for (int i = 0; i < BTF; i++) { float u = y[i] * is + nm; l[i] -= 0.5f * u * u; }
+                }
+            }
+            /* the max starts at -FLT_MAX, not at component 0: -inf - -inf would be NaN */
+            for (int i = 0; i < BTF; i++) mx[i] = -3.4028234663852886e38f;
+            for (int k = 0; k < K; k++) {
+                const float *l = lj + (size_t)k * BTF;
+                for (int i = 0; i < BTF; i++) mx[i] = l[i] > mx[i] ? l[i] : mx[i];
+            }
+            for (int i = 0; i < BTF; i++) sm[i] = 0.0f;
+            for (int k = 0; k < K; k++) {
+                const float *l = lj + (size_t)k * BTF;
+                for (int i = 0; i < BTF; i++) sm[i] += expf_nonpos(l[i] - mx[i]);
+            }
+            const long n = B - b0 < BTF ? B - b0 : BTF;
+            if (n == BTF) {
+                for (int i = 0; i < BTF; i++) {
+                    const double v = sm[i] < 1.0f ? -INFINITY : (double)mx[i] + log_ge1((double)sm[i]);
+                    acc[i] += v;
+                }
+            } else {
+                for (long i = 0; i < n; i++) acc[i] += sm[i] < 1.0f ? -INFINITY : (double)mx[i] + log_ge1((double)sm[i]);
+            }
+        }
+        double t = 0.0;
+        for (int i = 0; i < BTF; i++) t += acc[i];
+        out[m] = t;
+    }
+    free(s.buf);
+    return 0;
+}
+
 /* EM on a diagonal Gaussian mixture (models/mixture.py, _em_matrix and _map_em): the E step's
  * responsibilities under (w [K], mu [K, d], var [K, d]) of the rows y [n] (y_j at y[b * stride + j])
  * and their sums in one pass, stats [K, 1 + 2d] = sum_b r_kb (1, y_b, y_b^2), without the [K, n]
@@ -822,6 +912,7 @@ int cusp_isa(void)
 #define RUN_PASS M, K, d, Bc, chunk, cstride, lam, Bm, pool, pstride, idx, wp, steps, eta, decay, noise, theta, v, out
 CUSP_DISPATCH(gmm_grad, gmm_grad_body, GMM_ARGS, GMM_PASS)
 CUSP_DISPATCH(gmm_loglik, gmm_loglik_body, LL_ARGS, LL_PASS)
+CUSP_DISPATCH(gmm_total32, gmm_total32_body, LL_ARGS, LL_PASS)
 CUSP_DISPATCH(gmm_run, gmm_run_body, RUN_ARGS, RUN_PASS)
 
 #define EM_ARGS int K, int d, long n, const double *y, long stride, const double *w, const double *mu, const double *var, double *stats

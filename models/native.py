@@ -31,6 +31,9 @@ class NativeKernels:
         self._gmm_loglik = lib.cusp_gmm_loglik
         self._gmm_loglik.argtypes = [i, i, i, L, p, p, L, p]
         self._gmm_loglik.restype = i
+        self._gmm_total32 = lib.cusp_gmm_total32
+        self._gmm_total32.argtypes = [i, i, i, L, p, p, L, p]
+        self._gmm_total32.restype = i
         self._gmm_run = lib.cusp_gmm_run
         self._gmm_run.argtypes = [i, i, i, L, p, L, f, L, p, L, p, f, i, f, f, p, p, p, p]
         self._gmm_run.restype = i
@@ -146,6 +149,22 @@ class NativeKernels:
         out = np.empty((m, b))
         if self._gmm_loglik(m, components, d, b, theta.ctypes.data, rows.ctypes.data, f, out.ctypes.data):
             raise MemoryError("gmm_loglik: scratch allocation failed")
+        return out
+
+    def gmm_total32(self, theta: np.ndarray, components: int, rows: np.ndarray) -> np.ndarray:
+        """sum_b log p(y_b | theta_m) ``[M]`` for ``rows [B, >= d]`` (y in the first d columns), the
+        terms in float32 on rows centred in float64 (models/_native.c, gmm_total32: what it costs
+        in accuracy)."""
+        theta = np.ascontiguousarray(theta, dtype=np.float64)
+        rows = np.ascontiguousarray(rows, dtype=np.float64)
+        m, dim = theta.shape
+        d = (dim // components - 1) // 2
+        b, f = rows.shape
+        if f < d:
+            raise ValueError(f"gmm_total32: rows of width {f} for {d} dimensions")
+        out = np.empty(m)
+        if self._gmm_total32(m, components, d, b, theta.ctypes.data, rows.ctypes.data, f, out.ctypes.data):
+            raise MemoryError("gmm_total32: scratch allocation failed")
         return out
 
 

@@ -78,6 +78,9 @@ def test_total_log_likelihood_in_blocks_equals_the_summed_rows(name, rows, monke
     # blocks of 8 rows: 7 rows is one partial block, 8 exactly one, 9 and 30 several with a remainder
     m = make(name)
     monkeypatch.setattr(type(m), "TOTAL_BLOCK_ROWS", 8)
+    if name == "gmm":  # its native total is one float32 call, held to a float64 reference in test_native
+        from models import mixture
+        monkeypatch.setattr(mixture, "kernels", lambda: None)
     th = m.sample_prior(torch.Generator().manual_seed(3), 5)
     x = m.featurize(data_for(name, rows, seed=4))
     total = m.total_log_likelihood(th, x)

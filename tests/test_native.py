@@ -367,6 +367,77 @@ def test_a_non_finite_parameter_gives_a_non_finite_log_likelihood():
             assert np.isnan(native.kernels().gmm_loglik(theta, 2, rows)).all(), (k, bad)
 
 
+# The mixture's summed log-likelihood (gmm_total32: importance draws, Metropolis-Hastings ratios,
+# mode checks) takes its terms in float32 on rows centred in float64. Its error against the
+# float64 sum grows with the rows and with |u|^2 = ((y - mu) / sigma)^2 of the rows' nearest
+# component, mostly the same way in every row of a component (its constants rounded to float32).
+# Measured on these problems (up to 20,000 rows): 1e-7 to 6e-7 nats a row, and at most 7e-8 of
+# the sum of |row values|; the tolerances below take about 15x.
+TOTAL32_ATOL_PER_ROW, TOTAL32_RTOL = 1e-5, 1e-6
+
+
+def _total_close(got: np.ndarray, want: np.ndarray, rows: int, scale: np.ndarray) -> bool:
+    return bool(np.all(np.abs(got - want) <= TOTAL32_ATOL_PER_ROW * rows + TOTAL32_RTOL * scale))
+
+
+def _total_problem(k: int, d: int, b: int, seed: int, offset: float = 0.0, unit: float = 1.0):
+    """Particles from the prior moved near the data (means from rows, variances around the
+    data's), so the terms are those a posterior's draws see, in units of ``unit`` around ``offset``."""
+    m = build_model(f"gmm:components={k}", n_columns=d)
+    g = torch.Generator().manual_seed(seed)
+    centres = offset + unit * 10.0 * torch.randn(k, d, generator=g, dtype=torch.float64)
+    pick = torch.randint(0, k, (b,), generator=g)
+    y = centres[pick] + unit * torch.randn(b, d, generator=g, dtype=torch.float64)
+    theta = m.sample_prior(g, 8)
+    theta[:, k:k + k * d] = (centres.reshape(-1) + unit * torch.randn(8, k * d, generator=g, dtype=torch.float64))
+    theta[:, k + k * d:] = 2.0 * math.log(unit) + 0.5 * torch.randn(8, k * d, generator=g, dtype=torch.float64)
+    return m, theta, m.featurize(y), y
+
+
+def _total_reference(theta: torch.Tensor, k: int, y: torch.Tensor) -> np.ndarray:
+    """log p(y_b | theta_m) [M, B] in float64 from (y - mu) / sigma directly (gmm_loglik and the
+    torch path expand the square into raw moments, mu y / sigma^2 - y^2 / (2 sigma^2), which
+    cancel in float64 once |y| / sigma passes about 1e7: data at 1e6 in steps of 1e-4)."""
+    t, y = theta.numpy(), y.numpy()
+    m, d = t.shape[0], y.shape[1]
+    z, mu, ls = t[:, :k], t[:, k:k + k * d].reshape(m, k, d), t[:, k + k * d:].reshape(m, k, d)
+    logw = z - np.logaddexp.reduce(z, axis=1, keepdims=True)
+    u = (y[None, None, :, :] - mu[:, :, None, :]) * np.exp(-0.5 * ls)[:, :, None, :]  # [M, K, B, d]
+    lj = logw[:, :, None] - 0.5 * (d * math.log(2 * math.pi) + ls.sum(-1))[:, :, None] - 0.5 * (u * u).sum(-1)
+    return np.logaddexp.reduce(lj, axis=1)
+
+
+@pytest.mark.parametrize("k,d,b,offset,unit", [
+    (5, 2, 1000, 0.0, 1.0), (1, 1, 1, 0.0, 1.0), (7, 3, 65, 0.0, 1.0), (3, 4, 20_000, 0.0, 1.0),
+    (5, 2, 20_000, 1.0e6, 1.0e-4), (3, 1, 5000, -3.0e4, 1.0e4), (7, 2, 9999, 250.0, 20.0),
+])
+def test_the_float32_total_log_likelihood_is_the_float64_sum_to_float32_rounding(k, d, b, offset, unit):
+    m, theta, rows, y = _total_problem(k, d, b, seed=k + 10 * d + b, offset=offset, unit=unit)
+    per_row = _total_reference(theta, k, y)
+    want = per_row.sum(1)
+    got = m.total_log_likelihood(theta, rows).numpy()
+    assert got.dtype == np.float64 and got.shape == want.shape
+    assert _total_close(got, want, b, np.abs(per_row).sum(1)), (np.abs(got - want).max(), np.abs(got - want).max() / b)
+    if abs(offset) / unit < 1e6:  # where float64's raw moments hold, the float64 kernel agrees too
+        assert np.allclose(native.kernels().gmm_loglik(theta.numpy(), k, rows.numpy()), per_row, rtol=1e-9, atol=1e-8)
+
+
+def test_the_float32_total_puts_unreachable_rows_at_minus_infinity_and_nan_parameters_at_nan():
+    # one component with a tiny variance: u^2 past float32's range for a row far away is -inf,
+    # as float64 gives a finite but hopeless value there (-1e42 and so on); NaN parameters give NaN
+    k = native.kernels()
+    theta = np.array([[0.0, 0.0, 0.0, 1.0, -60.0, -60.0]])  # K = 2, d = 1
+    assert k.gmm_total32(theta, 2, np.array([[0.0], [1.0]]))[0] > -100.0
+    assert k.gmm_total32(theta, 2, np.array([[0.0], [1.0e25]]))[0] == -math.inf
+    for bad in (np.nan, np.inf):
+        t = theta.copy()
+        t[0, 2] = bad
+        assert np.isnan(k.gmm_total32(t, 2, np.array([[0.1], [0.5]])))[0], bad
+    with pytest.raises(ValueError, match="gmm_total32"):
+        k.gmm_total32(np.zeros((1, 10)), 2, np.zeros((3, 1)))  # d = 2 from theta, rows of width 1
+    assert k.gmm_total32(theta, 2, np.zeros((0, 1)))[0] == 0.0  # no rows: an empty sum
+
+
 def test_bad_em_arguments_are_refused_not_read():
     k = native.kernels()
     with pytest.raises(ValueError, match="em_stats"):
@@ -553,13 +624,16 @@ out["em"] = [native.kernels().em_stats(y, w, mu, var).tolist(),
 from tests.test_native import _t_problem
 z, m, er, sr, half, base = _t_problem(37, seed=4)
 out["t"] = [native.kernels().t_loglik(z, m, er, sr).tolist(), native.kernels().t_row_lse(z, m, er, sr, half, base).tolist()]
+from tests.test_native import _total_problem
+m, theta, rows, _ = _total_problem(5, 2, 3001, seed=9, offset=1.0e6, unit=1.0e-4)
+out["total"] = m.total_log_likelihood(theta, rows).tolist()
 print(json.dumps(out))
 """
 
 
 def test_every_instruction_set_agrees(monkeypatch):
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    runs, sampled, grams, ems, ts = {}, {}, {}, {}, {}
+    runs, sampled, grams, ems, ts, totals = {}, {}, {}, {}, {}, {}
     for cap in ("2", "1", "0"):
         env = dict(os.environ, CUSP_NATIVE_ISA=cap)
         done = subprocess.run([sys.executable, "-c", _ISA_SCRIPT, root], env=env, capture_output=True, text=True,
@@ -571,6 +645,7 @@ def test_every_instruction_set_agrees(monkeypatch):
         grams[r["isa"]] = r["gram"]
         ems[r["isa"]] = r["em"]
         ts[r["isa"]] = r["t"]
+        totals[r["isa"]] = r["total"]
     assert "baseline" in runs  # the cap reaches the baseline build on any x86 machine
     for j, (k, d, b) in enumerate(CASES):
         m, theta, rows, w = _problem(k, d, b, seed=k * 100 + d * 10 + b)
@@ -601,6 +676,10 @@ def test_every_instruction_set_agrees(monkeypatch):
     for isa, got in ts.items():
         for g, want_e in zip(got, want_t):
             assert np.allclose(np.array(g), want_e, rtol=1e-13, atol=1e-12), isa
+    m, theta, rows, y = _total_problem(5, 2, 3001, seed=9, offset=1.0e6, unit=1.0e-4)
+    per_row = _total_reference(theta, 5, y)
+    for isa, got in totals.items():  # float32 lanes of 8 or 16: each its own rounding, all within the bound
+        assert _total_close(np.array(got), per_row.sum(1), 3001, np.abs(per_row).sum(1)), isa
 
 
 @pytest.mark.parametrize("var,value", [("CUSP_NATIVE", "maybe"), ("CUSP_NATIVE_ISA", "3"), ("CUSP_NATIVE_ISA", "avx")])
