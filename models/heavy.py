@@ -65,7 +65,7 @@ import torch
 
 from models.base import ModelError
 from models.native import kernels
-from models.timeseries import _check_finite, _check_frame_prior, _check_one_column, _check_warmup, _Exact
+from models.timeseries import _check_finite, _check_frame_prior, _check_one_column, _check_warmup, _Exact, flat_unit
 
 #: Chebyshev points per coordinate of each nu's grid
 NODES = 48
@@ -160,7 +160,7 @@ def _interp_matrix(nodes: torch.Tensor, at: torch.Tensor) -> torch.Tensor:
 def robust_frame(rows: torch.Tensor) -> tuple[float, float]:
     """(centre, scale) of the warm-up rows: their median and 1.4826 x their median absolute
     deviation (the sd for Gaussian data, unmoved by an outlier among them) but at least 1e-3 of
-    their sd; else their sd, else |centre|, else 1."""
+    their sd; else their sd, else (all equal) ``flat_unit``, as the regressions take it."""
     centre = float(torch.quantile(rows, 0.5))
     sd = float(rows.std()) if rows.shape[0] > 1 else 0.0
     # at least 1e-3 of their sd: nearly equal values and a few far ones (1e-308, 1e-170, 42, ...)
@@ -169,7 +169,7 @@ def robust_frame(rows: torch.Tensor) -> tuple[float, float]:
     if not scale > 0:
         scale = sd
     if not scale > 0:
-        scale = abs(centre) if centre != 0 else 1.0
+        scale = flat_unit(centre, rows.tolist())
     return centre, scale
 
 

@@ -108,12 +108,45 @@ class _Exact(Model):
         return max(0, min(rows, self.warmup - int(post[0])))
 
 
+#: a warm-up without spread (every row equal) takes this fraction of |its value| as its unit, but at
+#: least the values' resolution (``flat_unit``)
+FLAT_UNIT = 0.1
+
+
+def _resolution(values: list[float]) -> float:
+    """The step the values are recorded in: 1 when all are integers (round thousands too), 0.1 with
+    one decimal (0.1 + 0.2's float noise is not a digit), ..., down to 1e-12; 0 when they carry
+    more digits than that, or more than float64 resolves (10^15 steps)."""
+    for k in range(13):
+        xs = [v * 10.0 ** k for v in values]
+        if any(abs(x) >= 1e15 for x in xs):
+            break
+        if all(abs(x - round(x)) <= 1e-6 + 1e-15 * abs(x) for x in xs):
+            return 10.0 ** -k
+    return 0.0
+
+
+def flat_unit(centre: float, values: list[float]) -> float:
+    """The unit of a warm-up whose rows are all ``centre``: a tenth of |centre|, but at least the
+    resolution the values are recorded in (1 for integers; so 1 for zeros).
+
+    Why: a flat warm-up has no spread to take a unit from, and the unit sets how much noise the
+    prior expects (s2 ~ InvGamma(alpha0, beta0) in units^2), which only fades like 1 / rows.
+    The unit was |centre|: a gauge flat at 5 then 6 was a step of 0.2 units, inside the prior's
+    noise, and not found (a new user, 2026-11-28), and an integer reading flat at 45 for the
+    warm-up then 45 +- 0.7 had its noise taken for 7x too large for hundreds of rows, so a +3
+    shift was missed. A tenth of the level finds both; the resolution keeps small integer gauges
+    that flicker (2, 2, 2, 2, 2, then 1-3) from a false change at their first flicker, which a
+    tenth of 2 gave on 2 of 6 seeds (tests/test_timeseries.py)."""
+    return max(FLAT_UNIT * abs(centre), _resolution(values))
+
+
 def _warmup_frame(buf: torch.Tensor) -> tuple[float, float]:
     """(centre, scale) of the frame from the warm-up rows ``buf``: their mean and standard deviation
-    (n - 1); a constant warm-up takes |centre| (or 1) as its scale."""
+    (n - 1); a constant warm-up takes ``flat_unit`` as its scale."""
     centre = float(buf[0] + (buf - buf[0]).mean())
     sd = float(torch.sqrt(((buf - centre) ** 2).sum() / (buf.shape[0] - 1)))
-    return centre, sd if sd > 0 else (abs(centre) if centre != 0 else 1.0)
+    return centre, sd if sd > 0 else flat_unit(centre, buf.tolist())
 
 
 class _Framed(_Exact):
