@@ -512,11 +512,13 @@ static inline __attribute__((always_inline)) int gmm_loglik_body(
  * tens to thousands of nats (tests/test_native.py holds it to a float64 reference, raw units
  * included). Unlike gmm_loglik's raw moments (mu y / sigma^2 - y^2 / 2 sigma^2, which cancel
  * in float64 once |y| / sigma passes about 1e7), centred rows hold at any location. A row that every
- * component puts at -inf (u * u past float32's range) is -inf; a NaN parameter's rows are NaN, as
- * in gmm_loglik. Returns 0, or 1 when the scratch
+ * component puts at -inf (u * u past float32's range) is -inf. The error grows with the rows'
+ * reach in each particle's sigmas (max |y - c| / sigma): a particle beyond ``reach`` (or with a
+ * NaN parameter) is left to the caller (far[m] = 1, out[m] = NaN). Returns 0, or 1 when the scratch
  * could not be allocated. */
 static inline __attribute__((always_inline)) int gmm_total32_body(
-    int M, int K, int d, long B, const double *theta, const double *rows, long stride, double *out)
+    int M, int K, int d, long B, const double *theta, const double *rows, long stride, double reach,
+    double *out, int8_t *far)
 {
     const int D = K * (1 + 2 * d);
     scratch32 s;
@@ -531,11 +533,33 @@ static inline __attribute__((always_inline)) int gmm_total32_body(
         for (int j = 0; j < d; j++) s.ycol[(size_t)j * padded + b] = (float)(rows[b * stride + j] - cen[j]);
     for (long b = B; b < padded; b++)
         for (int j = 0; j < d; j++) s.ycol[(size_t)j * padded + b] = 0.0f;
+    double span[d]; /* the rows' farthest distance from the centre, per column */
+    for (int j = 0; j < d; j++) {
+        double r = 0.0;
+        for (long b = 0; b < B; b++) {
+            const double v = fabs(rows[b * stride + j] - cen[j]);
+            r = v > r ? v : r;
+        }
+        span[j] = r;
+    }
     float *lj = s.lj, *mx = s.mx, *sm = s.sm;
     float isd[K * d], nmu[K * d], cst[K];
     double beta[K], acc[BTF];
     for (int m = 0; m < M; m++) {
         const double *z = theta + (size_t)m * D, *mu = z + K, *ls = mu + K * d;
+        /* beyond the reach (or 1 / sigma past 1e18, whose float32 squares overflow; or NaN): not
+         * computed here, far[m] = 1 and out[m] = NaN, for the caller's float64 sum */
+        double widest = 0.0, steepest = 0.0;
+        for (int q = 0; q < K * d; q++) {
+            const double is = exp(-0.5 * ls[q]), w = is * span[q % d];
+            widest = w > widest || w != w ? w : widest;
+            steepest = is > steepest || is != is ? is : steepest;
+        }
+        far[m] = !(widest <= reach && steepest <= 1e18);
+        if (far[m]) {
+            out[m] = NAN;
+            continue;
+        }
         mixture_weights(K, z, beta);
         for (int k = 0; k < K; k++) {
             double ss = 0.0, bad = 0.0;
@@ -912,7 +936,10 @@ int cusp_isa(void)
 #define RUN_PASS M, K, d, Bc, chunk, cstride, lam, Bm, pool, pstride, idx, wp, steps, eta, decay, noise, theta, v, out
 CUSP_DISPATCH(gmm_grad, gmm_grad_body, GMM_ARGS, GMM_PASS)
 CUSP_DISPATCH(gmm_loglik, gmm_loglik_body, LL_ARGS, LL_PASS)
-CUSP_DISPATCH(gmm_total32, gmm_total32_body, LL_ARGS, LL_PASS)
+#define TOT_ARGS int M, int K, int d, long B, const double *theta, const double *rows, long stride, double reach, \
+                 double *out, int8_t *far
+#define TOT_PASS M, K, d, B, theta, rows, stride, reach, out, far
+CUSP_DISPATCH(gmm_total32, gmm_total32_body, TOT_ARGS, TOT_PASS)
 CUSP_DISPATCH(gmm_run, gmm_run_body, RUN_ARGS, RUN_PASS)
 
 #define EM_ARGS int K, int d, long n, const double *y, long stride, const double *w, const double *mu, const double *var, double *stats

@@ -9,6 +9,7 @@ benchmark report.
 from __future__ import annotations
 
 import ctypes
+import math
 import importlib.util
 import os
 from collections.abc import Callable
@@ -32,7 +33,7 @@ class NativeKernels:
         self._gmm_loglik.argtypes = [i, i, i, L, p, p, L, p]
         self._gmm_loglik.restype = i
         self._gmm_total32 = lib.cusp_gmm_total32
-        self._gmm_total32.argtypes = [i, i, i, L, p, p, L, p]
+        self._gmm_total32.argtypes = [i, i, i, L, p, p, L, f, p, p]
         self._gmm_total32.restype = i
         self._gmm_run = lib.cusp_gmm_run
         self._gmm_run.argtypes = [i, i, i, L, p, L, f, L, p, L, p, f, i, f, f, p, p, p, p]
@@ -151,10 +152,12 @@ class NativeKernels:
             raise MemoryError("gmm_loglik: scratch allocation failed")
         return out
 
-    def gmm_total32(self, theta: np.ndarray, components: int, rows: np.ndarray) -> np.ndarray:
+    def gmm_total32(self, theta: np.ndarray, components: int, rows: np.ndarray,
+                    reach: float = math.inf) -> tuple[np.ndarray, np.ndarray]:
         """sum_b log p(y_b | theta_m) ``[M]`` for ``rows [B, >= d]`` (y in the first d columns), the
         terms in float32 on rows centred in float64 (models/_native.c, gmm_total32: what it costs
-        in accuracy)."""
+        in accuracy), and which particles it left out ``[M]`` bool (NaN there): those whose
+        narrowest sigma puts the farthest row beyond ``reach`` sigmas, or with NaN parameters."""
         theta = np.ascontiguousarray(theta, dtype=np.float64)
         rows = np.ascontiguousarray(rows, dtype=np.float64)
         m, dim = theta.shape
@@ -162,10 +165,11 @@ class NativeKernels:
         b, f = rows.shape
         if f < d:
             raise ValueError(f"gmm_total32: rows of width {f} for {d} dimensions")
-        out = np.empty(m)
-        if self._gmm_total32(m, components, d, b, theta.ctypes.data, rows.ctypes.data, f, out.ctypes.data):
+        out, far = np.empty(m), np.empty(m, dtype=np.int8)
+        if self._gmm_total32(m, components, d, b, theta.ctypes.data, rows.ctypes.data, f, float(reach),
+                             out.ctypes.data, far.ctypes.data):
             raise MemoryError("gmm_total32: scratch allocation failed")
-        return out
+        return out, far.astype(bool)
 
 
     def em_stats(self, y: np.ndarray, w: np.ndarray, mu: np.ndarray, var: np.ndarray) -> np.ndarray:

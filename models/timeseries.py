@@ -121,14 +121,15 @@ def _resolution(values: list[float]) -> float:
         xs = [v * 10.0 ** k for v in values]
         if any(abs(x) >= 1e15 for x in xs):
             break
-        if all(abs(x - round(x)) <= 1e-6 + 1e-15 * abs(x) for x in xs):
-            return 10.0 ** -k
+        if all(abs(x - round(x)) <= 1e-6 + 1e-15 * abs(x) and (round(x) != 0 or x == 0) for x in xs):
+            return 10.0 ** -k  # (a value that rounds to 0 at this step is not recorded in it: 3e-7 is 3 x 1e-7)
     return 0.0
 
 
 def flat_unit(centre: float, values: list[float]) -> float:
-    """The unit of a warm-up whose rows are all ``centre``: a tenth of |centre|, but at least the
-    resolution the values are recorded in (1 for integers; so 1 for zeros).
+    """The unit of a warm-up without spread (its rows all ``centre``, or so close that their
+    squared deviations underflow): a tenth of |centre|, but at least the resolution the values
+    are recorded in (1 for integers; so 1 for zeros), though never more than |centre|.
 
     Why: a flat warm-up has no spread to take a unit from, and the unit sets how much noise the
     prior expects (s2 ~ InvGamma(alpha0, beta0) in units^2), which only fades like 1 / rows.
@@ -138,7 +139,8 @@ def flat_unit(centre: float, values: list[float]) -> float:
     shift was missed. A tenth of the level finds both; the resolution keeps small integer gauges
     that flicker (2, 2, 2, 2, 2, then 1-3) from a false change at their first flicker, which a
     tenth of 2 gave on 2 of 6 seeds (tests/test_timeseries.py)."""
-    return max(FLAT_UNIT * abs(centre), _resolution(values))
+    step = _resolution(values)
+    return max(FLAT_UNIT * abs(centre), min(step, abs(centre))) if centre != 0 else step
 
 
 def _warmup_frame(buf: torch.Tensor) -> tuple[float, float]:

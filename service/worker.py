@@ -16,8 +16,9 @@ keeper finds its life key had lapsed, it checks its pairs' tokens and drops thos
 Load sharing: each worker holds at most its share, ceil(pairs / live workers); one above it (a
 worker joined) gives the excess back, so the newcomer gets its share at once. A worker is live
 while its heartbeat is younger than three quarters of a lease (three heartbeats missed: gone),
-so a dead worker's pairs are taken over within a lease of its death. Dead workers' entries are
-pruned.
+so a dead worker's pairs are taken over within a lease of its death, or within about one and a
+half when it died between renewing its life key and writing its heartbeat (the rescan below).
+Dead workers' entries are pruned.
 
 Scheduling: the ingest script publishes the stream's name on ``cusp:wake``; an idle worker
 blocks on it and then looks at the named streams (and its pairs with more backlog) only, not at

@@ -422,20 +422,62 @@ def test_the_float32_total_log_likelihood_is_the_float64_sum_to_float32_rounding
         assert np.allclose(native.kernels().gmm_loglik(theta.numpy(), k, rows.numpy()), per_row, rtol=1e-9, atol=1e-8)
 
 
-def test_the_float32_total_puts_unreachable_rows_at_minus_infinity_and_nan_parameters_at_nan():
+@pytest.mark.parametrize("case", ["clusters 1e5 sigma apart", "one reading at 1e11", "log variance -200"])
+def test_the_total_is_taken_in_float64_where_float32_would_not_hold(case):
+    # float32's (y - c) / sigma is off by about 6e-8 of the rows' reach in sigmas: two clusters
+    # 1e5 sigma apart were 5 nats off over 1e5 rows, one wild reading among N(0, 1) rows (the
+    # centre follows it) 17, and a log variance of -200 overflowed float32 (NaN). Those particles
+    # are summed in float64 (the base class's blocks, as before the float32 kernel: their raw
+    # moments have their own cancellation past |y| / sigma ~ 1e7, the wild reading's case; open),
+    # the others in the same call in float32.
+    g = torch.Generator().manual_seed(1)
+    if case == "log variance -200":
+        m = build_model("gmm:components=2", n_columns=1)
+        theta = torch.tensor([[0.0, 0.0, 0.0, 0.0, -200.0, 0.0], [0.0, 0.0, 0.0, 1.0, 0.0, 0.0]], dtype=torch.float64)
+        y = torch.zeros(2, 1, dtype=torch.float64)
+    else:
+        m = build_model("gmm:components=2", n_columns=1)
+        y = torch.randn(20_000, 1, generator=g, dtype=torch.float64)
+        if case == "one reading at 1e11":
+            y[7] = 1e11
+            theta = torch.tensor([[0.0, -30.0, 0.0, 1e11, 0.0, 0.0], [0.0, 0.0, 0.0, 0.5, 0.0, 1.0]], dtype=torch.float64)
+        else:
+            y[::2] += 1e5
+            theta = torch.tensor([[0.0, 0.0, 0.0, 1e5, 0.0, 0.0], [0.0, 0.0, 0.0, 1e5, 2 * math.log(1e3), 2 * math.log(1e3)]],
+                                 dtype=torch.float64)
+    rows = m.featurize(y)
+    got = m.total_log_likelihood(theta, rows).numpy()
+    assert np.isfinite(got).all(), got
+    f64 = native.kernels().gmm_loglik(theta.numpy(), 2, rows.numpy()).sum(1)
+    f32, _ = native.kernels().gmm_total32(theta.numpy(), 2, rows.numpy())
+    far = np.array([True, case == "one reading at 1e11"])  # the wild reading is 1e11 sigma from the centre for both
+    assert np.array_equal(native.kernels().gmm_total32(theta.numpy(), 2, rows.numpy(), m.TOTAL32_REACH)[1], far)
+    assert np.array_equal(got[far], f64[far])  # the float64 path, as before the float32 kernel
+    assert np.array_equal(got[~far], f32[~far])  # a near particle in float32
+    if case == "clusters 1e5 sigma apart":  # here float64's raw moments hold (|y| / sigma 1e5): the reference agrees
+        assert np.allclose(got, _total_reference(theta, 2, y).sum(1), rtol=0, atol=1e-6 * len(y))
+
+
+def test_the_float32_total_puts_unreachable_rows_at_minus_infinity_and_leaves_nan_parameters_out():
     # one component with a tiny variance: u^2 past float32's range for a row far away is -inf,
-    # as float64 gives a finite but hopeless value there (-1e42 and so on); NaN parameters give NaN
+    # as float64 gives a finite but hopeless value there (-1e42 and so on); NaN or infinite
+    # parameters give NaN
     k = native.kernels()
     theta = np.array([[0.0, 0.0, 0.0, 1.0, -60.0, -60.0]])  # K = 2, d = 1
-    assert k.gmm_total32(theta, 2, np.array([[0.0], [1.0]]))[0] > -100.0
-    assert k.gmm_total32(theta, 2, np.array([[0.0], [1.0e25]]))[0] == -math.inf
+    assert k.gmm_total32(theta, 2, np.array([[0.0], [1.0]]))[0][0] > -100.0
+    assert k.gmm_total32(theta, 2, np.array([[0.0], [1.0e25]]))[0][0] == -math.inf  # (no reach given: computed)
     for bad in (np.nan, np.inf):
         t = theta.copy()
         t[0, 2] = bad
-        assert np.isnan(k.gmm_total32(t, 2, np.array([[0.1], [0.5]])))[0], bad
+        out, far = k.gmm_total32(t, 2, np.array([[0.1], [0.5]]))
+        assert np.isnan(out[0]), bad  # a mean: NaN here; a NaN or infinite log variance: left to the float64 path (far)
+        t = theta.copy()
+        t[0, 4] = -bad  # NaN, or -inf: 1 / sigma infinite
+        out, far = k.gmm_total32(t, 2, np.array([[0.1], [0.5]]))
+        assert np.isnan(out[0]) and far[0], bad
     with pytest.raises(ValueError, match="gmm_total32"):
         k.gmm_total32(np.zeros((1, 10)), 2, np.zeros((3, 1)))  # d = 2 from theta, rows of width 1
-    assert k.gmm_total32(theta, 2, np.zeros((0, 1)))[0] == 0.0  # no rows: an empty sum
+    assert k.gmm_total32(theta, 2, np.zeros((0, 1)))[0][0] == 0.0  # no rows: an empty sum
 
 
 def test_bad_em_arguments_are_refused_not_read():

@@ -661,6 +661,9 @@ def test_the_unit_of_a_flat_warm_up_is_a_tenth_of_its_level_or_its_resolution():
     assert flat_unit(45.0, [45.0] * 5) == 4.5 and flat_unit(-2000.0, [-2000.0] * 5) == 200.0
     assert flat_unit(0.0, [0.0] * 5) == 1.0 and flat_unit(0.25, [0.25] * 5) == 0.025
     assert flat_unit(math.pi, [math.pi] * 5) == pytest.approx(0.1 * math.pi)
+    assert _resolution([3e-7]) == pytest.approx(1e-7, rel=1e-9) and flat_unit(3e-7, [3e-7] * 5) == pytest.approx(1e-7, rel=1e-9)  # not 1: within 1e-6 of 0
+    tiny = [1e-170, 2e-170, 1e-170]  # not equal, but their squared deviations underflow: sd 0
+    assert flat_unit(float(np.mean(tiny)), tiny) == pytest.approx(0.1 * float(np.mean(tiny)), rel=1e-9, abs=0)  # no step resolved
     for spec in ("level", "student-t"):
         sampler = build_sampler(build_model(spec, 1), SGAISConfig())
         [(state, _, _)] = list(sampler.run(torch.full((5, 1), 45.0, dtype=torch.float64), 5, 0))
