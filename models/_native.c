@@ -352,6 +352,35 @@ static inline __attribute__((always_inline)) void columns32_at(
     }
 }
 
+/* One block of BTF float32 rows (columns y_j at ycol + j * padded): each component's log joint
+ * cst_k - |u|^2 / 2 with u_j = y_j isd_kj + nmu_kj, then lj [K][BTF] <- exp(log joint - max),
+ * mx [BTF] <- the max over k (starting at `floor`, not at component 0: -inf - -inf would be
+ * NaN), sm [BTF] <- the sum of the exps. */
+static inline __attribute__((always_inline)) void block32_softmax_terms(
+    int K, int d, long padded, const float *ycol, const float *isd, const float *nmu, const float *cst,
+    float floor_, float *lj, float *mx, float *sm)
+{
+    for (int k = 0; k < K; k++) {
+        float *l = lj + (size_t)k * BTF;
+        for (int i = 0; i < BTF; i++) l[i] = cst[k];
+        for (int j = 0; j < d; j++) {
+            const float *y = ycol + (size_t)j * padded;
+            const float is = isd[k * d + j], nm = nmu[k * d + j];
+            for (int i = 0; i < BTF; i++) { float u = y[i] * is + nm; l[i] -= 0.5f * u * u; }
+        }
+    }
+    for (int i = 0; i < BTF; i++) mx[i] = floor_;
+    for (int k = 0; k < K; k++) {
+        const float *l = lj + (size_t)k * BTF;
+        for (int i = 0; i < BTF; i++) mx[i] = l[i] > mx[i] ? l[i] : mx[i];
+    }
+    for (int i = 0; i < BTF; i++) sm[i] = 0.0f;
+    for (int k = 0; k < K; k++) {
+        float *l = lj + (size_t)k * BTF;
+        for (int i = 0; i < BTF; i++) { float e = expf_nonpos(l[i] - mx[i]); l[i] = e; sm[i] += e; }
+    }
+}
+
 /* The gradient of grad_core, in float32 on the centred and scaled rows (see above). */
 static inline __attribute__((always_inline)) void grad_core32(
     int M, int K, int d, const scratch32 *s, double w_total, const double *theta, double *out)
@@ -379,26 +408,7 @@ static inline __attribute__((always_inline)) void grad_core32(
         }
         memset(acc, 0, sizeof(float) * (size_t)D * BTF);
         for (long b0 = 0; b0 < padded; b0 += BTF) {
-            for (int k = 0; k < K; k++) {
-                float *l = lj + (size_t)k * BTF;
-                for (int i = 0; i < BTF; i++) l[i] = cst[k];
-                for (int j = 0; j < d; j++) {
-                    const float *y = ycol + (size_t)j * padded + b0;
-                    const float is = isd[k * d + j], nm = nmu[k * d + j];
-                    for (int i = 0; i < BTF; i++) { float u = y[i] * is + nm; l[i] -= 0.5f * u * u; }
-                }
-            }
-            /* the max starts at -1e30, not at component 0: -inf - -inf would be NaN */
-            for (int i = 0; i < BTF; i++) mx[i] = -1e30f;
-            for (int k = 0; k < K; k++) {
-                const float *l = lj + (size_t)k * BTF;
-                for (int i = 0; i < BTF; i++) mx[i] = l[i] > mx[i] ? l[i] : mx[i];
-            }
-            for (int i = 0; i < BTF; i++) sm[i] = 0.0f;
-            for (int k = 0; k < K; k++) {
-                float *l = lj + (size_t)k * BTF;
-                for (int i = 0; i < BTF; i++) { float e = expf_nonpos(l[i] - mx[i]); l[i] = e; sm[i] += e; }
-            }
+            block32_softmax_terms(K, d, padded, ycol + b0, isd, nmu, cst, -1e30f, lj, mx, sm);
             /* sm 0: a row every component puts at -inf (u * u past float32) weighs nothing */
             for (int i = 0; i < BTF; i++) sm[i] = sm[i] > 0.0f ? wcol[b0 + i] / sm[i] : 0.0f;
             for (int k = 0; k < K; k++) {
@@ -575,26 +585,8 @@ static inline __attribute__((always_inline)) int gmm_total32_body(
         }
         for (int i = 0; i < BTF; i++) acc[i] = 0.0;
         for (long b0 = 0; b0 < padded; b0 += BTF) {
-            for (int k = 0; k < K; k++) {
-                float *l = lj + (size_t)k * BTF;
-                for (int i = 0; i < BTF; i++) l[i] = cst[k];
-                for (int j = 0; j < d; j++) {
-                    const float *y = s.ycol + (size_t)j * padded + b0;
-                    const float is = isd[k * d + j], nm = nmu[k * d + j];
-                    for (int i = 0; i < BTF; i++) { float u = y[i] * is + nm; l[i] -= 0.5f * u * u; }
-                }
-            }
-            /* the max starts at -FLT_MAX, not at component 0: -inf - -inf would be NaN */
-            for (int i = 0; i < BTF; i++) mx[i] = -3.4028234663852886e38f;
-            for (int k = 0; k < K; k++) {
-                const float *l = lj + (size_t)k * BTF;
-                for (int i = 0; i < BTF; i++) mx[i] = l[i] > mx[i] ? l[i] : mx[i];
-            }
-            for (int i = 0; i < BTF; i++) sm[i] = 0.0f;
-            for (int k = 0; k < K; k++) {
-                const float *l = lj + (size_t)k * BTF;
-                for (int i = 0; i < BTF; i++) sm[i] += expf_nonpos(l[i] - mx[i]);
-            }
+            /* from -FLT_MAX: only a row every component puts at -inf has sm 0 */
+            block32_softmax_terms(K, d, padded, s.ycol + b0, isd, nmu, cst, -3.4028234663852886e38f, lj, mx, sm);
             const long n = B - b0 < BTF ? B - b0 : BTF;
             if (n == BTF) {
                 for (int i = 0; i < BTF; i++) {

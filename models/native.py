@@ -23,6 +23,18 @@ import numpy as np
 MAX_NODES = 4096
 
 
+def _gmm_arguments(name: str, theta: np.ndarray, components: int, rows: np.ndarray):
+    """theta [M, D] and rows [B, >= d] as contiguous float64, with M, d, B and the rows' width."""
+    theta = np.ascontiguousarray(theta, dtype=np.float64)
+    rows = np.ascontiguousarray(rows, dtype=np.float64)
+    m, dim = theta.shape
+    d = (dim // components - 1) // 2
+    b, f = rows.shape
+    if f < d:
+        raise ValueError(f"{name}: rows of width {f} for {d} dimensions")
+    return theta, rows, m, d, b, f
+
+
 class NativeKernels:
     def __init__(self, lib: ctypes.CDLL) -> None:
         p, i, L, f = ctypes.c_void_p, ctypes.c_int, ctypes.c_long, ctypes.c_double
@@ -140,13 +152,7 @@ class NativeKernels:
 
     def gmm_loglik(self, theta: np.ndarray, components: int, rows: np.ndarray) -> np.ndarray:
         """log p(y_b | theta_m) ``[M, B]`` for ``rows [B, >= d]`` (y in the first d columns)."""
-        theta = np.ascontiguousarray(theta, dtype=np.float64)
-        rows = np.ascontiguousarray(rows, dtype=np.float64)
-        m, dim = theta.shape
-        d = (dim // components - 1) // 2
-        b, f = rows.shape
-        if f < d:
-            raise ValueError(f"gmm_loglik: rows of width {f} for {d} dimensions")
+        theta, rows, m, d, b, f = _gmm_arguments("gmm_loglik", theta, components, rows)
         out = np.empty((m, b))
         if self._gmm_loglik(m, components, d, b, theta.ctypes.data, rows.ctypes.data, f, out.ctypes.data):
             raise MemoryError("gmm_loglik: scratch allocation failed")
@@ -158,13 +164,7 @@ class NativeKernels:
         terms in float32 on rows centred in float64 (models/_native.c, gmm_total32: what it costs
         in accuracy), and which particles it left out ``[M]`` bool (NaN there): those whose
         narrowest sigma puts the farthest row beyond ``reach`` sigmas, or with NaN parameters."""
-        theta = np.ascontiguousarray(theta, dtype=np.float64)
-        rows = np.ascontiguousarray(rows, dtype=np.float64)
-        m, dim = theta.shape
-        d = (dim // components - 1) // 2
-        b, f = rows.shape
-        if f < d:
-            raise ValueError(f"gmm_total32: rows of width {f} for {d} dimensions")
+        theta, rows, m, d, b, f = _gmm_arguments("gmm_total32", theta, components, rows)
         out, far = np.empty(m), np.empty(m, dtype=np.int8)
         if self._gmm_total32(m, components, d, b, theta.ctypes.data, rows.ctypes.data, f, float(reach),
                              out.ctypes.data, far.ctypes.data):
