@@ -78,7 +78,10 @@ ENV PATH=/opt/venv/bin:$PATH \
     MPLCONFIGDIR=/tmp/matplotlib \
     CUSP_HOST=0.0.0.0 \
     CUSP_PORT=8000 \
-    CUSP_DATA_DIR=/var/lib/cusp
+    CUSP_DATA_DIR=/var/lib/cusp \
+    OPENBLAS_NUM_THREADS=1 \
+    OMP_NUM_THREADS=1 \
+    MKL_NUM_THREADS=1
 
 USER cusp
 WORKDIR /home/cusp
