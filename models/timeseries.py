@@ -108,8 +108,8 @@ class _Exact(Model):
         return max(0, min(rows, self.warmup - int(post[0])))
 
 
-#: a warm-up without spread (every row equal) takes this fraction of |its value| as its unit, but at
-#: least the values' resolution (``flat_unit``)
+#: a warm-up without spread (every row equal) whose values have more digits than ``_resolution``
+#: reads takes this fraction of |its value| as its unit (``flat_unit``)
 FLAT_UNIT = 0.1
 
 
@@ -128,19 +128,23 @@ def _resolution(values: list[float]) -> float:
 
 def flat_unit(centre: float, values: list[float]) -> float:
     """The unit of a warm-up without spread (its rows all ``centre``, or so close that their
-    squared deviations underflow): a tenth of |centre|, but at least the resolution the values
-    are recorded in (1 for integers; so 1 for zeros), though never more than |centre|.
+    squared deviations underflow): the step the values are recorded in (1 for integers, so 1 for
+    zeros; 0.01 for 0.25), never more than |centre|; where the values carry more digits than a
+    step can be read from, a tenth of |centre|.
 
     Why: a flat warm-up has no spread to take a unit from, and the unit sets how much noise the
-    prior expects (s2 ~ InvGamma(alpha0, beta0) in units^2), which only fades like 1 / rows.
+    prior expects (s2 ~ InvGamma(alpha0, beta0) in units^2), which fades only like 1 / rows.
     The unit was |centre|: a gauge flat at 5 then 6 was a step of 0.2 units, inside the prior's
-    noise, and not found (a new user, 2026-11-28), and an integer reading flat at 45 for the
-    warm-up then 45 +- 0.7 had its noise taken for 7x too large for hundreds of rows, so a +3
-    shift was missed. A tenth of the level finds both; the resolution keeps small integer gauges
-    that flicker (2, 2, 2, 2, 2, then 1-3) from a false change at their first flicker, which a
-    tenth of 2 gave on 2 of 6 seeds (tests/test_timeseries.py)."""
+    noise, and not found (a new user, 2026-11-28), and integer readings flat for the warm-up and
+    then 45 +- 0.7 had their noise taken for 7x too large for hundreds of rows, so a +3 shift was
+    missed. A tenth of the value found those but not 86400 -> 86401 or 1000 -> 1001 (a second
+    trial the same day); the recorded step finds all of them, and integers that flicker by one
+    after a flat warm-up (2 +- 0.45, 45 +- 0.7, 86400 +- 0.45, 1000 +- 2) give no change
+    (tests/test_timeseries.py)."""
     step = _resolution(values)
-    return max(FLAT_UNIT * abs(centre), min(step, abs(centre))) if centre != 0 else step
+    if centre == 0:
+        return step
+    return min(step, abs(centre)) if step > 0 else FLAT_UNIT * abs(centre)
 
 
 def _warmup_frame(buf: torch.Tensor) -> tuple[float, float]:

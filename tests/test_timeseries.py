@@ -650,40 +650,43 @@ def test_one_wild_reading_is_no_change_and_a_shift_after_it_is_one(spec):
     assert 200 < stream[0].detected_at <= 225, stream
 
 
-def test_the_unit_of_a_flat_warm_up_is_a_tenth_of_its_level_or_its_resolution():
+def test_the_unit_of_a_flat_warm_up_is_the_step_its_values_are_recorded_in():
     from models.timeseries import _resolution, flat_unit
 
     assert [_resolution(v) for v in ([5.0] * 5, [1000.0], [0.0], [2.5, 2.5], [0.25], [3.14159], [1e-4])] == \
         [1.0, 1.0, 1.0, 0.1, 0.01, 1e-5, 1e-4]
     assert _resolution([math.pi]) == 0.0 and _resolution([1e14 + 0.5]) == 0.0  # more digits than 1e-12, or than float64 has
     assert _resolution([0.1 + 0.2]) == 0.1  # 0.30000000000000004: float noise, not a digit
-    assert flat_unit(5.0, [5.0] * 5) == 1.0  # the integers' step, above a tenth of 5
-    assert flat_unit(45.0, [45.0] * 5) == 4.5 and flat_unit(-2000.0, [-2000.0] * 5) == 200.0
-    assert flat_unit(0.0, [0.0] * 5) == 1.0 and flat_unit(0.25, [0.25] * 5) == 0.025
-    assert flat_unit(math.pi, [math.pi] * 5) == pytest.approx(0.1 * math.pi)
+    assert flat_unit(5.0, [5.0] * 5) == 1.0 and flat_unit(86400.0, [86400.0] * 5) == 1.0  # the integers' step
+    assert flat_unit(-2000.0, [-2000.0] * 5) == 1.0 and flat_unit(0.0, [0.0] * 5) == 1.0
+    assert flat_unit(0.25, [0.25] * 5) == 0.01 and flat_unit(0.5, [0.5] * 5) == pytest.approx(0.1, rel=1e-12)
+    assert flat_unit(math.pi, [math.pi] * 5) == pytest.approx(0.1 * math.pi, rel=1e-12)  # no step to read: a tenth
     assert _resolution([3e-7]) == pytest.approx(1e-7, rel=1e-9) and flat_unit(3e-7, [3e-7] * 5) == pytest.approx(1e-7, rel=1e-9)  # not 1: within 1e-6 of 0
     tiny = [1e-170, 2e-170, 1e-170]  # not equal, but their squared deviations underflow: sd 0
     assert flat_unit(float(np.mean(tiny)), tiny) == pytest.approx(0.1 * float(np.mean(tiny)), rel=1e-9, abs=0)  # no step resolved
     for spec in ("level", "student-t"):
         sampler = build_sampler(build_model(spec, 1), SGAISConfig())
         [(state, _, _)] = list(sampler.run(torch.full((5, 1), 45.0, dtype=torch.float64), 5, 0))
-        assert sampler.model.frame(state.post) == (45.0, 4.5), spec
+        assert sampler.model.frame(state.post) == (45.0, 1.0), spec
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_steps_on_a_flat_gauge_are_found_and_flickers_after_a_flat_warm_up_are_not(seed):
-    """A new user's finding (2026-11-28): a gauge flat at 5 that steps to 6 was not found (its unit was
-    |5|, the step 0.2 units, inside the prior's noise), while 1000 -> 2000 was. With the default
-    portfolio, point by point and in chunks of 10: a pod count 5 -> 6 -> 5 is two changes; integer
-    readings flat for the warm-up and then 45 +- 0.7 (rounded) are none, and a +3 shift in them
-    is one (missed on every seed before: the noise was taken for 7x too large); small integers
-    flat at 2 and then flickering 1-3 are none (a tenth of 2 as the unit gave a change at the
-    first flicker on 2 of 6 data seeds, before the integers' step of 1 was its floor)."""
+    """Two new users' findings (2026-11-28): a gauge flat at 5 that steps to 6 was not found (its unit
+    was |5|, the step 0.2 units, inside the prior's noise), while 1000 -> 2000 was; with a tenth of
+    the value as the unit, 86400 -> 86401 and 1000 -> 1001 were not. With the default portfolio,
+    point by point and in chunks of 10: a pod count 5 -> 6 -> 5 is two changes, 86400 -> 86401
+    one; integer readings flat for the warm-up and then 45 +- 0.7 (rounded) are none, and a +3
+    shift in them is one (missed on every seed with |45| as the unit: the noise was taken for 7x
+    too large); small integers flat at 2 and then flickering 1-3 are none (a tenth of 2 as the
+    unit gave a change at the first flicker on 2 of 6 data seeds)."""
     from service.detect import detect_stream
 
     pods = np.r_[np.full(100, 5.0), np.full(50, 6.0), np.full(100, 5.0)]
     _, stream = detect_stream(pods, chunk_size=1, seed=seed)
     assert [c.location for c in stream] == [100, 150], stream
+    _, stream = detect_stream(np.r_[np.full(100, 86400.0), np.full(30, 86401.0)], chunk_size=1, seed=seed)
+    assert [c.location for c in stream] == [100], stream
     _, stream = detect_stream(pods[:150], chunk_size=10, seed=seed)
     assert [c.location for c in stream] == [100], stream
     rng = np.random.default_rng(seed)
