@@ -88,9 +88,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"note: column {', '.join(map(repr, counters))} is modelled as data with the others; if it numbers the rows "
               "(a year, an index), leave it out of the file, or give the rows' times as --time-column (RFC 3339 times, "
               "dates or epoch seconds)", file=sys.stderr)
-    if args.chunk_size is None:
+    chosen = args.chunk_size is None
+    if chosen:
         args.chunk_size = default_chunk_size(data.shape[0], args.detect)
-        print(f"chunks of {args.chunk_size} row{'' if args.chunk_size == 1 else 's'} (--chunk-size to change)", file=sys.stderr)
     target = resolve_target(names, args.target)
     overrides = {} if args.particles is None else {"particles": args.particles}
     config = SGAISConfig.preset(args.sampler, **overrides)
@@ -100,6 +100,8 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"detector: expected_run_length={dcfg.expected_run_length!r} is a duration; it needs the rows' "
                           "times (a time column, --time-column NAME); or give it in observations")
     samplers = {label: build_sampler(build_model(label, data.shape[1], target), config) for label in labels}
+    if chosen:  # said once the models and settings are known to be good (it came before a bad spec's error)
+        print(f"chunks of {args.chunk_size} row{'' if args.chunk_size == 1 else 's'} (--chunk-size to change)", file=sys.stderr)
     out = open(args.out, "w") if args.out else sys.stdout  # noqa: SIM115 - closed below
     progress = Progress(data.shape[0], sys.stderr.isatty())
     traces: dict[str, list[dict]] = {label: [] for label in labels}

@@ -265,6 +265,8 @@ def test_replay_detect_chunks_a_short_series_as_post_detect_does(tmp_path):
     old = cusp(str(p), "--detect", "--chunk-size", "500", "--out", str(tmp_path / "t.jsonl"))
     assert old.returncode == 0 and "stream (model-averaged)" not in old.stderr, old.stderr
     assert "chunks of 500 rows" in cusp(str(p), "--out", str(tmp_path / "t.jsonl")).stderr
+    bad = cusp(str(p), "--model", "gmm:components=0", "--out", str(tmp_path / "t.jsonl"))
+    assert bad.returncode != 0 and "components" in bad.stderr and "chunks of" not in bad.stderr, bad.stderr  # said after the specs passed
 
 
 def test_a_column_that_numbers_the_rows_gets_a_note(tmp_path, capsys):
