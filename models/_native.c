@@ -539,29 +539,26 @@ static inline __attribute__((always_inline)) int gmm_total32_body(
     for (long b = 0; b < B; b++)
         for (int j = 0; j < d; j++) cen[j] += rows[b * stride + j];
     for (int j = 0; j < d; j++) cen[j] = B > 0 ? cen[j] / (double)B : 0.0;
+    double span[d]; /* the rows' farthest distance from the centre, per column */
+    for (int j = 0; j < d; j++) span[j] = 0.0;
     for (long b = 0; b < B; b++)
-        for (int j = 0; j < d; j++) s.ycol[(size_t)j * padded + b] = (float)(rows[b * stride + j] - cen[j]);
+        for (int j = 0; j < d; j++) {
+            const double v = rows[b * stride + j] - cen[j];
+            s.ycol[(size_t)j * padded + b] = (float)v;
+            span[j] = fabs(v) > span[j] ? fabs(v) : span[j];
+        }
     for (long b = B; b < padded; b++)
         for (int j = 0; j < d; j++) s.ycol[(size_t)j * padded + b] = 0.0f;
-    double span[d]; /* the rows' farthest distance from the centre, per column */
-    for (int j = 0; j < d; j++) {
-        double r = 0.0;
-        for (long b = 0; b < B; b++) {
-            const double v = fabs(rows[b * stride + j] - cen[j]);
-            r = v > r ? v : r;
-        }
-        span[j] = r;
-    }
     float *lj = s.lj, *mx = s.mx, *sm = s.sm;
     float isd[K * d], nmu[K * d], cst[K];
-    double beta[K], acc[BTF];
+    double beta[K], acc[BTF], isd_d[K * d];
     for (int m = 0; m < M; m++) {
         const double *z = theta + (size_t)m * D, *mu = z + K, *ls = mu + K * d;
         /* beyond the reach (or 1 / sigma past 1e18, whose float32 squares overflow; or NaN): not
          * computed here, far[m] = 1 and out[m] = NaN, for the caller's float64 sum */
         double widest = 0.0, steepest = 0.0;
         for (int q = 0; q < K * d; q++) {
-            const double is = exp(-0.5 * ls[q]), w = is * span[q % d];
+            const double is = isd_d[q] = exp(-0.5 * ls[q]), w = is * span[q % d];
             widest = w > widest || w != w ? w : widest;
             steepest = is > steepest || is != is ? is : steepest;
         }
@@ -575,7 +572,7 @@ static inline __attribute__((always_inline)) int gmm_total32_body(
             double ss = 0.0, bad = 0.0;
             for (int j = 0; j < d; j++) {
                 const int q = k * d + j;
-                const double is = exp(-0.5 * ls[q]);
+                const double is = isd_d[q];
                 isd[q] = (float)is;
                 nmu[q] = (float)(-(mu[q] - cen[j]) * is);
                 ss += ls[q];
@@ -587,15 +584,8 @@ static inline __attribute__((always_inline)) int gmm_total32_body(
         for (long b0 = 0; b0 < padded; b0 += BTF) {
             /* from -FLT_MAX: only a row every component puts at -inf has sm 0 */
             block32_softmax_terms(K, d, padded, s.ycol + b0, isd, nmu, cst, -3.4028234663852886e38f, lj, mx, sm);
-            const long n = B - b0 < BTF ? B - b0 : BTF;
-            if (n == BTF) {
-                for (int i = 0; i < BTF; i++) {
-                    const double v = sm[i] < 1.0f ? -INFINITY : (double)mx[i] + log_ge1((double)sm[i]);
-                    acc[i] += v;
-                }
-            } else {
-                for (long i = 0; i < n; i++) acc[i] += sm[i] < 1.0f ? -INFINITY : (double)mx[i] + log_ge1((double)sm[i]);
-            }
+            const long n = B - b0 < BTF ? B - b0 : BTF; /* the rows of this block, padding left out */
+            for (long i = 0; i < n; i++) acc[i] += sm[i] < 1.0f ? -INFINITY : (double)mx[i] + log_ge1((double)sm[i]);
         }
         double t = 0.0;
         for (int i = 0; i < BTF; i++) t += acc[i];

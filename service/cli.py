@@ -16,7 +16,8 @@ ROOT = Path(__file__).resolve().parents[1]
 # Laplace fits: 1.3 -> 5.2 s a run). Settings given in the environment are kept; the processes
 # cusp starts inherit them. (Here, not in the package: ``cusp.Detector`` in a user's process
 # leaves that process's environment alone.)
-for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+BLAS_THREAD_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+for _var in BLAS_THREAD_VARS:
     os.environ.setdefault(_var, "1")
 
 

@@ -1,16 +1,13 @@
 """Shared test set-up: one intra-op thread and one BLAS thread (see README), and a real embedded redis-server per
 test module for the service tests."""
 
-import os
+# one BLAS thread, as every cusp process runs: service.cli sets it on import, before torch loads numpy
+import service.cli  # noqa: F401
 
-# one BLAS thread, as every cusp process runs (service/cli.py), set before torch loads numpy
-for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-    os.environ.setdefault(_var, "1")
+import pytest
+import torch
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
-
-from service.store import EmbeddedRedis  # noqa: E402
+from service.store import EmbeddedRedis
 
 torch.set_num_threads(1)
 

@@ -12,8 +12,10 @@ import sys
 
 import pytest
 
+from service.cli import BLAS_THREAD_VARS
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+VARS = BLAS_THREAD_VARS
 
 # the BLAS thread count numpy's OpenBLAS will use, read from the library numpy loaded
 _PROBE = r"""
