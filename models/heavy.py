@@ -30,7 +30,14 @@ predictive the difference of two such sums.
   when a posterior reaches a side of its box (e^-30) or the rows have grown 1.5x since the last
   fit, the box is refitted and the log joint evaluated at its nodes from all the rows: no
   approximation but the quadrature's.
-- After that the rows are dropped, and a chunk adds its rows' log likelihood at the nodes (exact
+- After that, while the conditioned rows hold at most ``_distinct_cap`` (``cap`` // 2, 18 at the
+  default warm-up) distinct values, they are kept as those values and their counts, and every
+  refit stays exact. A gauge on one value (a pod count, a flag), or on a few, has a posterior whose
+  scale shrinks without end (log sigma falls like -log(n) / 2): no fixed box holds it, and before
+  this the posterior left its box after about 400 rows, every chunk warned ``quadrature_edge`` and
+  2,000 flat rows lost 790-880 nats (tests/test_heavy.py).
+- Otherwise (or once a value beyond those arrives) the rows are dropped, after a last exact refit
+  with room to move, and a chunk adds its rows' log likelihood at the nodes (exact
   at the nodes). When the posterior has narrowed to half the box in a coordinate, the box is
   refitted and the log joint carried to the new nodes by barycentric interpolation in the old
   box (checked whenever n grows 1.25x, done when the fitted box is 0.7 of the old one or less in
@@ -173,10 +180,32 @@ def robust_frame(rows: torch.Tensor) -> tuple[float, float]:
     return centre, scale
 
 
+def _distinct(z: torch.Tensor, counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The distinct values of ``z`` (ascending) and the sum of ``counts`` of each."""
+    vals, inverse = torch.unique(z, sorted=True, return_inverse=True)
+    return vals, torch.zeros(vals.shape[0], dtype=counts.dtype).index_add_(0, inverse, counts)
+
+
+def _median_sd(z: torch.Tensor, counts: torch.Tensor | None = None) -> tuple[float, float]:
+    """The median and sd of the rows ``z`` (each ``counts`` times, if given); 0 where undefined."""
+    if counts is None:
+        return (float(z.median()) if z.shape[0] else 0.0), (float(z.std()) if z.shape[0] > 1 else 0.0)
+    n = float(counts.sum())
+    if n < 1:
+        return 0.0, 0.0
+    order = torch.argsort(z)
+    at = int(torch.searchsorted(counts[order].cumsum(0), torch.tensor(0.5 * n, dtype=counts.dtype)))
+    mean = float((counts * z).sum()) / n
+    var = float((counts * (z - mean) ** 2).sum()) / (n - 1) if n > 1 else 0.0
+    return float(z[order[min(at, z.shape[0] - 1)]]), math.sqrt(max(var, 0.0))
+
+
 @dataclass(frozen=True)
 class StudentT(_Exact):
     """Heavy tails: level and scale with a Student-t likelihood (module docstring).
-    ``post`` = head [7], warm-up buffer [warmup], kept rows [warmup + EXACT_ROWS], then per nu:
+    ``post`` = head [8], warm-up buffer [warmup], kept rows [warmup + EXACT_ROWS] (head[4] = 1: the
+    rows, head[3] of them; 2: head[3] distinct values, then from ``_distinct_cap`` on their counts;
+    0: none, the grids go on without them), then per nu:
     box [6] and the log joint at the nodes [NODES * NODES] minus log Z (normalised: the weighted
     sum of exp over every nu's nodes is 1); log Z = log p(conditioned rows) is head[6]."""
 
@@ -216,6 +245,11 @@ class StudentT(_Exact):
     @property
     def _cap(self) -> int:
         return self.warmup + EXACT_ROWS
+
+    @property
+    def _distinct_cap(self) -> int:
+        """The most distinct values kept with their counts (in the kept rows' room: values, then counts)."""
+        return self._cap // 2
 
     # --- posterior layout ----------------------------------------------------------------------
     def _offsets(self) -> tuple[int, int, int]:
@@ -299,17 +333,24 @@ class StudentT(_Exact):
         return q.square_().log1p_(), const, half
 
     def _log_lik_all(self, z: torch.Tensor, boxes: torch.Tensor, sh: torch.Tensor, lam: torch.Tensor,
-                     idx: torch.Tensor | None = None) -> torch.Tensor:
-        """sum over rows ``z [B]`` of log t_nu(z; mu, e^lam) at the nodes of every nu's box (or those
-        of the nus ``idx``): ``[V, G, G]``."""
+                     idx: torch.Tensor | None = None, counts: torch.Tensor | None = None) -> torch.Tensor:
+        """sum over rows ``z [B]`` (each ``counts [B]`` times: distinct values) of log t_nu(z; mu, e^lam)
+        at the nodes of every nu's box (or those of the nus ``idx``): ``[V, G, G]``."""
         native = kernels()
+        const, half, er, sr = self._factors(sh, lam, idx)
         if native is not None:
-            const, half, er, sr = self._factors(sh, lam, idx)
-            sums = torch.from_numpy(native.t_loglik(z.numpy(), boxes[:, 0].numpy(), er.numpy(), sr.numpy()))
+            m, er_, sr_ = boxes[:, 0].numpy(), er.numpy(), sr.numpy()
+            if counts is None:
+                sums = torch.from_numpy(native.t_loglik(z.numpy(), m, er_, sr_))
+            else:  # at most DISTINCT values: one kernel call each
+                zs = z.numpy()
+                sums = sum(float(c) * torch.from_numpy(native.t_loglik(zs[i : i + 1], m, er_, sr_))
+                           for i, c in enumerate(counts.tolist()))
         else:
             q, const, half = self._log1p_terms(z, boxes, sh, lam, idx)
-            sums = q.sum(0)
-        return z.shape[0] * (const - lam)[:, None, :] - half[:, :, None] * sums
+            sums = q.sum(0) if counts is None else (counts[:, None, None, None] * q).sum(0)
+        n = z.shape[0] if counts is None else float(counts.sum())
+        return n * (const - lam)[:, None, :] - half[:, :, None] * sums
 
     @staticmethod
     def _fit_boxes(mu: torch.Tensor, lam: torch.Tensor, logw: torch.Tensor, logj: torch.Tensor,
@@ -339,25 +380,25 @@ class StudentT(_Exact):
                              logj[:, :, 0].amax(1)], 1)
         return sides > top + edge
 
-    def _joint(self, idx: torch.Tensor | None, boxes: torch.Tensor, z: torch.Tensor):
-        """(lam [V, G], mu, log weight, log joint [V, G, G]) of the boxes ``[V, 6]`` of the nus ``idx``."""
+    def _joint(self, idx: torch.Tensor | None, boxes: torch.Tensor, z: torch.Tensor, counts: torch.Tensor | None = None):
+        """(lam [V, G], mu, log weight, log joint [V, G, G]) of the boxes ``[V, 6]`` of the nus ``idx``
+        given the rows ``z`` (each ``counts`` times, if given)."""
         lam, sh, logw = self._nodes_all(boxes)
         mu = self._mu(boxes, sh, lam)
         logj = self._log_prior(mu, lam[:, None, :])
         if z.shape[0]:
-            logj = logj + self._log_lik_all(z, boxes, sh, lam, idx)
+            logj = logj + self._log_lik_all(z, boxes, sh, lam, idx, counts)
         return lam, mu, logw, logj
 
-    def _fit(self, z: torch.Tensor, boxes: torch.Tensor,
-             span: float = SPAN) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _fit(self, z: torch.Tensor, boxes: torch.Tensor, span: float = SPAN, counts: torch.Tensor | None = None
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """Every nu at once: boxes ``[V, 6]`` fitted to the posteriors given all rows ``z`` (kept
-        rows), starting from ``boxes`` (one with scale <= 0: none yet), the log joints at their nodes
-        ``[V, G, G]``, the log evidences log p(z) for each nu ``[V]`` (quadrature), and whether each
-        box fits ``[V]``."""
+        rows; distinct values each ``counts`` times, if given), starting from ``boxes`` (one with scale
+        <= 0: none yet), the log joints at their nodes ``[V, G, G]``, the log evidences log p(z) for
+        each nu ``[V]`` (quadrature), and whether each box fits ``[V]``."""
         v = len(self.nus)
         # a box without a fit: around the rows, their median, log sigma near log sd
-        med = float(z.median()) if z.shape[0] else 0.0
-        sd = float(z.std()) if z.shape[0] > 1 else 0.0
+        med, sd = _median_sd(z, counts)
         lc = min(max(math.log(sd), -6.0), 700.0) if sd > 0 else 0.0
         start = torch.tensor([med, 1.0, -math.asinh(60.0), math.asinh(60.0), min(lc, 0.0) - 6.0, max(lc, 0.0) + 10.0],
                              dtype=torch.float64)
@@ -371,7 +412,7 @@ class StudentT(_Exact):
         # than taking the fitted box: 4.6 -> 3.6 passes a refit on a /v1/detect of 864 rows)
         at_hand = None
         for _ in range(ZOOMS):
-            lam, mu, logw, logj = self._joint(None, box, z)
+            lam, mu, logw, logj = self._joint(None, box, z, counts)
             new = self._fit_boxes(mu, lam, logw, logj, span, REACH if span == REGRID_SPAN else 1.0)
             # settled: the centre moved less than a tenth of the new spread, the spreads by under 10 %
             settled = bool(((new[:, 0] - box[:, 0]).abs() <= 0.1 * new[:, 1] * torch.sinh(new[:, 3])).all()
@@ -386,7 +427,7 @@ class StudentT(_Exact):
         ok = torch.zeros(v, dtype=torch.bool)
         active = torch.arange(v)
         for _ in range(FITS):  # widen the sides the posterior still reaches (heavy tails, few rows)
-            lam, mu, logw, logj = at_hand if at_hand is not None else self._joint(active, box[active], z)
+            lam, mu, logw, logj = at_hand if at_hand is not None else self._joint(active, box[active], z, counts)
             at_hand = None
             edges = self._edges(logj)
             done = ~edges.any(1)
@@ -404,7 +445,7 @@ class StudentT(_Exact):
             box[active] = b
         # values far outside the frame (a posterior over dozens of orders of magnitude): the widest
         # box, and the caller reports it (``quadrature_edge``)
-        lam, mu, logw, logj = self._joint(active, box[active], z)
+        lam, mu, logw, logj = self._joint(active, box[active], z, counts)
         logjs[active], lzs[active] = logj, torch.logsumexp((logw + logj).flatten(1), 1)
         return box, logjs, lzs, ok
 
@@ -445,12 +486,13 @@ class StudentT(_Exact):
         return new, vals
 
     # --- exact updates ---------------------------------------------------------------------------
-    def _refit_all(self, post: torch.Tensor, z: torch.Tensor, span: float = SPAN) -> tuple[torch.Tensor, torch.Tensor, float]:
-        """From all conditioned rows ``z``: boxes, log joints (each nu's prior weight in it) and the
-        total log evidence log p(z)."""
+    def _refit_all(self, post: torch.Tensor, z: torch.Tensor, span: float = SPAN, counts: torch.Tensor | None = None
+                   ) -> tuple[torch.Tensor, torch.Tensor, float]:
+        """From all conditioned rows ``z`` (distinct values each ``counts`` times, if given): boxes, log
+        joints (each nu's prior weight in it) and the total log evidence log p(z)."""
         boxes, _ = self._grids(post)
         log_v = math.log(len(self.nus))
-        boxes, logjs, lzs, ok = self._fit(z, boxes, span)
+        boxes, logjs, lzs, ok = self._fit(z, boxes, span, counts)
         if not bool(ok.all()):
             post[5] += 1
         return boxes, logjs - log_v, float(torch.logsumexp(lzs - log_v, 0))
@@ -480,11 +522,18 @@ class StudentT(_Exact):
             z = (y[first:] - centre) / scale
             before = float(post[6])
             held = int(post[3])
-            if int(post[4]):  # every conditioned row is at hand
-                allz = torch.cat([kept[:held], z])
-                last = allz.shape[0] > self._cap  # the rows are dropped after this: room to move
+            if int(post[4]):  # every conditioned row is at hand: kept (1), or as distinct values (2)
+                if int(post[4]) == 1:
+                    allz, counts = torch.cat([kept[:held], z]), None
+                    if allz.shape[0] > self._cap:  # too many to keep one by one
+                        allz, counts = _distinct(allz, torch.ones_like(allz))
+                else:
+                    d0 = self._distinct_cap
+                    allz, counts = _distinct(torch.cat([kept[:held], z]), torch.cat([kept[d0 : d0 + held], torch.ones_like(z)]))
+                n_all = allz.shape[0] if counts is None else float(counts.sum())
+                last = counts is not None and allz.shape[0] > self._distinct_cap  # dropped after this: room to move
                 boxes, logjs = (t.clone() for t in self._grids(post))
-                refit = last or held == 0 or bool((boxes[:, 1] <= 0).any()) or allz.shape[0] >= REFIT * float(post[7])
+                refit = last or held == 0 or bool((boxes[:, 1] <= 0).any()) or n_all >= REFIT * float(post[7])
                 if not refit:  # the rows' log likelihood at the nodes, kept if the boxes still fit
                     lam, sh, logw = self._nodes_all(boxes)
                     logjs += self._log_lik_all(z, boxes, sh, lam)
@@ -494,15 +543,20 @@ class StudentT(_Exact):
                     lz = before + gain
                     refit = bool((self._edges(logjs).any(1) & (lzs - lzs.max() > EDGE)).any())
                 if refit:  # a box fitted to the posterior and the log joint at its nodes, from all rows
-                    boxes, logjs, lz = self._refit_all(post, allz, REGRID_SPAN if last else SPAN)
+                    boxes, logjs, lz = self._refit_all(post, allz, REGRID_SPAN if last else SPAN, counts)
                     logjs = logjs - lz
-                    post[7] = allz.shape[0]
-                if not last:
+                    post[7] = n_all
+                if last:
+                    kept.zero_()
+                    post[3], post[4], post[7] = 0, 0.0, seen + y.shape[0]
+                elif counts is None:
                     kept[: allz.shape[0]] = allz
                     post[3] = allz.shape[0]
                 else:
+                    d, d0 = allz.shape[0], self._distinct_cap
                     kept.zero_()
-                    post[3], post[4], post[7] = 0, 0.0, seen + y.shape[0]
+                    kept[:d], kept[d0 : d0 + d] = allz, counts
+                    post[3], post[4] = d, 2.0
             else:  # add the rows' log likelihood at the nodes
                 boxes, logjs = (t.clone() for t in self._grids(post))
                 lam, sh, logw = self._nodes_all(boxes)
