@@ -103,6 +103,13 @@ WARNINGS = {
                          "result's 'restated'): the earlier results' log-evidence, and the model probabilities from "
                          "it, were too low by about that much",
 }
+#: the first mode check's n (``_mode_check_due``: every power of two from it). 1,024 until 2026-11-28:
+#: a mixture's particles annealed from the prior through small chunks sit in a poor mode for the
+#: first hundred rows or so, and the evidence stayed 100-425 nats low until the check at 1,024 restated
+#: it (2 clusters in raw units, K = 3, and 5 clusters, K = 5, chunks of 12: -170 to -425 at n = 1,000,
+#: 2 seeds each; from 64, within 6.4), so model probabilities were off by that much before it; the
+#: detector's restarts, which have no first-chunk draws, stayed in such modes where they are compared
+FIRST_MODE_CHECK = 64
 #: the most history rows ``Sampler._check_modes`` fits the model's modes on (2,000 until 2026-11-27: such
 #: a fit merged two overlapping clusters as the particles did, and the check saw a gap of 21 nats where
 #: the particles sat 283 below the mode of all rows; stationary clusters, K = 5, 2 of 10 seeds)
@@ -156,9 +163,9 @@ RESTATED_NATS = 10.0
 
 
 def _mode_check_due(n_prev: int, n: int, capacity: int) -> bool:
-    """Whether rows n_prev + 1 .. n pass a mode check's n: a power of two from 1,024 while the reservoir
-    (``capacity`` rows) holds the whole history, a power of four beyond."""
-    p = 1 << max(10, n_prev.bit_length())  # the first power of two above n_prev (and >= 1,024)
+    """Whether rows n_prev + 1 .. n pass a mode check's n: a power of two from ``FIRST_MODE_CHECK`` while
+    the reservoir (``capacity`` rows) holds the whole history, a power of four beyond."""
+    p = max(FIRST_MODE_CHECK, 1 << n_prev.bit_length())  # the first power of two above n_prev (and >= the first)
     while p <= n:
         if p <= capacity or (p.bit_length() - 1) % 2 == 0:
             return True
@@ -615,7 +622,7 @@ class Sampler(SamplerBase):
     def _check_modes(self, old: SGAISState, new: SGAISState, reservoir: Reservoir, rows: torch.Tensor) -> SGAISState:
         """For a model with poor local modes (``Model.checks_modes``): whenever n passes a power of
         two while the reservoir holds the whole history, a power of four beyond (``_mode_check_due``:
-        1,024, 2,048, ..., 65,536, 262,144, ... at the default capacity), how far the particles sit
+        64, 128, ..., 65,536, 262,144, ... at the default capacity), how far the particles sit
         below the best mode the model's own optimiser finds (``mode_gap``): EM fits on a uniform sample of the history
         (``MODE_CHECK_ROWS`` rows of the reservoir), the best of them judged on the whole reservoir,
         then refined on the reservoir, where it and the particles are compared (log-likelihoods
@@ -661,7 +668,7 @@ class Sampler(SamplerBase):
         clusters -133, -70, -60 -> -6, -20, -23 nats; the 3 -> 5 -> 7 clusters, K = 5, -85, -66,
         -111 -> -27, -37, -34."""
         after_surprise = new.surprise_n > 0 and any(old.n < new.surprise_n + r <= new.n for r in SURPRISE_CHECK_ROWS)
-        if (not self.model.checks_modes or new.n < 1024 or reservoir.size == 0
+        if (not self.model.checks_modes or new.n < FIRST_MODE_CHECK or reservoir.size == 0
                 or not (after_surprise or _mode_check_due(old.n, new.n, self.config.reservoir_capacity))):
             return new
         g = torch.Generator().manual_seed(new.n)
