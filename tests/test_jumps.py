@@ -631,8 +631,8 @@ def test_the_first_mode_checks_restate_a_mixture_that_small_chunks_left_in_a_poo
     of 12, against the Laplace reference (``bench.reference``). Annealed through chunks of a few rows,
     the particles sit in a poor mode for the first hundred rows or so; while the first mode check was
     at 1,024 rows, the evidence at 1,000 was -198 to -628 nats off (sampler seeds 0-5), and model
-    probabilities with it. From ``FIRST_MODE_CHECK`` = 64 the checks restate it: -8.7 to +0.7 (the
-    same seeds)."""
+    probabilities with it. From ``FIRST_MODE_CHECK`` = 64 the checks restate it: -8 to -64 (the same
+    seeds; -8.7 to +0.7 when those checks also drew the particles afresh, ``REDRAW_FROM``)."""
     from bench.reference import laplace_log_evidence
     from service.sgais import engine
 
@@ -644,6 +644,6 @@ def test_the_first_mode_checks_restate_a_mixture_that_small_chunks_left_in_a_poo
         return [s for s, _, _ in build_sampler(model, SGAISConfig()).run(x, 12, seed=seed)][-1].log_evidence - ref
 
     for seed in (0, 1):
-        assert -30.0 < error(seed) < 10.0, seed
+        assert -100.0 < error(seed) < 10.0, seed  # measured -27 and -53
     monkeypatch.setattr(engine, "FIRST_MODE_CHECK", 1024)
-    assert error(0) < -100.0  # the check above can fail
+    assert error(0) < -150.0  # measured -420 (-198 to -628 on seeds 0-5): the check above can fail

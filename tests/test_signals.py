@@ -167,3 +167,18 @@ def test_a_challengers_best_row_survives_the_codec():
     assert [c.top_row for c in back.challengers] == [12.25, 0.0]
     head = json.loads(st.to_bytes())
     assert [("top" in c) for c in head["challengers"]] == [True, False]
+
+
+def test_the_most_telling_row_counts_by_how_far_it_stands_out():
+    """``detector._top_excess``: a chunk's largest one-row advantage less its next largest (when
+    positive), ``Detector._log_odds``' single-outlier alternative. One wild row among ordinary ones
+    keeps its advantage; among rows alike (a new cluster: each row scored as if it came first) it
+    keeps only its lead."""
+    from service.detect.detector import _top_excess
+
+    t = torch.tensor
+    assert _top_excess(t([0.5, 20.0, 0.25], dtype=torch.float64)) == 19.5
+    assert _top_excess(t([1082.0, 3.0, 1000.0], dtype=torch.float64)) == 82.0
+    assert _top_excess(t([20.0, -4.0], dtype=torch.float64)) == 20.0  # a next row behind counts as 0
+    assert _top_excess(t([-1.0, -2.0], dtype=torch.float64)) == -1.0
+    assert _top_excess(t([5.0], dtype=torch.float64)) == 5.0

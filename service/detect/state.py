@@ -69,7 +69,7 @@ class Challenger:
     old_seqs: list[int] = field(default_factory=list)  # chunks just before ``start``, and the incumbent's
     old_fit: float = 0.0  # fit of them (mean log predictive per row) when the challenger started
     shift: bool = False  # a level shift (``Detector._kinds``): the incumbent's posterior with a new level
-    top_row: float = 0.0  # its largest advantage in one row of a compared chunk of several (``Detector._log_odds``)
+    top_row: float = 0.0  # its largest advantage in one row of a compared chunk of several, over that chunk's next (``Detector._log_odds``)
     skip: int = 0  # rows of its first chunk before ``start`` (a restart inside a chunk, ``Detector._split``)
     reservoir: Reservoir | None = None  # not saved: re-read from the stream's chunks
 

@@ -106,10 +106,18 @@ WARNINGS = {
 #: the first mode check's n (``_mode_check_due``: every power of two from it). 1,024 until 2026-11-28:
 #: a mixture's particles annealed from the prior through small chunks sit in a poor mode for the
 #: first hundred rows or so, and the evidence stayed 100-425 nats low until the check at 1,024 restated
-#: it (2 clusters in raw units, K = 3, and 5 clusters, K = 5, chunks of 12: -170 to -425 at n = 1,000,
-#: 2 seeds each; from 64, within 6.4), so model probabilities were off by that much before it; the
-#: detector's restarts, which have no first-chunk draws, stayed in such modes where they are compared
+#: it (5 clusters in raw units, K = 5, chunks of 12: -198 to -628 at n = 1,000, 6 seeds; from 64,
+#: -8 to -64, with the particles left as they are below ``REDRAW_FROM``), so model probabilities
+#: were off by that much before it; and the detector's restarts, which have no first-chunk draws,
+#: stayed in such modes where they were compared
 FIRST_MODE_CHECK = 64
+#: below this n a mode check's fresh estimate (``check_draws``) restates the evidence but leaves the
+#: particles as they are; from it, they are drawn from both samples (``Sampler._with_draws``). Drawn
+#: at the checks of 500 and 1,000 rows too, the pooled particles (the fresh draws' weights are uneven:
+#: a few of them stand for the whole sample) predicted the next chunk 0.05-0.08 nats a row worse on
+#: the paper's 7 clusters shuffled, K = 3, and the detector took a restart for a change at 2,000 on 3
+#: of 5 sampler seeds; kept, none, and the evidence at 1,000 rows is the same within a few nats
+REDRAW_FROM = 1024
 #: the most history rows ``Sampler._check_modes`` fits the model's modes on (2,000 until 2026-11-27: such
 #: a fit merged two overlapping clusters as the particles did, and the check saw a gap of 21 nats where
 #: the particles sat 283 below the mode of all rows; stationary clusters, K = 5, 2 of 10 seeds)
@@ -700,7 +708,10 @@ class Sampler(SamplerBase):
             drawn = self.model.first_draws(everything, g, self.config.check_draws, fit=found, laplace=True)
             if drawn is not None:
                 theta, logw, log_z = self._with_draws(new.theta, new.log_weights.numpy(), new.log_evidence, *drawn, everything, g)
-                new = replace(new, theta=theta, log_weights=torch.from_numpy(logw), log_evidence=log_z)
+                if new.n < REDRAW_FROM:  # the evidence only (``REDRAW_FROM``)
+                    new = replace(new, log_evidence=log_z)
+                else:
+                    new = replace(new, theta=theta, log_weights=torch.from_numpy(logw), log_evidence=log_z)
         return new
 
     def _chunk_ll(self, theta: torch.Tensor, rows: torch.Tensor) -> np.ndarray:
