@@ -647,3 +647,30 @@ def test_the_first_mode_checks_restate_a_mixture_that_small_chunks_left_in_a_poo
         assert -100.0 < error(seed) < 10.0, seed  # measured -27 and -53
     monkeypatch.setattr(engine, "FIRST_MODE_CHECK", 1024)
     assert error(0) < -150.0  # measured -420 (-198 to -628 on seeds 0-5): the check above can fail
+
+
+def test_a_cluster_appearing_early_in_a_stream_is_checked_soon_after(monkeypatch):
+    """Two clusters in raw units (latency and bytes), a third from row 1,500, K = 3, chunks of 100,
+    against the Laplace reference at 2,000 rows. The first 5,000 rows had no surprise test, so the
+    new cluster's losses stayed until the power-of-two check at 2,048: -103 and -120 nats at 2,000
+    (sampler seeds 0 and 1). The test now runs there too, and the check ``SURPRISE_EARLY_CHECK``
+    rows after the surprising chunk restates the evidence: 0.0 and -1.1."""
+    from bench.reference import laplace_log_evidence
+    from service.sgais import engine
+
+    rng = np.random.default_rng(11)
+    n = 2000
+    a = np.c_[rng.normal(120, 10, n), rng.normal(2e4, 2e3, n)]
+    b = np.c_[rng.normal(350, 25, n), rng.normal(6e4, 5e3, n)]
+    c = np.c_[rng.normal(900, 60, n), rng.normal(2.5e5, 2e4, n)]
+    lab = np.where(np.arange(n) < 1500, rng.integers(0, 2, n), rng.integers(0, 3, n))
+    x = torch.from_numpy(np.where(lab[:, None] == 0, a, np.where(lab[:, None] == 1, b, c)))
+    model = build_model("gmm:components=3", n_columns=2)
+    ref = laplace_log_evidence(model, model.featurize(x)).log_evidence
+
+    def error(seed: int) -> float:
+        return [s for s, _, _ in build_sampler(model, SGAISConfig()).run(x, 100, seed=seed)][-1].log_evidence - ref
+
+    assert -20.0 < error(0) < 10.0
+    monkeypatch.setattr(engine, "SURPRISE_EARLY_CHECK", 10**9)
+    assert error(0) < -50.0  # the check above can fail

@@ -161,6 +161,15 @@ CONFIG_GAP = 3.0
 #: later, each (the new clusters need rows before a fit on a sample of the history shows them), with
 #: the configuration move from ``SURPRISE_CONFIG_GAP`` nats per parameter
 SURPRISE_CHECK_ROWS = (1_000, 2_000, 4_000)
+#: ... and, for a surprise in the first ``JUMP_WARMUP_ROWS`` rows (where the reservoir holds the history
+#: and a check's fit sees every new row), this many rows later too; there the surprise test runs on its
+#: own generator (seeded by n: the sampler's stream is untouched) once the history has
+#: ``SURPRISE_MIN_HISTORY`` rows. Before (2026-11-28) a stream's first 5,000 rows had no surprise test, and a
+#: cluster appearing at 1,500 (chunks of 100) left the evidence 100-210 nats low until the check at 2,048
+#: (-142 and -208 at 2,000, 2 seeds); now within a nat there, from the check 250 rows after the
+#: surprising chunk (chunks of 12 are too small to show a surprise against their own spread)
+SURPRISE_EARLY_CHECK = 250
+SURPRISE_MIN_HISTORY = 100
 SURPRISE_CONFIG_GAP = 1.0
 #: relative distance between an SGAIS log-evidence and the exact one beyond which ``reference_mismatch`` is raised
 REFERENCE_TOLERANCE = 1e-2
@@ -488,9 +497,22 @@ class Sampler(SamplerBase):
         if state.jumps_left > 0:
             return "every step"
         if state.n < JUMP_WARMUP_ROWS:
-            return "every step" if _holds_multiple(state.n, b, JUMP_WARMUP_EVERY) else ""
+            warm = "every step" if _holds_multiple(state.n, b, JUMP_WARMUP_EVERY) else ""
+            # the surprise test too, on its own generator (the sampler's stream untouched)
+            if res.shape[0] >= SURPRISE_MIN_HISTORY and self._surprised(state, logw, ll_rows, res,
+                                                                        torch.Generator().manual_seed(state.n)):
+                return "surprise" if state.jumps_left == 0 else (warm or "last step")
+            return warm
         if res.shape[0] == 0:
             return ""
+        if self._surprised(state, logw, ll_rows, res, g):
+            return "surprise" if state.jumps_left == 0 else "last step"  # jumps_left < 0: cooling down
+        return "last step" if _holds_multiple(state.n, b, JUMP_EVERY_ROWS) else ""
+
+    def _surprised(self, state: SGAISState, logw: np.ndarray, ll_rows: torch.Tensor, res: torch.Tensor,
+                   g: torch.Generator) -> bool:
+        """Is the chunk (its rows' log likelihoods under the particles, ``ll_rows``) surprising against
+        ``JUMP_PROBE_ROWS`` rows of the history ``res`` (drawn with ``g``)? (``_jumps_wanted``)"""
         probe = res[torch.randint(0, res.shape[0], (JUMP_PROBE_ROWS,), generator=g)]
         w = torch.from_numpy(logw)[:, None]
         lp_chunk = torch.logsumexp(w + ll_rows, 0)
@@ -499,9 +521,7 @@ class Sampler(SamplerBase):
         var_h = float(lp_hist.var())
         var_c = float(lp_chunk.var()) if len(lp_chunk) > 1 else var_h
         se = math.sqrt(var_h / len(lp_hist) + var_c / len(lp_chunk))
-        if float(lp_hist.mean() - lp_chunk.mean()) > JUMP_SURPRISE * max(se, 1e-12):
-            return "surprise" if state.jumps_left == 0 else "last step"  # jumps_left < 0: cooling down
-        return "last step" if _holds_multiple(state.n, b, JUMP_EVERY_ROWS) else ""
+        return float(lp_hist.mean() - lp_chunk.mean()) > JUMP_SURPRISE * max(se, 1e-12)
 
     @staticmethod
     def _jumps_left(left: int, jumping: str, gain: float) -> int:
@@ -627,6 +647,13 @@ class Sampler(SamplerBase):
         the history catches up, and each would push the checks later)."""
         return state.surprise_n > 0 and state.n < state.surprise_n + max(SURPRISE_CHECK_ROWS, default=0)
 
+    @staticmethod
+    def _surprise_rows(state: SGAISState) -> tuple[int, ...]:
+        """Rows after the last surprise at which the mode check runs (``SURPRISE_CHECK_ROWS``, and
+        ``SURPRISE_EARLY_CHECK`` for a surprise in the first ``JUMP_WARMUP_ROWS`` rows)."""
+        early = (SURPRISE_EARLY_CHECK,) if 0 < state.surprise_n < JUMP_WARMUP_ROWS else ()
+        return early + SURPRISE_CHECK_ROWS
+
     def _check_modes(self, old: SGAISState, new: SGAISState, reservoir: Reservoir, rows: torch.Tensor) -> SGAISState:
         """For a model with poor local modes (``Model.checks_modes``): whenever n passes a power of
         two while the reservoir holds the whole history, a power of four beyond (``_mode_check_due``:
@@ -675,7 +702,7 @@ class Sampler(SamplerBase):
         evidence and draws the particles afresh. Measured at 5e4-1e5 rows, 3 seeds: stationary 5
         clusters -133, -70, -60 -> -6, -20, -23 nats; the 3 -> 5 -> 7 clusters, K = 5, -85, -66,
         -111 -> -27, -37, -34."""
-        after_surprise = new.surprise_n > 0 and any(old.n < new.surprise_n + r <= new.n for r in SURPRISE_CHECK_ROWS)
+        after_surprise = new.surprise_n > 0 and any(old.n < new.surprise_n + r <= new.n for r in self._surprise_rows(new))
         if (not self.model.checks_modes or new.n < FIRST_MODE_CHECK or reservoir.size == 0
                 or not (after_surprise or _mode_check_due(old.n, new.n, self.config.reservoir_capacity))):
             return new
