@@ -102,7 +102,7 @@ FITS = 8
 #: the most passes that zoom a box onto the posterior before the widening (``StudentT._fit``)
 ZOOMS = 8
 
-_HEAD = 8  # seen, centre, scale, rows kept, rows complete (1/0), edge events, log Z, n at the last box fit / regrid check
+_HEAD = 8  # seen, centre, scale, rows kept, rows complete (1 rows / 2 distinct values and counts / 0 none), edge events, log Z, n at the last box fit / regrid check
 #: while the rows are kept, the boxes are refitted from them when a posterior reaches a side or the
 #: rows have grown by this factor since the last fit (the posterior narrows)
 REFIT = 1.5
@@ -342,10 +342,11 @@ class StudentT(_Exact):
             m, er_, sr_ = boxes[:, 0].numpy(), er.numpy(), sr.numpy()
             if counts is None:
                 sums = torch.from_numpy(native.t_loglik(z.numpy(), m, er_, sr_))
-            else:  # at most DISTINCT values: one kernel call each
-                zs = z.numpy()
-                sums = sum(float(c) * torch.from_numpy(native.t_loglik(zs[i : i + 1], m, er_, sr_))
-                           for i, c in enumerate(counts.tolist()))
+            else:  # the rows seen once in one kernel call, each value seen more often in one of its own
+                zs, once = z.numpy(), (counts == 1).numpy()
+                sums = torch.from_numpy(native.t_loglik(zs[once], m, er_, sr_)) if once.any() else 0.0
+                for i in (~once).nonzero()[0].tolist():
+                    sums = sums + float(counts[i]) * torch.from_numpy(native.t_loglik(zs[i : i + 1], m, er_, sr_))
         else:
             q, const, half = self._log1p_terms(z, boxes, sh, lam, idx)
             sums = q.sum(0) if counts is None else (counts[:, None, None, None] * q).sum(0)
@@ -523,15 +524,22 @@ class StudentT(_Exact):
             before = float(post[6])
             held = int(post[3])
             if int(post[4]):  # every conditioned row is at hand: kept (1), or as distinct values (2)
+                last = False  # the rows are dropped after this: room to move
                 if int(post[4]) == 1:
                     allz, counts = torch.cat([kept[:held], z]), None
-                    if allz.shape[0] > self._cap:  # too many to keep one by one
-                        allz, counts = _distinct(allz, torch.ones_like(allz))
+                    if allz.shape[0] > self._cap:  # too many to keep one by one: as distinct values, if few
+                        vals, many = _distinct(allz, torch.ones_like(allz))
+                        last = vals.shape[0] > self._distinct_cap
+                        if not last:
+                            allz, counts = vals, many
                 else:
                     d0 = self._distinct_cap
-                    allz, counts = _distinct(torch.cat([kept[:held], z]), torch.cat([kept[d0 : d0 + held], torch.ones_like(z)]))
+                    vals, many = _distinct(torch.cat([kept[:held], z]), torch.cat([kept[d0 : d0 + held], torch.ones_like(z)]))
+                    last = vals.shape[0] > self._distinct_cap
+                    # dropped: the kept values with their counts and the chunk's rows, each once (one kernel call)
+                    allz, counts = (torch.cat([kept[:held], z]), torch.cat([kept[d0 : d0 + held], torch.ones_like(z)])) \
+                        if last else (vals, many)
                 n_all = allz.shape[0] if counts is None else float(counts.sum())
-                last = counts is not None and allz.shape[0] > self._distinct_cap  # dropped after this: room to move
                 boxes, logjs = (t.clone() for t in self._grids(post))
                 refit = last or held == 0 or bool((boxes[:, 1] <= 0).any()) or n_all >= REFIT * float(post[7])
                 if not refit:  # the rows' log likelihood at the nodes, kept if the boxes still fit

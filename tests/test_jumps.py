@@ -652,9 +652,10 @@ def test_the_first_mode_checks_restate_a_mixture_that_small_chunks_left_in_a_poo
 def test_a_cluster_appearing_early_in_a_stream_is_checked_soon_after(monkeypatch):
     """Two clusters in raw units (latency and bytes), a third from row 1,500, K = 3, chunks of 100,
     against the Laplace reference at 2,000 rows. The first 5,000 rows had no surprise test, so the
-    new cluster's losses stayed until the power-of-two check at 2,048: -103 and -120 nats at 2,000
-    (sampler seeds 0 and 1). The test now runs there too, and the check ``SURPRISE_EARLY_CHECK``
-    rows after the surprising chunk restates the evidence: 0.0 and -1.1."""
+    new cluster's losses stayed until the power-of-two check at 2,048 (on another draw of these
+    clusters, -142 and -208 nats at 2,000). The test now runs there too, and the check
+    ``SURPRISE_EARLY_CHECK`` rows after the surprising chunk restates the evidence: 0.0 and -1.1
+    (sampler seeds 0 and 1); without that check (the control), -103 and -120."""
     from bench.reference import laplace_log_evidence
     from service.sgais import engine
 
@@ -674,3 +675,15 @@ def test_a_cluster_appearing_early_in_a_stream_is_checked_soon_after(monkeypatch
     assert -20.0 < error(0) < 10.0
     monkeypatch.setattr(engine, "SURPRISE_EARLY_CHECK", 10**9)
     assert error(0) < -50.0  # the check above can fail
+
+
+@pytest.mark.parametrize("chunk", [12, 100])
+def test_stationary_clusters_raise_no_surprise_while_the_particles_learn(chunk):
+    """The surprise test runs in a stream's first 5,000 rows too (``SURPRISE_MIN_HISTORY`` rows of
+    history on). A false surprise there would set the checks' schedule, and none is taken again until
+    it has run: 5 stationary clusters (raw units too, measured), chunks of 12, 100 and 500, 2 sampler
+    seeds: none."""
+    x = 1000.0 + 100.0 * D.gmm_data(5_000, 1)
+    sampler = build_sampler(build_model("gmm:components=5", n_columns=2), SGAISConfig())
+    marks = {s.surprise_n for s, _, _ in sampler.run(x, chunk, seed=0)}
+    assert marks == {0}, marks

@@ -182,3 +182,4 @@ def test_the_most_telling_row_counts_by_how_far_it_stands_out():
     assert _top_excess(t([20.0, -4.0], dtype=torch.float64)) == 20.0  # a next row behind counts as 0
     assert _top_excess(t([-1.0, -2.0], dtype=torch.float64)) == -1.0
     assert _top_excess(t([5.0], dtype=torch.float64)) == 5.0
+    assert _top_excess(t([math.inf, math.inf], dtype=torch.float64)) == math.inf  # not NaN

@@ -123,7 +123,11 @@ class Detector:
         # nats a row below the posterior's predictive: compared after ``train`` (30 rows for 3
         # components in 2-D) it fell 30-60 nats behind in each chunk and retired, and a new cluster
         # in chunks of 12 was never reported (in chunks of 50 it was, at its row)
-        self.restart_train = max(self.train, FIRST_MODE_CHECK) if getattr(model, "checks_modes", False) else self.train
+        # (a ``train`` given in the settings is taken as it is; the check moves particles only with jumps on;
+        # never past the age a challenger retires at)
+        self.restart_train = (min(max(self.train, FIRST_MODE_CHECK), self.max_age)
+                              if getattr(model, "checks_modes", False) and not self.config.train
+                              and getattr(self.restarts.config, "jumps", 0) > 0 else self.train)
         self.exact = getattr(sampler, "method", "sgais") == "exact"
         # window shifts (``signals.Windows``): 4, 8 and 16 training samples, within the rows kept
         # (``max_age``). Exact models only: their restarts cost a few arithmetic operations a row
@@ -1086,7 +1090,8 @@ def _top_excess(advantage: torch.Tensor) -> float:
     if advantage.numel() < 2:
         return float(advantage.max())
     top2 = torch.topk(advantage, 2).values
-    return float(top2[0]) - max(float(top2[1]), 0.0)
+    excess = float(top2[0]) - max(float(top2[1]), 0.0)
+    return float(top2[0]) if math.isnan(excess) else excess  # (two rows infinitely ahead: inf, as one)
 
 
 def _logsumexp(xs: list[float]) -> float:

@@ -161,8 +161,8 @@ CONFIG_GAP = 3.0
 #: later, each (the new clusters need rows before a fit on a sample of the history shows them), with
 #: the configuration move from ``SURPRISE_CONFIG_GAP`` nats per parameter
 SURPRISE_CHECK_ROWS = (1_000, 2_000, 4_000)
-#: ... and, for a surprise in the first ``JUMP_WARMUP_ROWS`` rows (where the reservoir holds the history
-#: and a check's fit sees every new row), this many rows later too; there the surprise test runs on its
+#: ... and, for a surprise while a check's fit sees every row (fewer than twice ``MODE_CHECK_ROWS``), this
+#: many rows later too; in the first ``JUMP_WARMUP_ROWS`` rows the surprise test runs on its
 #: own generator (seeded by n: the sampler's stream is untouched) once the history has
 #: ``SURPRISE_MIN_HISTORY`` rows. Before (2026-11-28) a stream's first 5,000 rows had no surprise test, and a
 #: cluster appearing at 1,500 (chunks of 100) left the evidence 100-210 nats low until the check at 2,048
@@ -645,13 +645,14 @@ class Sampler(SamplerBase):
         """Whether the extra mode checks after the last surprise (``SURPRISE_CHECK_ROWS``) have yet to
         run: a surprise then starts none of its own (the chunks after a change stay surprising until
         the history catches up, and each would push the checks later)."""
-        return state.surprise_n > 0 and state.n < state.surprise_n + max(SURPRISE_CHECK_ROWS, default=0)
+        return state.surprise_n > 0 and state.n < state.surprise_n + max(Sampler._surprise_rows(state), default=0)
 
     @staticmethod
     def _surprise_rows(state: SGAISState) -> tuple[int, ...]:
         """Rows after the last surprise at which the mode check runs (``SURPRISE_CHECK_ROWS``, and
-        ``SURPRISE_EARLY_CHECK`` for a surprise in the first ``JUMP_WARMUP_ROWS`` rows)."""
-        early = (SURPRISE_EARLY_CHECK,) if 0 < state.surprise_n < JUMP_WARMUP_ROWS else ()
+        ``SURPRISE_EARLY_CHECK`` for a surprise while a check's fit sees every row: n below twice
+        ``MODE_CHECK_ROWS``)."""
+        early = (SURPRISE_EARLY_CHECK,) if 0 < state.surprise_n < 2 * MODE_CHECK_ROWS else ()
         return early + SURPRISE_CHECK_ROWS
 
     def _check_modes(self, old: SGAISState, new: SGAISState, reservoir: Reservoir, rows: torch.Tensor) -> SGAISState:
