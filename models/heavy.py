@@ -35,7 +35,8 @@ predictive the difference of two such sums.
   refit stays exact. A gauge on one value (a pod count, a flag), or on a few, has a posterior whose
   scale shrinks without end (log sigma falls like -log(n) / 2): no fixed box holds it, and before
   this the posterior left its box after about 400 rows, every chunk warned ``quadrature_edge`` and
-  2,000 flat rows lost 790-880 nats (tests/test_heavy.py).
+  2,000 flat rows lost 790-880 nats (tests/test_heavy.py). Such a state is written as layout 2
+  (``exact_layout``): a release before it would read the values as rows, and refuses it instead.
 - Otherwise (or once a value beyond those arrives) the rows are dropped, after a last exact refit
   with room to move, and a chunk adds its rows' log likelihood at the nodes (exact
   at the nodes). When the posterior has narrowed to half the box in a coordinate, the box is
@@ -594,6 +595,13 @@ class StudentT(_Exact):
         b, l = self._grids(post)
         b.copy_(boxes)
         l.copy_(logjs)
+
+    @staticmethod
+    def exact_layout(post: torch.Tensor) -> int:
+        """2 while the kept rows are distinct values with counts (``post[4]`` = 2), which a release
+        before them would read as rows: its state is then written as layout 2, which such a release
+        refuses by name (``service.sgais.exact.EXACT_LAYOUTS``)."""
+        return 2 if int(post[4]) == 2 else 1
 
     def exact_warnings(self, before: torch.Tensor, after: torch.Tensor) -> tuple[str, ...]:
         """``quadrature_edge`` when this update found the posterior at its box's edge."""

@@ -16,6 +16,7 @@ from models import ModelError, build_model
 from models.heavy import EXACT_ROWS, NU_GRID, robust_frame
 from service.detect import detect_stream
 from service.sgais import WARNINGS, ExactSampler, ExactState, SGAISConfig, build_sampler, load_state
+from service.sgais.state import decode
 
 
 def ref_log_p(z: np.ndarray, nu: float, c=10.0, a0=1.0, b0=1.0, width=25.0) -> float:
@@ -328,7 +329,18 @@ def test_the_counts_phase_survives_the_state_codec_and_predicts_rows():
     assert int(post[4]) == 2 and int(post[3]) == 5  # five distinct values, with their counts
     at = m._offsets()[1] + m._distinct_cap  # the counts, after the values in the kept rows' room
     assert float(post[at : at + 5].sum()) == 150 and bool((post[at + 5 : at + m._distinct_cap] == 0).all())
-    back = load_state(state.to_bytes())
+    # written as layout 2 (an earlier release would read the values as rows): such a release, which
+    # knows only 'CUSPEXACT1', refuses it by name, and this one reads both
+    raw = state.to_bytes()
+    assert state.layout == 2 and raw.startswith(b"CUSPEXACT2\n")
+    with pytest.raises(ValueError, match="not a CUSPEXACT1 state"):
+        decode(b"CUSPEXACT1\n", raw)
+    fresh = sampler.init(0)
+    assert fresh.layout == 1 and fresh.to_bytes().startswith(b"CUSPEXACT1\n") and load_state(fresh.to_bytes()).layout == 1
+    with pytest.raises(ValueError, match="layout"):
+        load_state(b"CUSPEXACT9\n" + raw[11:])
+    back = load_state(raw)
+    assert back.layout == 2
     a, ra, _ = sampler.update(state, y[150:160], res)
     b, rb, _ = sampler.update(back, y[150:160], res)
     assert a.to_bytes() == b.to_bytes() and ra.log_evidence == rb.log_evidence

@@ -14,6 +14,7 @@ from service.detect.decision import decide, posterior
 from service.detect.signals import Windows, weight
 from service.detect.state import Challenger, DetectorState, Event, Recent, Refined, Step
 from service.sgais.engine import FIRST_MODE_CHECK
+from service.sgais.exact import exact_layout
 from service.sgais import ChunkResult, ExactState, Reservoir, ReservoirWrites, Sampler, SGAISState, build_sampler, load_state
 
 #: a chunk's featurized rows and a state's log predictive of each (``Detector._row_fits``)
@@ -499,7 +500,8 @@ class Detector:
                 new.offset_n, new.memory_rows = refined.location, 0
                 new.offset_log_evidence = refined.base
                 fresh = ExactState(post=refined.post, log_evidence=refined.log_evidence, n=int(refined.rows.shape[0]),
-                                   chunks=len(winner.seqs), rng=winner.state.rng)
+                                   chunks=len(winner.seqs), rng=winner.state.rng,
+                                   layout=exact_layout(self.sampler.model, refined.post))
                 reservoir = self._reservoir(refined.rows)
                 step.promoted, step.reservoir = fresh, reservoir
                 step.writes = ReservoirWrites(torch.arange(reservoir.size, dtype=torch.int64), reservoir.data.clone())
@@ -706,7 +708,8 @@ class Detector:
             s.dropped = s.dropped[ANCHOR_ROWS:]
             if self.shifts:
                 post = self._fold(cut)
-                s.dropped[0] = replace(s.dropped[0], state=None if post is None else _slim(post))
+                s.dropped[0] = replace(s.dropped[0], state=None if post is None else
+                                       _slim(post, exact_layout(self.sampler.model, post)))
 
     def _suffixes(self, start: torch.Tensor, rows: torch.Tensor, span: int) -> list[float]:
         """log p(rows[j:] | start) for j < ``span``, for an exchangeable model: the rows from ``span``
@@ -1104,8 +1107,10 @@ def detector_seed(model_seed: int) -> int:
     return (int(model_seed) * 6364136223846793005 + 1442695040888963407) % (2**63)
 
 
-def _slim(state: "ExactState | torch.Tensor") -> bytes:
+def _slim(state: "ExactState | torch.Tensor", layout: int = 1) -> bytes:
     """An exact state as ``Recent.state`` keeps it: the posterior only (``_refine`` and level-shift
-    restarts read nothing else; a reservoir generator's state is 5 KB)."""
-    post = state if isinstance(state, torch.Tensor) else state.post
-    return ExactState(post=post, log_evidence=0.0, n=0, chunks=0, rng=torch.empty(0, dtype=torch.uint8)).to_bytes()
+    restarts read nothing else; a reservoir generator's state is 5 KB); a bare posterior with its
+    ``layout`` (``exact.exact_layout``)."""
+    post, layout = (state, layout) if isinstance(state, torch.Tensor) else (state.post, state.layout)
+    return ExactState(post=post, log_evidence=0.0, n=0, chunks=0, rng=torch.empty(0, dtype=torch.uint8),
+                      layout=layout).to_bytes()

@@ -37,27 +37,49 @@ WARNINGS.setdefault(
 )
 
 
+#: the layouts of ``post`` this version reads (``ExactState.layout``, the digit of the magic). 2: a
+#: model's posterior in a form an earlier release would misread (``student-t``'s distinct values with
+#: their counts, 2026-11-28), so that such a release refuses it by name instead
+EXACT_LAYOUTS = (1, 2)
+
+
+def exact_layout(model, post: torch.Tensor) -> int:
+    """The layout version ``model``'s posterior ``post`` needs (``Model.exact_layout``; 1 by default)."""
+    hook = getattr(model, "exact_layout", None)
+    return int(hook(post)) if hook is not None else 1
+
+
 @dataclass(frozen=True)
 class ExactState:
     """post [P]: the posterior's parameters (``Model.exact_init``'s layout); log_evidence: log
-    p(y_1..n), exact; n, chunks: observations and chunks seen; rng: the reservoir's generator."""
+    p(y_1..n), exact; n, chunks: observations and chunks seen; rng: the reservoir's generator;
+    layout: the version of ``post``'s layout, written in the magic (``EXACT_LAYOUTS``): a release
+    that knows only layout 1 takes a state of layout 2 for an unknown kind and refuses it."""
 
     MAGIC = b"CUSPEXACT1\n"
+    PREFIX = b"CUSPEXACT"
 
     post: torch.Tensor
     log_evidence: float
     n: int
     chunks: int
     rng: torch.Tensor
+    layout: int = 1
 
     def to_bytes(self) -> bytes:
         header = {"log_evidence": repr(float(self.log_evidence)), "n": int(self.n), "chunks": int(self.chunks)}
-        return encode(self.MAGIC, header, {"post": self.post, "rng": self.rng})
+        return encode(b"%s%d\n" % (self.PREFIX, self.layout), header, {"post": self.post, "rng": self.rng})
 
     @classmethod
     def from_bytes(cls, raw: bytes) -> "ExactState":
-        header, tensors = decode(cls.MAGIC, raw)
-        return cls(log_evidence=float(header["log_evidence"]), n=header["n"], chunks=header["chunks"], **tensors)
+        end = raw.find(b"\n", 0, 16)
+        tag = raw[len(cls.PREFIX) : end] if raw.startswith(cls.PREFIX) and end > 0 else b""
+        layout = int(tag) if tag.isdigit() else 0
+        if layout not in EXACT_LAYOUTS:
+            raise ValueError(f"not an exact state layout this version reads ({raw[:16]!r}; it reads {EXACT_LAYOUTS})")
+        header, tensors = decode(raw[: end + 1], raw)
+        return cls(log_evidence=float(header["log_evidence"]), n=header["n"], chunks=header["chunks"], layout=layout,
+                   **tensors)
 
 
 class ExactSampler(SamplerBase):
@@ -121,7 +143,7 @@ class ExactSampler(SamplerBase):
                               f"large for this model's sufficient statistics in float64")
         b = int(rows.shape[0])
         new = ExactState(post=post, log_evidence=state.log_evidence + lp, n=state.n + b, chunks=state.chunks + 1,
-                         rng=g.get_state())
+                         rng=g.get_state(), layout=exact_layout(self.model, post))
         result = ChunkResult(
             n=new.n, rows=b, log_evidence=new.log_evidence, log_predictive=lp, annealing_steps=0,
             ess_before=None, ess_after=None, ess_min=None, resamples=0, capped=False,

@@ -123,4 +123,4 @@ def load_state(raw: bytes):
     """A saved sampler state of either kind (``SGAISState`` or ``ExactState``), by its magic."""
     from service.sgais.exact import ExactState
 
-    return ExactState.from_bytes(raw) if raw.startswith(ExactState.MAGIC) else SGAISState.from_bytes(raw)
+    return ExactState.from_bytes(raw) if raw.startswith(ExactState.PREFIX) else SGAISState.from_bytes(raw)
