@@ -199,13 +199,24 @@ def test_bad_chunks_get_a_clear_4xx_and_change_nothing(live, redis_url, body, st
     assert (r0.get(keys.seq(s)), r0.xlen(keys.inbox(s))) == before
 
 
+def test_a_model_is_asked_for_by_its_name_or_by_its_spec(live, redis_url):
+    """A model's name is derived from its spec ('gmm:components=2' is 'gmm_components2'); a new user
+    asked for the spec ``cusp replay`` prints and got a 404. Both select the same entries."""
+    s, _ = make_stream(live)
+    assert post(live, s, 0, [[1.0, 2.0], [1.5, 2.5], [0.5, 1.0]]).status_code == 202
+    burst(redis_url)
+    by_name = live.client.get(f"/v1/streams/{s}/evidence", params={"model": "gmm_components2"}).json()["results"]
+    by_spec = live.client.get(f"/v1/streams/{s}/evidence", params={"model": "gmm:components=2"}).json()["results"]
+    assert by_name and by_spec == by_name and {e["model"] for e in by_name} == {"gmm_components2"}
+
+
 def test_unknown_stream_model_and_bad_settings(live):
     assert live.client.post("/v1/streams/nope/chunks", json={"seq": 0, "rows": [[1, 2]]}).status_code == 404
     assert live.client.get("/v1/streams/nope").status_code == 404
     assert live.client.get("/v1/streams/nope/evidence").status_code == 404
     s, _ = make_stream(live)
     r = live.client.get(f"/v1/streams/{s}/evidence", params={"model": "zzz"})
-    assert r.status_code == 404 and "no model 'zzz'" in r.json()["detail"]
+    assert r.status_code == 404 and "no model 'zzz' (its models: 'gaussian', 'gmm_components2')" in r.json()["detail"]
     cases = [
         ({"name": "bad name!", "columns": ["a"], "models": ["gaussian"]}, "stream name"),
         ({"name": name(), "columns": ["a", "a"], "models": ["gaussian"]}, "distinct"),

@@ -23,7 +23,8 @@ async def evidence(stream: str, store: StoreDep,
                    since: str | None = Query(None, description="return entries after this result id (a page's next)",
                                              json_schema_extra={"pattern": RESULT_ID_PATTERN}),
                    limit: int = Query(1000, ge=1, le=10_000, description="most entries in the page (after filtering)"),
-                   model: str | None = Query(None, description="only this model's entries"),
+                   model: str | None = Query(None, description="only this model's entries: its name in the stream, or "
+                                             "its spec as given (e.g. 'gmm:components=3', what cusp replay calls it)"),
                    kind: list[EntryKind] | None = Query(None, description="only entries of these kinds (repeat for several)")):
     """The stream's result entries after ``since``, oldest first, filtered by model and kind
     before the page is cut to ``limit``. ``next`` is the cursor for the following page and
@@ -31,7 +32,14 @@ async def evidence(stream: str, store: StoreDep,
     50,000 entries: has_more may then be true for a short page)."""
     cfg = await crud.stream_config(store, stream)
     if model is not None and cfg.model(model) is None:
-        raise ApiError(404, "model_not_found", f"stream {stream!r} has no model {model!r}")
+        # the spec as given is taken too: a model's name is derived from its spec ('gmm:components=3' is
+        # 'gmm_components3'), and a new user asked for it by the spec cusp replay prints
+        by_spec = [m.name for m in cfg.models if m.spec == model]
+        if len(by_spec) != 1:
+            names = ", ".join(repr(m.name) for m in cfg.models)
+            raise ApiError(404, "model_not_found", f"stream {stream!r} has no model {model!r} (its models: {names}"
+                           + ("; that spec is several of them: name one" if by_spec else "") + ")")
+        model = by_spec[0]
     after = crud.check_id(since)
     results, cursor, more = await store.results(stream, after, limit, model, kind)
     return {"results": results, "next": cursor if cursor != after else since, "has_more": more}
