@@ -26,7 +26,8 @@ every stream. A full scan of every stream (one pipelined round trip per kind of 
 start, every ``FULL_SCAN_SECONDS``, after an error and when the number of live workers changed,
 for anything a lost message left behind; and once more a life key's time after that number fell
 (a worker that died between renewing its life key and writing its heartbeat still held its
-pairs at the first of those scans). Pairs are served from a rotating start, not in name order.
+pairs at the first of those scans), or after a pass that found a pair's owner with a life key but
+no recent heartbeat (its loop stalled: should it die so, the count does not fall again). Pairs are served from a rotating start, not in name order.
 SIGTERM: the chunk in hand is finished, leases are released, the loop exits.
 
 Health: the loop records each step it completes (a poll, a chunk applied) in ``LoopHealth``, which
@@ -490,7 +491,15 @@ class Worker:
         dead = ""
         if owner is not None and owner != self.id:
             if self.store.alive(owner):
-                return False  # its owner runs
+                # its owner runs; if its loop stalled (a life key without a recent heartbeat), it is
+                # looked at again a life key's time from now, as after a drop in the live count: should
+                # it die while stalled, the count does not fall again and nothing else would look
+                # before the next periodic scan
+                beat = self.store.last_beat(owner)
+                if beat is None or beat < time.time() - self.ttl_ms / 1000:
+                    due = time.monotonic() + self.ttl_ms / 1000
+                    self._rescan_at = due if self._rescan_at is None else min(self._rescan_at, due)
+                return False
             dead = owner  # its owner's life key lapsed: taken over, with a new fencing token
         token = self.store.acquire(s, m, self.id, dead)
         if not token:

@@ -303,6 +303,43 @@ def test_a_stream_created_since_the_last_scan_stays_counted_in_the_share(env):
         w.release_all()
 
 
+def test_a_stalled_workers_pair_is_taken_over_soon_after_it_dies(env):
+    """Worker a's loop stalls: its lease keeper keeps its life key but writes no heartbeat, so the
+    live count falls once and b leaves the pair to a (alive). Then a dies while stalled: the count
+    does not fall again, and before, nothing looked at a's pair until the next periodic scan (30 s;
+    a gap a helper's review found in session 30). b now looks again a life key's time after each
+    pass that found a live owner without a heartbeat, and takes the pair within a lease or two."""
+    url, live = env
+    r = connect(url)
+    [s] = make(live, 1)
+    lease = 1.0
+    life_ms = int(lease * 1000 * 0.75)
+    a = Worker(url, lease_seconds=lease, worker_id="a")
+    b = Worker(url, lease_seconds=lease, worker_id="b")
+    try:
+        post(live, s, 0)
+        assert a.poll_once(None) == 1  # a takes the pair and applies seq 0
+        assert b._wait_for_work(0.0) is None  # b subscribes
+        assert b.poll_once(None) == 0 and b._alive == 2
+        post(live, s, 1)  # pending, and a will never apply it
+        assert b._wait_for_work(1.0) == {s}
+        # a stalls: its keeper renews the life key, no heartbeat for a lease and a half
+        r.zadd(keys.WORKERS, {"a": time.time() - 1.5 * lease})
+        end = time.monotonic() + 2.5 * lease
+        while time.monotonic() < end:  # b's passes meanwhile: a alive, so its pair stays a's
+            r.set(keys.life("a"), "1", px=life_ms)
+            b.poll_once(b._wait_for_work(0.05))
+        assert holders(url, [s])[s] == "a" and applied(url, s) == 0 and b._alive == 1
+        # a dies: its life key is not renewed again and lapses
+        took = wait_until(lambda: b.poll_once(b._wait_for_work(0.05)) or applied(url, s) == 1, 3 * lease,
+                          "b to take the stalled worker's pair over and apply seq 1")
+        assert applied(url, s) == 1 and holders(url, [s])[s] == "b", took
+    finally:
+        b._close_wake()
+        for w in (a, b):
+            w.release_all()
+
+
 def test_a_dead_workers_pair_is_taken_over_when_its_life_key_outlived_its_heartbeat(env):
     """Worker a holds a pair with a chunk pending and dies just after its lease keeper renewed
     its life key but before it wrote its heartbeat (the two are separate commands): its heartbeat
