@@ -210,7 +210,7 @@ class BaseClient:
             if k not in KINDS:
                 raise InputError(f"kind must be one of {', '.join(KINDS)}, got {k!r}")
         if follow:
-            return self._iterate(self._follow(name, since, transport, _keep(model, kinds)))
+            return self._iterate(self._follow_model(name, since, transport, model, kinds))
         return self._iterate(self._pages(name, since, model, kinds))
 
     def changepoints(self, name: str):
@@ -310,6 +310,26 @@ class BaseClient:
             if not more or page.get("next") in (None, since):
                 return
             since = page["next"]
+
+    def _follow_model(self, name: str, since: str | None, transport: str, model: str | None,
+                      kinds: list[str] | None) -> Flow:
+        """``_follow`` with the entries of ``model`` only: its name, or its spec as given (the
+        feeds carry names, so a spec is turned into its model's name first, as ``?model=`` does:
+        NotFoundError for a model the stream does not have, as the paging answers)."""
+        if model is not None:
+            out = yield from self._call_once("GET", f"/v1/streams/{name}")
+            models = out.get("models") or []
+            if not any(m.get("name") == model for m in models):
+                by_spec = [m.get("name") for m in models if m.get("spec") == model]
+                if len(by_spec) != 1:
+                    path = f"/v1/streams/{name}/evidence"
+                    if by_spec:
+                        raise api_error(422, f"{model!r} is the spec of several of the stream's models ({by_spec}): "
+                                        "name one", "GET", path, "invalid_request")
+                    raise api_error(404, f"stream {name!r} has no model {model!r} (its models: "
+                                    f"{[m.get('name') for m in models]})", "GET", path, "model_not_found")
+                model = by_spec[0]
+        yield from self._follow(name, since, transport, _keep(model, kinds))
 
     def _follow(self, name: str, since: str | None, transport: str, keep: Callable[[dict], bool]) -> Flow:
         """Live entries over SSE or the WebSocket, reconnected from the last entry's id after a

@@ -26,8 +26,9 @@ every stream. A full scan of every stream (one pipelined round trip per kind of 
 start, every ``FULL_SCAN_SECONDS``, after an error and when the number of live workers changed,
 for anything a lost message left behind; and once more a life key's time after that number fell
 (a worker that died between renewing its life key and writing its heartbeat still held its
-pairs at the first of those scans), or after a pass that found a pair's owner with a life key but
-no recent heartbeat (its loop stalled: should it die so, the count does not fall again). Pairs are served from a rotating start, not in name order.
+pairs at the first of those scans). A stream whose pair's owner has a life key but no recent
+heartbeat (its loop stalled: should it die so, the count does not fall again) is looked at again
+a life key's time later. Pairs are served from a rotating start, not in name order.
 SIGTERM: the chunk in hand is finished, leases are released, the loop exits.
 
 Health: the loop records each step it completes (a poll, a chunk applied) in ``LoopHealth``, which
@@ -209,6 +210,7 @@ class Worker:
         self._scanned = -math.inf  # monotonic time of the last full scan
         self._alive = 0  # live workers at the last poll
         self._rescan_at: float | None = None  # monotonic time of a full scan due after the live count fell
+        self._recheck: dict[str, float] = {}  # stream -> monotonic time to look at it again (a stalled owner, ``_take``)
         self._backlog: set[tuple[str, str]] = set()  # held pairs that had more chunks than one batch
         self._turn = 0  # rotating start over the pairs of a poll
         self._unreleased: set[tuple[str, str]] = set()  # pairs dropped on a Redis error, their leases still ours
@@ -357,14 +359,17 @@ class Worker:
         elif again:
             self._rescan_at = None
         self._alive = alive
+        due = {s for s, at in self._recheck.items() if at <= mono}  # streams whose stalled owner is looked at again
+        for s in due:
+            del self._recheck[s]
         if full:
             self._streams = self.store.stream_names()
             self._stream_set = set(self._streams)
             self._scanned = time.monotonic()
             self.store.prune_workers(now - PRUNE_LEASES * self.lease_ms / 1000)
             looked = self._streams
-        else:  # the woken streams (one created since the last scan too) and this worker's backlog
-            looked = sorted(woken | {s for s, _ in self._backlog})
+        else:  # the woken streams (one created since the last scan too), this worker's backlog and those due
+            looked = sorted(woken | {s for s, _ in self._backlog} | due)
         configs = self._configs_of(looked)
         if full:
             for s in {key[0] for key in self.hot} | {key[0] for key in self._let_go} | set(self._configs):
@@ -490,15 +495,14 @@ class Worker:
         owner = self.store.owner(s, m)
         dead = ""
         if owner is not None and owner != self.id:
-            if self.store.alive(owner):
-                # its owner runs; if its loop stalled (a life key without a recent heartbeat), it is
-                # looked at again a life key's time from now, as after a drop in the live count: should
-                # it die while stalled, the count does not fall again and nothing else would look
-                # before the next periodic scan
-                beat = self.store.last_beat(owner)
+            alive, beat = self.store.life_and_beat(owner)
+            if alive:
+                # its owner runs; if its loop stalled (a life key without a recent heartbeat), the stream
+                # is looked at again a life key's time from now: should the owner die while stalled, the
+                # live count does not fall again and nothing else would look before the next periodic scan
                 if beat is None or beat < time.time() - self.ttl_ms / 1000:
                     due = time.monotonic() + self.ttl_ms / 1000
-                    self._rescan_at = due if self._rescan_at is None else min(self._rescan_at, due)
+                    self._recheck[s] = min(self._recheck.get(s, due), due)
                 return False
             dead = owner  # its owner's life key lapsed: taken over, with a new fencing token
         token = self.store.acquire(s, m, self.id, dead)

@@ -304,6 +304,27 @@ def test_live_results_resume_after_a_dropped_feed(live, proxy, worker):
     assert feeds == [None, stored[2]["id"]]  # the second connection resumed with Last-Event-ID
 
 
+def test_a_model_is_named_by_its_name_or_its_spec_live_and_paged(client, live, worker):
+    """``results(model=...)`` takes a model's spec as well as its name (``gmm:components=2`` is
+    ``gmm_components2``), paged (``?model=``) and live alike: the feeds carry names, so the client
+    turns a spec into its name first (a review found it returned nothing live for a spec); a model
+    the stream does not have is a NotFoundError either way."""
+    s = name()
+    client.create_stream(s, ["a", "b"], models=["gaussian", "gmm:components=2"])
+    client.post(s, np.random.default_rng(0).normal(size=(30, 2)))
+    burst(worker)
+    paged = list(client.results(s, model="gmm:components=2", kind="result"))
+    assert paged and {e["model"] for e in paged} == {"gmm_components2"}
+    assert paged == list(client.results(s, model="gmm_components2", kind="result"))
+    feed = client.results(s, model="gmm:components=2", kind="result", follow=True)
+    assert [next(feed) for _ in paged] == paged
+    feed.close()
+    for follow in (False, True):
+        with pytest.raises(cusp.NotFoundError, match="no model 'zzz'"):
+            next(iter(client.results(s, model="zzz", follow=follow)))
+    client.delete_stream(s)
+
+
 def test_bad_arguments_and_refusals_raise_exceptions_naming_the_problem(client, live):
     s = name()
     client.create_stream(s, ["a", "b"], models=["gaussian"])

@@ -78,7 +78,8 @@ class ModelFrame(BaseModel):
 
 class ModelOut(BaseModel):
     name: str = Field(description="the model's name in this stream: results' 'model' and ?model=; as given in the create "
-                                  "request, else derived from the spec (':' and '=' dropped, e.g. 'gmm_components2')")
+                                  "request, else derived from the spec (':' and '=' dropped, e.g. 'gmm_components2'); "
+                                  "?model= takes the spec too")
     spec: str = Field(description="the model's spec as given, e.g. 'gmm:components=2' (what cusp replay calls the model)")
     method: Literal["exact", "sgais"] | None = Field(None, description="exact (closed form, conjugate models) or sgais")
     target: str | None

@@ -367,7 +367,8 @@ class Detector:
         if scored:
             new.recent.append(Recent(seq=seq, chunk=new.chunks - 1, start=start, base=base, lp=lp, rows=chunk,
                                      level=new.level.mean, spread=new.level.spread if counted else 0.0,
-                                     state=_slim(before) if self.exact and (b > 1 or (self.shifts and not new.recent)) else None,
+                                     state=_slim(before.post, self.sampler.model)
+                                     if self.exact and (b > 1 or (self.shifts and not new.recent)) else None,
                                      before=before if self.shifts and b == 1 else None))
         x, steps = lp / max(scored, 1), float(result.annealing_steps)
         if not scored:
@@ -708,8 +709,7 @@ class Detector:
             s.dropped = s.dropped[ANCHOR_ROWS:]
             if self.shifts:
                 post = self._fold(cut)
-                s.dropped[0] = replace(s.dropped[0], state=None if post is None else
-                                       _slim(post, exact_layout(self.sampler.model, post)))
+                s.dropped[0] = replace(s.dropped[0], state=None if post is None else _slim(post, self.sampler.model))
 
     def _suffixes(self, start: torch.Tensor, rows: torch.Tensor, span: int) -> list[float]:
         """log p(rows[j:] | start) for j < ``span``, for an exchangeable model: the rows from ``span``
@@ -990,7 +990,7 @@ class Detector:
             _, after = model.exact_update(later, rows[q:])
         if float(before) + float(after) <= float(all_shifted) + SUPPORT_NATS:
             return None
-        return Split(rows=q, state=replace(at, post=post), prefix=float(before))
+        return Split(rows=q, state=replace(at, post=post, layout=exact_layout(model, post)), prefix=float(before))
 
     @staticmethod
     def _state_at(recent: list[Recent], i: int) -> SGAISState | None:
@@ -1107,10 +1107,9 @@ def detector_seed(model_seed: int) -> int:
     return (int(model_seed) * 6364136223846793005 + 1442695040888963407) % (2**63)
 
 
-def _slim(state: "ExactState | torch.Tensor", layout: int = 1) -> bytes:
+def _slim(post: torch.Tensor, model) -> bytes:
     """An exact state as ``Recent.state`` keeps it: the posterior only (``_refine`` and level-shift
-    restarts read nothing else; a reservoir generator's state is 5 KB); a bare posterior with its
-    ``layout`` (``exact.exact_layout``)."""
-    post, layout = (state, layout) if isinstance(state, torch.Tensor) else (state.post, state.layout)
+    restarts read nothing else; a reservoir generator's state is 5 KB), in the layout ``model`` says
+    it needs (``exact.exact_layout``)."""
     return ExactState(post=post, log_evidence=0.0, n=0, chunks=0, rng=torch.empty(0, dtype=torch.uint8),
-                      layout=layout).to_bytes()
+                      layout=exact_layout(model, post)).to_bytes()

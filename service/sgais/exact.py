@@ -74,8 +74,8 @@ class ExactState:
     def from_bytes(cls, raw: bytes) -> "ExactState":
         end = raw.find(b"\n", 0, 16)
         tag = raw[len(cls.PREFIX) : end] if raw.startswith(cls.PREFIX) and end > 0 else b""
-        layout = int(tag) if tag.isdigit() else 0
-        if layout not in EXACT_LAYOUTS:
+        layout = {b"%d" % k: k for k in EXACT_LAYOUTS}.get(tag, 0)
+        if not layout:
             raise ValueError(f"not an exact state layout this version reads ({raw[:16]!r}; it reads {EXACT_LAYOUTS})")
         header, tensors = decode(raw[: end + 1], raw)
         return cls(log_evidence=float(header["log_evidence"]), n=header["n"], chunks=header["chunks"], layout=layout,
@@ -96,13 +96,17 @@ class ExactSampler(SamplerBase):
 
     def init(self, seed: int) -> ExactState:
         g = torch.Generator().manual_seed(int(seed))
-        return ExactState(post=self.model.exact_init(), log_evidence=0.0, n=0, chunks=0, rng=g.get_state())
+        return self._fresh(self.model.exact_init(), g)
+
+    def _fresh(self, post: torch.Tensor, g: torch.Generator) -> ExactState:
+        """A state before any row, its layout read from ``post`` (``exact_layout``)."""
+        return ExactState(post=post, log_evidence=0.0, n=0, chunks=0, rng=g.get_state(), layout=exact_layout(self.model, post))
 
     def restart(self, seed: int, incumbent: ExactState) -> ExactState:
         """A fresh posterior for a restart at a change point: ``Model.exact_restart`` (a model with a
         warm-up frame keeps the incumbent's frame, so the restart is scored from its first row)."""
         g = torch.Generator().manual_seed(int(seed))
-        return ExactState(post=self.model.exact_restart(incumbent.post), log_evidence=0.0, n=0, chunks=0, rng=g.get_state())
+        return self._fresh(self.model.exact_restart(incumbent.post), g)
 
     def shift(self, seed: int, incumbent: ExactState) -> ExactState | None:
         """A restart at a level shift: the incumbent's posterior (given the rows before the change)
@@ -112,7 +116,7 @@ class ExactSampler(SamplerBase):
         if post is None:
             return None
         g = torch.Generator().manual_seed(int(seed))
-        return ExactState(post=post, log_evidence=0.0, n=0, chunks=0, rng=g.get_state())
+        return self._fresh(post, g)
 
     def log_fit(self, state: ExactState, rows: torch.Tensor) -> float:
         """Mean over featurized ``rows [B, F]`` of each row's log posterior predictive under ``state``."""

@@ -127,10 +127,14 @@ class WorkerStore:
     def alive(self, worker_id: str) -> bool:
         return bool(self.r.exists(keys.life(worker_id)))
 
-    def last_beat(self, worker_id: str) -> float | None:
-        """When ``worker_id`` last wrote its heartbeat (None: never, or pruned)."""
-        score = self.r.zscore(keys.WORKERS, worker_id)
-        return None if score is None else float(score)
+    def life_and_beat(self, worker_id: str) -> tuple[bool, float | None]:
+        """Whether ``worker_id``'s life key exists, and when it last wrote its heartbeat (None: never,
+        or pruned), in one round trip."""
+        pipe = self.r.pipeline(transaction=False)
+        pipe.exists(keys.life(worker_id))
+        pipe.zscore(keys.WORKERS, worker_id)
+        alive, score = pipe.execute()
+        return bool(alive), None if score is None else float(score)
 
     def acquire(self, s: str, m: str, worker_id: str, dead_owner: str = "") -> bytes | None:
         """A new fencing token if the pair was free, ours, or ``dead_owner``'s (found without a

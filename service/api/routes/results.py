@@ -34,11 +34,14 @@ async def evidence(stream: str, store: StoreDep,
     if model is not None and cfg.model(model) is None:
         # the spec as given is taken too: a model's name is derived from its spec ('gmm:components=3' is
         # 'gmm_components3'), and a new user asked for it by the spec cusp replay prints
+        # (a name is taken first: a stream whose model is named like another's spec means the name)
         by_spec = [m.name for m in cfg.models if m.spec == model]
-        if len(by_spec) != 1:
+        if len(by_spec) > 1:
+            raise ApiError(422, "invalid_request", f"{model!r} is the spec of several of stream {stream!r}'s models "
+                           f"({', '.join(map(repr, by_spec))}): name one")
+        if not by_spec:
             names = ", ".join(repr(m.name) for m in cfg.models)
-            raise ApiError(404, "model_not_found", f"stream {stream!r} has no model {model!r} (its models: {names}"
-                           + ("; that spec is several of them: name one" if by_spec else "") + ")")
+            raise ApiError(404, "model_not_found", f"stream {stream!r} has no model {model!r} (its models: {names})")
         model = by_spec[0]
     after = crud.check_id(since)
     results, cursor, more = await store.results(stream, after, limit, model, kind)
