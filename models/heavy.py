@@ -600,7 +600,7 @@ class StudentT(_Exact):
     def exact_layout(post: torch.Tensor) -> int:
         """2 while the kept rows are distinct values with counts (``post[4]`` = 2), which a release
         before them would read as rows: its state is then written as layout 2, which such a release
-        refuses by name (``service.sgais.exact.EXACT_LAYOUTS``)."""
+        refuses as a state it cannot read (``service.sgais.exact.EXACT_LAYOUTS``)."""
         return 2 if int(post[4]) == 2 else 1
 
     def exact_warnings(self, before: torch.Tensor, after: torch.Tensor) -> tuple[str, ...]:

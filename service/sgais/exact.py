@@ -39,7 +39,7 @@ WARNINGS.setdefault(
 
 #: the layouts of ``post`` this version reads (``ExactState.layout``, the digit of the magic). 2: a
 #: model's posterior in a form an earlier release would misread (``student-t``'s distinct values with
-#: their counts, 2026-11-28), so that such a release refuses it by name instead
+#: their counts, 2026-11-28), so that such a release refuses it (not a state it reads: a ValueError) instead
 EXACT_LAYOUTS = (1, 2)
 
 
