@@ -7,6 +7,7 @@ streams), real HTTP for ingest, workers in threads (``run_forever``, lease keepe
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 
@@ -303,41 +304,52 @@ def test_a_stream_created_since_the_last_scan_stays_counted_in_the_share(env):
         w.release_all()
 
 
-def test_a_stalled_workers_pair_is_taken_over_soon_after_it_dies(env):
-    """Worker a's loop stalls: its lease keeper keeps its life key but writes no heartbeat, so the
-    live count falls once and b leaves the pair to a (alive). Then a dies while stalled: the count
-    does not fall again, and before, nothing looked at a's pair until the next periodic scan (30 s;
-    a gap a helper's review found in session 30). b now looks again a life key's time after each
-    pass that found a live owner without a heartbeat, and takes the pair within a lease or two."""
+@contextlib.contextmanager
+def _a_holds_a_pending_pair(env, lease: float):
+    """Workers a and b (``lease`` seconds): a holds the stream's pair and applied seq 0, b saw a
+    alive and left it, seq 1 is pending; yields (redis, stream, b); both release all at the end."""
     url, live = env
-    r = connect(url)
     [s] = make(live, 1)
-    lease = 2.0  # (b's passes in the stall must each finish within a's life key: room on a busy machine)
-    life_ms = int(lease * 1000 * 0.75)
     a = Worker(url, lease_seconds=lease, worker_id="a")
     b = Worker(url, lease_seconds=lease, worker_id="b")
     try:
         post(live, s, 0)
         assert a.poll_once(None) == 1  # a takes the pair and applies seq 0
         assert b._wait_for_work(0.0) is None  # b subscribes
-        assert b.poll_once(None) == 0 and b._alive == 2
+        assert b.poll_once(None) == 0 and b._alive == 2  # b sees a alive and leaves its pair alone
         post(live, s, 1)  # pending, and a will never apply it
         assert b._wait_for_work(1.0) == {s}
-        # a stalls: its keeper renews the life key, no heartbeat for a lease and a half
-        r.zadd(keys.WORKERS, {"a": time.time() - 1.5 * lease})
-        end = time.monotonic() + 1.25 * lease  # past b's one rescan a life key's time after the count fell
-        while time.monotonic() < end:  # b's passes meanwhile: a alive, so its pair stays a's
-            r.set(keys.life("a"), "1", px=life_ms)
-            b.poll_once(b._wait_for_work(0.05))
-        assert holders(url, [s])[s] == "a" and applied(url, s) == 0 and b._alive == 1
-        r.delete(keys.life("a"))  # a dies
-        took = wait_until(lambda: b.poll_once(b._wait_for_work(0.05)) or applied(url, s) == 1, 3 * lease,
-                          "b to take the stalled worker's pair over and apply seq 1")
-        assert applied(url, s) == 1 and holders(url, [s])[s] == "b", took
+        yield connect(url), s, b
     finally:
         b._close_wake()
         for w in (a, b):
             w.release_all()
+
+
+def _b_takes_it_over(url: str, s: str, b: Worker, within: float) -> None:
+    took = wait_until(lambda: b.poll_once(b._wait_for_work(0.05)) or applied(url, s) == 1, within,
+                      "b to take a's pair over and apply seq 1")
+    assert applied(url, s) == 1 and holders(url, [s])[s] == "b", took
+
+
+def test_a_stalled_workers_pair_is_taken_over_soon_after_it_dies(env):
+    """Worker a's loop stalls: its lease keeper keeps its life key but writes no heartbeat, so the
+    live count falls once and b leaves the pair to a (alive). Then a dies while stalled: the count
+    does not fall again, and before, nothing looked at a's pair until the next periodic scan (30 s;
+    a gap a helper's review found in session 30). b now looks at the stream again a life key's time
+    after each pass that found a live owner without a heartbeat, and takes the pair within a lease
+    or two."""
+    lease = 2.0  # (b's passes in the stall must each finish within a's life key: room on a busy machine)
+    with _a_holds_a_pending_pair(env, lease) as (r, s, b):
+        # a stalls: its keeper renews the life key, no heartbeat for a lease and a half
+        r.zadd(keys.WORKERS, {"a": time.time() - 1.5 * lease})
+        end = time.monotonic() + 1.25 * lease  # past b's one rescan a life key's time after the count fell
+        while time.monotonic() < end:  # b's passes meanwhile: a alive, so its pair stays a's
+            r.set(keys.life("a"), "1", px=int(lease * 1000 * 0.75))
+            b.poll_once(b._wait_for_work(0.05))
+        assert holders(env[0], [s])[s] == "a" and applied(env[0], s) == 0 and b._alive == 1
+        r.delete(keys.life("a"))  # a dies
+        _b_takes_it_over(env[0], s, b, 3 * lease)
 
 
 def test_a_dead_workers_pair_is_taken_over_when_its_life_key_outlived_its_heartbeat(env):
@@ -348,29 +360,14 @@ def test_a_dead_workers_pair_is_taken_over_when_its_life_key_outlived_its_heartb
     woken by nothing, must still take it within a lease. Before, b looked again only at the next
     full scan, 30 s later (seen in a clean-clone CI run: a SIGSTOPped worker's pair not taken
     over in 10 s, once in about 20 runs of the paused-worker test)."""
-    url, live = env
-    r = connect(url)
-    [s] = make(live, 1)
     lease = 1.0
-    a = Worker(url, lease_seconds=lease, worker_id="a")
-    b = Worker(url, lease_seconds=lease, worker_id="b")
-    try:
-        post(live, s, 0)
-        assert a.poll_once(None) == 1  # a takes the pair and applies seq 0
-        assert b._wait_for_work(0.0) is None  # b subscribes
-        assert b.poll_once(None) == 0 and b._alive == 2  # b sees a alive and leaves its pair alone
-        post(live, s, 1)  # pending, and a will never apply it
-        assert b._wait_for_work(1.0) == {s}
+    with _a_holds_a_pending_pair(env, lease) as (r, s, b):
         # a dies between the keeper's two commands: a life key just renewed, a heartbeat from the
         # keeper's previous period
         r.set(keys.life("a"), "1", px=int(lease * 1000 * 0.75))
         r.zadd(keys.WORKERS, {"a": time.time() - lease})
         assert b.poll_once({s}) == 0 and b._alive == 1  # the drop is seen; a's life key still holds the pair
-        assert holders(url, [s])[s] == "a"
-        took = wait_until(lambda: b.poll_once(b._wait_for_work(0.05)) or applied(url, s) == 1, 3 * lease,
-                          "b to take a's pair over and apply seq 1")
-        assert applied(url, s) == 1 and holders(url, [s])[s] == "b", took
-    finally:
-        b._close_wake()
-        for w in (a, b):
-            w.release_all()
+        assert holders(env[0], [s])[s] == "a"
+        _b_takes_it_over(env[0], s, b, 3 * lease)
+
+
