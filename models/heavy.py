@@ -535,11 +535,11 @@ class StudentT(_Exact):
                             allz, counts = vals, many
                 else:
                     d0 = self._distinct_cap
-                    vals, many = _distinct(torch.cat([kept[:held], z]), torch.cat([kept[d0 : d0 + held], torch.ones_like(z)]))
+                    seen_z, each = torch.cat([kept[:held], z]), torch.cat([kept[d0 : d0 + held], torch.ones_like(z)])
+                    vals, many = _distinct(seen_z, each)
                     last = vals.shape[0] > self._distinct_cap
                     # dropped: the kept values with their counts and the chunk's rows, each once (one kernel call)
-                    allz, counts = (torch.cat([kept[:held], z]), torch.cat([kept[d0 : d0 + held], torch.ones_like(z)])) \
-                        if last else (vals, many)
+                    allz, counts = (seen_z, each) if last else (vals, many)
                 n_all = allz.shape[0] if counts is None else float(counts.sum())
                 boxes, logjs = (t.clone() for t in self._grids(post))
                 refit = last or held == 0 or bool((boxes[:, 1] <= 0).any()) or n_all >= REFIT * float(post[7])

@@ -105,7 +105,7 @@ WARNINGS = {
 }
 #: the first mode check's n (``_mode_check_due``: every power of two from it). 1,024 until 2026-11-28:
 #: a mixture's particles annealed from the prior through small chunks sit in a poor mode for the
-#: first hundred rows or so, and the evidence stayed 100-425 nats low until the check at 1,024 restated
+#: first hundred rows or so, and the evidence stayed hundreds of nats low until the check at 1,024 restated
 #: it (5 clusters in raw units, K = 5, chunks of 12: -198 to -628 at n = 1,000, 6 seeds; from 64,
 #: -8 to -64, with the particles left as they are below ``REDRAW_FROM``), so model probabilities
 #: were off by that much before it; and the detector's restarts, which have no first-chunk draws,
@@ -116,7 +116,8 @@ FIRST_MODE_CHECK = 64
 #: at the checks of 500 and 1,000 rows too, the pooled particles (the fresh draws' weights are uneven:
 #: a few of them stand for the whole sample) predicted the next chunk 0.05-0.08 nats a row worse on
 #: the paper's 7 clusters shuffled, K = 3, and the detector took a restart for a change at 2,000 on 3
-#: of 5 sampler seeds; kept, none, and the evidence at 1,000 rows is the same within a few nats
+#: of 5 sampler seeds; kept, none, though the evidence at 1,000 rows is then -8 to -64 nats off where
+#: redrawing left it within 9 (``FIRST_MODE_CHECK``'s case)
 REDRAW_FROM = 1024
 #: the most history rows ``Sampler._check_modes`` fits the model's modes on (2,000 until 2026-11-27: such
 #: a fit merged two overlapping clusters as the particles did, and the check saw a gap of 21 nats where

@@ -56,7 +56,6 @@ class ExactState:
     layout: the version of ``post``'s layout, written in the magic (``EXACT_LAYOUTS``): a release
     that knows only layout 1 takes a state of layout 2 for an unknown kind and refuses it."""
 
-    MAGIC = b"CUSPEXACT1\n"
     PREFIX = b"CUSPEXACT"
 
     post: torch.Tensor

@@ -124,9 +124,6 @@ class WorkerStore:
         raw = self.r.get(keys.lease(s, m))
         return None if raw is None else raw.decode()
 
-    def alive(self, worker_id: str) -> bool:
-        return bool(self.r.exists(keys.life(worker_id)))
-
     def life_and_beat(self, worker_id: str) -> tuple[bool, float | None]:
         """Whether ``worker_id``'s life key exists, and when it last wrote its heartbeat (None: never,
         or pruned), in one round trip."""
