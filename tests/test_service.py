@@ -208,6 +208,15 @@ def test_a_model_is_asked_for_by_its_name_or_by_its_spec(live, redis_url):
     by_name = live.client.get(f"/v1/streams/{s}/evidence", params={"model": "gmm_components2"}).json()["results"]
     by_spec = live.client.get(f"/v1/streams/{s}/evidence", params={"model": "gmm:components=2"}).json()["results"]
     assert by_name and by_spec == by_name and {e["model"] for e in by_name} == {"gmm_components2"}
+    # a name first; a spec several models share is refused, naming them
+    t, _ = make_stream(live, models=({"spec": "gaussian", "name": "g1"}, {"spec": "gaussian", "name": "g2"},
+                                     {"spec": "gmm:components=2", "name": "gaussian"}))
+    assert live.client.get(f"/v1/streams/{t}/evidence", params={"model": "gaussian"}).status_code == 200
+    r = live.client.get(f"/v1/streams/{t}/evidence", params={"model": "gmm:components=2"})
+    assert r.status_code == 200
+    s2, _ = make_stream(live, models=({"spec": "gaussian", "name": "g1"}, {"spec": "gaussian", "name": "g2"}))
+    r = live.client.get(f"/v1/streams/{s2}/evidence", params={"model": "gaussian"})
+    assert r.status_code == 422 and "spec of several" in r.json()["detail"] and "'g1', 'g2'" in r.json()["detail"]
 
 
 def test_unknown_stream_model_and_bad_settings(live):
