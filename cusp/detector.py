@@ -293,7 +293,8 @@ class Detector:
             evidence[name] = (result.n, result.log_evidence)
         self._chunks.append((self.n, int(chunk.shape[0])))
         self._changes += self._answer.chunk(int(chunk.shape[0]), evidence, new,
-                                            {name: run.pending for name, run in self._runs.items()})
+                                            {name: run.pending for name, run in self._runs.items()},
+                                            {name: run.standing for name, run in self._runs.items()})
 
     # --- answers ------------------------------------------------------------------------------
     @property

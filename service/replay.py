@@ -134,7 +134,8 @@ def run(args: argparse.Namespace) -> int:
                           f"{ev.confidence:.4f}, log Bayes factor {ev.log_bayes_factor:.1f}, detected at {ev.detected_at}",
                           file=sys.stderr)
             pending = {label: run.pending for label, run in runs.items()}
-            for c in answer.chunk(rows.shape[0], evidence, new, pending) if args.detect else ():
+            standing = {label: run.standing for label, run in runs.items()}
+            for c in answer.chunk(rows.shape[0], evidence, new, pending, standing) if args.detect else ():
                 stream_found.append(c.location)
                 timed = T.timed(c.location_time, end) if stamps is not None else {}
                 out.write(json.dumps({"model": "*", "kind": "stream_changepoint", **c.to_dict(), **timed}) + "\n")

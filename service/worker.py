@@ -679,11 +679,11 @@ class Worker:
             state, result, writes = hot.sampler.update(hot.state, rows, hot.reservoir)
         except (ModelError, EngineError, ValueError, FloatingPointError) as exc:
             return self._failed(hot, seq, exc, int(rows.shape[0]))
-        reservoir, events, dstate, det_bytes, pending = None, [], None, b"", []
+        reservoir, events, dstate, det_bytes, pending, standing = None, [], None, b"", [], None
         if hot.detector is not None:
             step = hot.detector.update(hot.dstate, seq, rows, hot.state, state, result, self._interval(hot, fields, stamps),
                                        hot.reservoir)
-            dstate, result, events, pending = step.state, step.result, step.events, step.pending
+            dstate, result, events, pending, standing = step.state, step.result, step.events, step.pending, step.standing
             if step.promoted is not None:  # the model restarts at the change: its state and history
                 state, writes, reservoir = step.promoted, step.writes, step.reservoir
             det_bytes = dstate.to_bytes()
@@ -699,7 +699,8 @@ class Worker:
         # what this chunk adds to the stream's answer (taken by _answer once every model applied it)
         tally = json.dumps({"rows": int(rows.shape[0]), "n": result.n, "log_evidence": result.log_evidence,
                             "events": [ev.to_dict() for ev in events], "time_end": end,
-                            **({"pending": [[int(a), float(q)] for a, q in pending]} if pending else {})})
+                            **({"pending": [[int(a), float(q)] for a, q in pending]} if pending else {}),
+                            **({"standing": [int(standing[0]), float(standing[1])]} if standing is not None else {})})
         row_bytes = hot.reservoir.width * 8
         slot_args = self._slot_runs(writes)
         status = self.store.apply(s, m, hot.token, seq, state.to_bytes(), result.n, result.log_evidence, chunks, det_bytes,
@@ -799,7 +800,9 @@ class Worker:
                 evidence = {m: None if r.get("dead") else (r["n"], r["log_evidence"]) for m, r in zip(names, recs)}
                 events = {m: [Event(**e) for e in r.get("events", ())] for m, r in zip(names, recs)}
                 pending = {m: [(int(a), float(p)) for a, p in r.get("pending", ())] for m, r in zip(names, recs)}
-                found += [(q, c, recs[0].get("time_end")) for c in answer.chunk(recs[0]["rows"], evidence, events, pending)]
+                standing = {m: (int(r["standing"][0]), float(r["standing"][1])) for m, r in zip(names, recs) if "standing" in r}
+                found += [(q, c, recs[0].get("time_end"))
+                          for c in answer.chunk(recs[0]["rows"], evidence, events, pending, standing)]
                 taken += [tally_field(q, m) for m in names]
                 seq = q + 1
             else:

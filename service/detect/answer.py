@@ -39,7 +39,8 @@ class StreamAnswer:
 
     over the hypotheses (model m, no change near l) and (model m, its change near l): a model
     with an event within ``window`` of l counts with its confidence and its running evidence,
-    which holds the change it restarted at; one without counts with its open challengers'
+    which holds the change it restarted at (the confidence it reported, then, while the model
+    weighs its last change on, its probability now: ``Detector._stand``); one without counts with its open challengers'
     highest probability c of a change within ``window`` of l at this chunk (``Detector._pending``),
     or 0, and with its evidence over both hypotheses, its running (no-change) evidence / (1 - c)
     (``_with_changes``; changes elsewhere are left out). After each chunk every event reported
@@ -86,12 +87,15 @@ class StreamAnswer:
 
     def step(self, n: int, rows: int, log_evidence: dict[str, float] | None,
              events: dict[str, list[Event]] | None = None,
-             pending: dict[str, list[tuple[int, float]]] | None = None) -> list["StreamChange"]:
+             pending: dict[str, list[tuple[int, float]]] | None = None,
+             standing: dict[str, tuple[int, float] | None] | None = None) -> list["StreamChange"]:
         """One chunk of ``rows`` observations: ``n`` observations seen after it, each model's
         running log-evidence (None when the models did not read the same data here: one
-        dead-lettered the chunk), the events each model reported on it, and each model's open
-        challengers after it (``Step.pending``: (location, probability); not kept). Returns the
-        stream changes found at this chunk."""
+        dead-lettered the chunk), the events each model reported on it, each model's open
+        challengers after it (``Step.pending``: (location, probability); not kept), and each
+        model's last reported change weighed on with this chunk (``Step.standing``: (location,
+        probability now), or None): that event counts with its probability now from here on.
+        Returns the stream changes found at this chunk."""
         self.window = max(self.window, int(rows))
         for m, evs in sorted((events or {}).items()):
             if m not in self.models:
@@ -99,6 +103,14 @@ class StreamAnswer:
             self.events += sorted((int(e.detected_at), int(e.location), m, float(e.confidence),
                                    None if e.location_time is None else float(e.location_time)) for e in evs)
         self.events = self.events[-self.MAX_EVENTS:]
+        for m, now in sorted((standing or {}).items()):
+            if now is None or m not in self.models:
+                continue
+            # the model's last event at that place (its latest report there)
+            k = max((k for k, e in enumerate(self.events) if e[2] == m and e[1] == int(now[0])), default=None)
+            if k is not None:
+                at, loc, _, _, when = self.events[k]
+                self.events[k] = (at, loc, m, float(now[1]), when)
         self.n = int(n)
         if log_evidence is None:
             return []
@@ -150,7 +162,8 @@ class StreamAnswer:
 
     def chunk(self, rows: int, evidence: dict[str, tuple[int, float] | None],
               events: dict[str, list[Event]] | None = None,
-              pending: dict[str, list[tuple[int, float]]] | None = None) -> list["StreamChange"]:
+              pending: dict[str, list[tuple[int, float]]] | None = None,
+              standing: dict[str, tuple[int, float] | None] | None = None) -> list["StreamChange"]:
         """``step`` from each model's (observations seen, running log-evidence) after the chunk,
         None for a model that did not apply it (dead-lettered). Models are compared on the data
         they read: a model that has seen fewer observations than the others (it dead-lettered a
@@ -161,7 +174,8 @@ class StreamAnswer:
             return self.step(self.n + int(rows), rows, None, events)
         n = max(v[0] for v in got.values())
         return self.step(n, rows, {m: got[m][1] if m in got and got[m][0] == n else -math.inf for m in evidence}, events,
-                         {m: v for m, v in (pending or {}).items() if m in got and got[m][0] == n})
+                         {m: v for m, v in (pending or {}).items() if m in got and got[m][0] == n},
+                         {m: v for m, v in (standing or {}).items() if m in got and got[m][0] == n})
 
     def to_dict(self) -> dict:
         return {"v": self.VERSION, "n": self.n, "window": self.window, "events": [list(e) for e in self.events],

@@ -12,7 +12,7 @@ import torch
 from service.detect.config import AUTO, AUTO_ALPHA, AUTO_R0, DEFAULT_RUN_LENGTH, DetectorConfig
 from service.detect.decision import decide, posterior
 from service.detect.signals import Windows, weight
-from service.detect.state import Challenger, DetectorState, Event, Recent, Refined, Step
+from service.detect.state import Challenger, DetectorState, Event, Recent, Refined, Standing, Step
 from service.sgais.engine import FIRST_MODE_CHECK
 from service.sgais.exact import exact_layout
 from service.sgais import ChunkResult, ExactState, Reservoir, ReservoirWrites, Sampler, SGAISState, build_sampler, load_state
@@ -57,6 +57,10 @@ WINDOW_TRAINS = (4, 8, 16)
 #: the rows just before it (``Detector._history``, ``_data_moved``): evenly spaced, so the check
 #: costs the same on a stream of any length (about a millisecond for a 7-component mixture)
 HISTORY_SAMPLE = 2000
+
+#: a reported change is weighed on (``Detector._stand``) until its log odds against no change
+#: are this far from 0 either way (P(change) within 1e-9 of 1 or of 0), or ``max_age`` rows later
+STANDING_SURE = math.log(1e9)
 
 
 def training_rows(model, config: DetectorConfig) -> int:
@@ -333,6 +337,7 @@ class Detector:
         # the chunk's featurized rows and the incumbent's log predictive of each, for ``_log_odds``
         # (chunks of several rows, all scored): computed once, when a compared challenger first needs them
         inc_rows = functools.cache(lambda: self._row_fits(before, chunk)) if b > 1 and result.conditioned == 0 else None
+        standing = self._stand(new, chunk, result)
 
         # 1. feed the chunk to every challenger; retire losers and the old. One that ages out
         # while ahead started too early (a CUSUM excursion that began in noise before the
@@ -487,6 +492,8 @@ class Detector:
                                 log_prior_odds=self.restart_log_prior_odds(best.first_rows, best.start - new.offset_n),
                                 adapted=cfg.adapt))
             new.events += 1
+            if cfg.adapt and self.exact:
+                new.standing = self._standing(location, confidence, after)  # ``after``: the incumbent that did not restart
             new.challengers = []
             if cfg.adapt and self.multimodal:  # the new incumbent's rows stay, as rows before later candidates
                 new.recent = [replace(r, spread=0.0) for r in new.recent if r.seq >= winner.seqs[0]]
@@ -528,9 +535,58 @@ class Detector:
             new.cusum.dropped_oldest()
         new.recent = [replace(r, before=None) if r.before is not None else r for r in new.recent]
         step.pending = self._pending(new)
+        step.standing = standing
         new.rng = g.get_state()
         step.result = replace(result, n=new.offset_n + after.n, log_evidence=new.offset_log_evidence + after.log_evidence)
         return step
+
+    def _standing(self, location: int, confidence: float, no_change: SGAISState) -> Standing | None:
+        """A change reported at ``location`` with ``confidence``, to be weighed on (``_stand``)
+        against ``no_change``, the incumbent that did not restart, after the chunk that reported it;
+        None where the confidence is sure already (``STANDING_SURE``)."""
+        odds = math.log(confidence) - math.log1p(-confidence) if confidence < 1.0 else math.inf
+        if odds >= STANDING_SURE:
+            return None
+        return Standing(location=int(location), log_odds=odds, state=_slim(no_change.post, self.sampler.model))
+
+    def _stand(self, s: DetectorState, chunk: torch.Tensor, result: ChunkResult) -> tuple[int, float] | None:
+        """The last reported change weighed on with this chunk (``Standing``): its log odds against no
+        change gain the chunk's log predictive under the incumbent, which restarted there
+        (``result``), less that under the incumbent that did not, which then takes the chunk too.
+        Returns (location, posterior probability now), or None without a standing.
+
+        Why: an event's confidence is the posterior at the chunk where it first reached
+        ``threshold``, so 0.99-0.999, and the rows after it, which usually make the change
+        certain, never counted. The stream's answer weighs events by their confidence: two models
+        that both reported a jump in a series of 30 yearly values (0.995 and 0.992) and held
+        99.3 % of the posterior could not make a stream change of 0.99 (``StreamAnswer``; seen on
+        ``cusp bench detect``'s short series). The standing ends (``s.standing`` None) once it
+        is sure either way (``STANDING_SURE``), after ``max_age`` rows, and where the alternative
+        cannot take the chunk or is in a warm-up."""
+        st = s.standing
+        if st is None:
+            return None
+        s.standing = None
+        if result.conditioned:
+            return None
+        model = self.sampler.model
+        try:
+            with torch.inference_mode():
+                post = load_state(st.state).post
+                rows = model.featurize(chunk.to(torch.float64))
+                if model.exact_conditioned(post, int(rows.shape[0])):
+                    return None
+                post, lp = model.exact_update(post, rows)
+                lp = float(lp)
+        except (ValueError, RuntimeError, FloatingPointError):
+            return None
+        if not math.isfinite(lp):
+            return None
+        odds = st.log_odds + result.log_predictive - lp
+        seen = st.rows + int(rows.shape[0])
+        if abs(odds) < STANDING_SURE and seen < self.max_age:
+            s.standing = Standing(location=st.location, log_odds=odds, state=_slim(post, model), rows=seen)
+        return st.location, posterior(odds, 0.0)
 
     def _renominate(self, c: Challenger, again: list[int]) -> None:
         """A challenger retired for its age while ahead started too early (a CUSUM excursion that

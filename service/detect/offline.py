@@ -27,6 +27,7 @@ class OfflineRun:
         self.dstate = self.detector.init(detector_seed(seed)) if self.detector else None
         self.chunks = 0
         self.pending: list[tuple[int, float]] = []  # the last step's open challengers (``Step.pending``)
+        self.standing: tuple[int, float] | None = None  # and its last change weighed on (``Step.standing``)
 
     def step(self, chunk: torch.Tensor, seconds_per_row: float | None = None) -> tuple[ChunkResult, list[Event]]:
         """One chunk; ``seconds_per_row``: the series' mean time between rows through it (for an
@@ -38,6 +39,7 @@ class OfflineRun:
             step = self.detector.update(self.dstate, self.chunks, chunk, self.state, new, result, seconds_per_row,
                                         self.reservoir)
             self.dstate, result, events, self.pending = step.state, step.result, step.events, step.pending
+            self.standing = step.standing
             promoted = step.promoted
             if promoted is not None:
                 new, self.reservoir = promoted, step.reservoir.copy()
@@ -96,5 +98,6 @@ def detect_stream(data, model_specs: Sequence[str] | None = None, chunk_size: in
             result, new[spec] = run.step(chunk)
             events[spec] += new[spec]
             evidence[spec] = (result.n, result.log_evidence)
-        changes += answer.chunk(chunk.shape[0], evidence, new, {spec: run.pending for spec, run in runs.items()})
+        changes += answer.chunk(chunk.shape[0], evidence, new, {spec: run.pending for spec, run in runs.items()},
+                                {spec: run.standing for spec, run in runs.items()})
     return events, sorted(changes, key=lambda c: c.location)

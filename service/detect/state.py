@@ -17,6 +17,10 @@ MAGIC = "cusp-detector-1"
 #: written only when one does, so a version before it refuses such a state by name instead of
 #: re-reading the skipped rows (a worker rolled back)
 MAGIC_SKIP = "cusp-detector-2"
+#: the same layout with a ``Standing`` (the no-change alternative of the last reported change, kept
+#: while it is weighed): written only when there is one, so a version before it refuses such a
+#: state by name instead of dropping it
+MAGIC_STANDING = "cusp-detector-3"
 
 
 @dataclass(frozen=True)
@@ -97,6 +101,21 @@ class Recent:
 
 
 @dataclass
+class Standing:
+    """The model's last reported change, weighed on after the report (exact models that adapt,
+    ``Detector._stand``): its ``location``, the posterior log odds of it against no change now
+    (``log_odds``: the confidence it was reported with, then every later chunk's log predictive
+    under the restarted model less that under ``state``), ``state`` (the incumbent that did not
+    restart, brought up to date with the same chunks: the no-change alternative; ``_slim``'s
+    bytes) and ``rows`` seen since the report."""
+
+    location: int
+    log_odds: float
+    state: bytes
+    rows: int = 0
+
+
+@dataclass
 class DetectorState:
     """rng: the detector's generator state; offset_n / offset_log_evidence: what the current
     incumbent does not cover since it restarted (0 before any change); memory_rows: rows at the
@@ -106,7 +125,8 @@ class DetectorState:
     events: changes reported; challengers; recent: the chunks a challenger may start from;
     dropped: the exact method's rows of one that left ``recent``, kept to place a change
     (``Detector._trim``; for a model with level shifts the first holds the incumbent's state
-    before it), re-read on restore like ``recent``.
+    before it), re-read on restore like ``recent``; standing: the last reported change while it is
+    weighed on (``Standing``), or None.
 
     Codec: ``to_bytes`` writes JSON (floats as hex, bit-exact) headed by ``magic``, which names
     the layout's version (``MAGIC``); ``from_bytes`` reads every version it knows and refuses
@@ -124,6 +144,7 @@ class DetectorState:
     challengers: list[Challenger] = field(default_factory=list)
     recent: list[Recent] = field(default_factory=list)
     dropped: list[Recent] = field(default_factory=list)
+    standing: Standing | None = None
 
     def copy(self) -> "DetectorState":
         """A copy whose signals, challengers, recent and dropped lists can change without touching this one."""
@@ -133,7 +154,8 @@ class DetectorState:
     def to_bytes(self) -> bytes:
         lv, st, cu = self.level, self.steps, self.cusum
         head = {
-            "magic": MAGIC_SKIP if any(c.skip for c in self.challengers) else MAGIC, "offset_n": self.offset_n, "offset_log_evidence": self.offset_log_evidence.hex(),
+            "magic": MAGIC_STANDING if self.standing is not None else MAGIC_SKIP if any(c.skip for c in self.challengers)
+            else MAGIC, "offset_n": self.offset_n, "offset_log_evidence": self.offset_log_evidence.hex(),
             **({"memory_rows": self.memory_rows} if self.memory_rows else {}),
             "chunks": self.chunks, "count": lv.count, "level": lv.mean.hex(), "var": lv.var.hex(),
             "steps_mean": st.mean.hex(), "steps_var": st.var.hex(), "events": self.events,
@@ -143,6 +165,8 @@ class DetectorState:
             **({"dropped": [[r.seq, r.chunk, r.start, r.base.hex(), r.lp.hex()]
                             + ([base64.b64encode(r.state).decode()] if r.state is not None else []) for r in self.dropped]}
                if self.dropped else {}),
+            **({"standing": [self.standing.location, self.standing.log_odds.hex(), self.standing.rows,
+                             base64.b64encode(self.standing.state).decode()]} if self.standing is not None else {}),
             "rng": base64.b64encode(self.rng.numpy().tobytes()).decode(),
             "challengers": [
                 {"start": c.start, "chunk": c.chunk, "seqs": c.seqs, "base": c.base_log_evidence.hex(),
@@ -173,8 +197,8 @@ class DetectorState:
 
 
 def _decode_v1(h: dict) -> DetectorState:
-    """Layouts ``cusp-detector-1`` and ``-2`` (the signals' fields flat at the top level; ``-2``: some
-    challenger has ``skip``)."""
+    """Layouts ``cusp-detector-1``, ``-2`` and ``-3`` (the signals' fields flat at the top level; ``-2``:
+    some challenger has ``skip``; ``-3``: a ``Standing``, and challengers with or without ``skip``)."""
     f = float.fromhex
     rng = torch.frombuffer(bytearray(base64.b64decode(h["rng"])), dtype=torch.uint8).clone()
     chs = [
@@ -200,11 +224,14 @@ def _decode_v1(h: dict) -> DetectorState:
                        state=base64.b64decode(r[7]) if len(r) > 7 else None)
                 for r in h["recent"]],
         dropped=[Recent(seq=r[0], chunk=r[1], start=r[2], base=f(r[3]), lp=f(r[4]),
-                        state=base64.b64decode(r[5]) if len(r) > 5 else None) for r in h.get("dropped", [])])
+                        state=base64.b64decode(r[5]) if len(r) > 5 else None) for r in h.get("dropped", [])],
+        standing=None if "standing" not in h else Standing(
+            location=int(h["standing"][0]), log_odds=f(h["standing"][1]), rows=int(h["standing"][2]),
+            state=base64.b64decode(h["standing"][3])))
 
 
 #: layout magic -> decoder: every layout this version reads
-DECODERS = {MAGIC: _decode_v1, MAGIC_SKIP: _decode_v1}
+DECODERS = {MAGIC: _decode_v1, MAGIC_SKIP: _decode_v1, MAGIC_STANDING: _decode_v1}
 
 
 @dataclass(frozen=True)
@@ -227,7 +254,9 @@ class Step:
     ``log_evidence`` made stream-wide (changes included); promoted: the challenger state the
     incumbent must become, with ``writes`` rewriting its reservoir (None: keep the incumbent);
     pending: (location, posterior probability of a change there) of the challengers still open
-    after this chunk (``Detector._pending``), for the stream's answer."""
+    after this chunk (``Detector._pending``), for the stream's answer; standing: (location,
+    posterior probability now) of the last change the model reported, while it is weighed on
+    (``Detector._stand``; None otherwise), for the stream's answer too."""
 
     state: DetectorState
     result: ChunkResult
@@ -236,3 +265,4 @@ class Step:
     reservoir: Reservoir | None = None
     writes: ReservoirWrites | None = None
     pending: list[tuple[int, float]] = field(default_factory=list)
+    standing: tuple[int, float] | None = None
