@@ -240,6 +240,100 @@ def test_the_stream_answer_weighs_each_model_by_its_evidence_over_both_hypothese
         assert found[0].confidence == pytest.approx(want, rel=1e-9), (found[0].confidence, want)
 
 
+def test_a_reported_change_counts_with_its_probability_now():
+    """Two models reported the same jump, with 0.995 and 0.992 (each at the chunk where it crossed
+    0.99), and hold 70 % and 29.3 % of the posterior: 0.7 x 0.995 + 0.293 x 0.992 < 0.99, no
+    stream change (a series of 30 yearly values in ``cusp bench detect``, where both models were
+    right). A chunk later both have weighed their change on (``Step.standing``, 0.99999): a change,
+    with the probabilities now. A standing at a place the model did not report, or of a model
+    that reported nothing, changes nothing; one that falls takes the candidate down again."""
+    from service.detect import StreamAnswer
+
+    log_z = {"a": 0.0, "b": math.log(0.293 / 0.7), "c": math.log(0.007 / 0.7)}
+    reports = {"a": [_event(16, 24, 0.995)], "b": [_event(16, 24, 0.992)]}
+
+    def answer():
+        a = StreamAnswer(["a", "b", "c"], window=7)
+        assert a.step(24, 1, log_z, reports) == []
+        return a
+
+    a = answer()
+    found = a.step(25, 1, log_z, None, None, {"a": (16, 0.99999), "b": (16, 0.99999)})
+    assert [(c.location, c.detected_at) for c in found] == [(16, 25)]
+    assert found[0].confidence == pytest.approx((0.7 + 0.293) * 0.99999, rel=1e-9)
+    assert found[0].support["a"] == pytest.approx((0.7, 0.99999), rel=1e-9)
+    # the probability now is kept with the event (and in the answer's state): later chunks use it
+    a = answer()
+    assert a.step(25, 1, log_z, None, None, {"a": (16, 0.997)}) == []  # 0.7 x 0.997 + 0.293 x 0.992 < 0.99
+    assert [c.location for c in StreamAnswer(["a", "b", "c"], 7).load(a.to_dict()).step(
+        26, 1, log_z, None, None, {"b": (16, 0.99999)})] == [16]
+    a = answer()
+    assert a.step(25, 1, log_z, None, None, {"a": (15, 0.99999), "b": (15, 0.99999)}) == []  # not their place
+    assert a.step(26, 1, log_z, None, None, {"c": (16, 0.99999)}) == []  # c reported nothing
+    a = answer()
+    assert a.step(25, 1, log_z, None, None, {"a": (16, 0.5), "b": (16, 0.99999)}) == []
+    assert a.step(26, 1, log_z, None, None, {"b": (16, 1.0)}) == []  # a's 0.5 stays: 0.35 + 0.293
+
+
+def _level_jump(seed):
+    """Yearly values in raw units, 1e4 +- 50, +200 (4 sd) at 60."""
+    y = 1e4 + 50 * np.random.default_rng([seed, 20]).standard_normal(160)
+    y[60:] += 200
+    return torch.as_tensor(y)[:, None]
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_reported_change_is_weighed_on_against_the_incumbent_that_did_not_restart(seed):
+    """After ``level`` reports the jump (point by point), each row's log predictive ratio of the
+    restarted model to the one that did not restart moves the change's log odds: the standing
+    equals logit(reported confidence) + the sum of those ratios, with the no-change model's
+    predictives from a separate run without the detector (the same model on every row, nothing
+    shared with the detector's copy; to 1e-9, float64 sums in another order). It rises to within
+    1e-9 of 1 (``STANDING_SURE``) and then ends."""
+    from service.detect.detector import STANDING_SURE
+
+    x = _level_jump(seed)
+    sampler = build_sampler(build_model("level", 1, None), SGAISConfig())
+    run, plain = OfflineRun(sampler, 0, DetectorConfig()), OfflineRun(sampler, 0, DetectorConfig(enabled=False))
+    odds, reported, seen = None, None, []
+    for i in range(x.shape[0]):
+        result, events = run.step(x[i : i + 1])
+        lp_no = plain.step(x[i : i + 1])[0].log_predictive
+        if odds is not None:
+            odds += result.log_predictive - lp_no
+        if events:
+            assert reported is None and run.standing is None, "one change, reported once"
+            reported = events[0]
+            odds = math.log(reported.confidence) - math.log1p(-reported.confidence)
+            continue
+        if reported is not None and run.standing is not None:
+            assert run.standing[0] == reported.location
+            assert run.standing[1] == pytest.approx(1.0 / (1.0 + math.exp(-odds)), rel=1e-9, abs=1e-12)
+            seen.append(odds)
+        elif reported is not None:
+            break
+    assert reported is not None and abs(reported.location - 60) <= 5, reported
+    assert seen and seen[-1] >= STANDING_SURE and all(o < STANDING_SURE for o in seen[:-1]), seen
+    assert run.dstate.standing is None and run.standing is None  # ended once sure
+    assert run.step(x[-1:])[0] is not None and run.standing is None
+
+
+def test_the_standing_restores_bit_for_bit():
+    """A detector state with a standing (``cusp-detector-3``) comes back with it: cut right after
+    the report and a few rows on; the same numbers, events and standings as the uninterrupted run."""
+    x = _level_jump(0)
+    sampler = build_sampler(build_model("level", 1, None), SGAISConfig())
+    run = OfflineRun(sampler, 4, DetectorConfig())
+    at = next(i for i in range(x.shape[0]) if run.step(x[i : i + 1])[1])
+    assert run.dstate.standing is not None
+    assert json.loads(run.dstate.to_bytes())["magic"] == "cusp-detector-3"
+    back = DetectorState.from_bytes(run.dstate.to_bytes())
+    assert (back.standing.location, back.standing.log_odds, back.standing.rows, back.standing.state) == (
+        run.dstate.standing.location, run.dstate.standing.log_odds, run.dstate.standing.rows, run.dstate.standing.state)
+    full, _ = _restores(sampler, DetectorConfig(), x, 1, 160, (at + 1, at + 3), seed=4)
+    assert sum(d["standing"] is not None for d, _ in full) >= 3
+
+
 def test_an_earlier_candidate_waits_while_a_new_change_settles():
     """A model ("trend") reported 224 long ago; the others' evidence kept it below the threshold.
     At the chunk where trend reports a new change at 500 it has restarted there and the others not
@@ -292,6 +386,7 @@ def _restores(sampler, cfg, x, size, end, cuts, seed=4):
             result, events = run.step(x[size * i : size * i + size])
             d = result.to_dict()
             d.pop("seconds")
+            d["standing"] = run.standing  # the last change weighed on (``Detector._stand``)
             out.append((d, [e.to_dict() for e in events]))
         return out
 

@@ -215,11 +215,13 @@ _MAX_CONFIDENCE = 1.0 - 1e-12
 def model_averaged_changes(events: dict[str, list[Event]], log_evidence: dict[str, list[tuple[int, float]]],
                            window: int, threshold: float = 0.99,
                            log_prior: dict[str, float] | None = None,
-                           pending: dict[str, list[list[tuple[int, float]]]] | None = None) -> list[StreamChange]:
+                           pending: dict[str, list[list[tuple[int, float]]]] | None = None,
+                           standing: dict[str, list[tuple[int, float] | None]] | None = None) -> list[StreamChange]:
     """``StreamAnswer`` over whole traces: ``log_evidence[m]``: (observations seen, running
     log-evidence) after each chunk, the same n for every model (they read the same chunks); an
-    event enters at the first chunk whose n reaches its ``detected_at``; ``pending[m]``: each
-    chunk's ``Step.pending`` (None: none). Sorted by location."""
+    event enters at the first chunk whose n reaches its ``detected_at``; ``pending[m]`` and
+    ``standing[m]``: each chunk's ``Step.pending`` and ``Step.standing`` (None: none). Sorted by
+    location."""
     names = sorted(events)
     if set(log_evidence) != set(names):
         raise ValueError(f"log_evidence covers {sorted(log_evidence)}, events {names}")
@@ -235,6 +237,7 @@ def model_averaged_changes(events: dict[str, list[Event]], log_evidence: dict[st
     for i, n in enumerate(ns):
         new = {m: [e for e in events[m] if prev < e.detected_at <= n] for m in names}
         out += answer.step(n, 0, {m: log_evidence[m][i][1] for m in names}, new,
-                           None if pending is None else {m: pending[m][i] for m in names if m in pending})
+                           None if pending is None else {m: pending[m][i] for m in names if m in pending},
+                           None if standing is None else {m: standing[m][i] for m in names if m in standing})
         prev = n
     return sorted(out, key=lambda c: c.location)
