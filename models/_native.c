@@ -163,6 +163,37 @@ static inline __attribute__((always_inline)) void block_softmax_terms(
     }
 }
 
+/* block_softmax_terms with each component's term centred on its mean: log w_k + log N(y; mu_k,
+ * sigma_k^2) = cst_k + sum_j hp_kj (y_j - mu_kj)^2 (hp = -1 / 2 sigma^2, cst_k = log w_k - (d log
+ * 2 pi + sum_j log sigma_kj^2) / 2). The raw moments' a y + c y^2 - mu^2 / 2 sigma^2 cancel in
+ * float64 once |y| / sigma passes about 1e7 (data at 1,000 in steps of 1e-4: 0.04 nats a row;
+ * at 1e6 in steps of 1e-2, 8.6), and these are the evidence's terms (gmm_loglik): a subtraction
+ * more per term, exact wherever the data sit. */
+static inline __attribute__((always_inline)) void block_centred_terms(
+    int K, int d, long padded, const double *ycol, const double *mu, const double *hp,
+    const double *cst, double *lj, double *mx, double *sm)
+{
+    for (int k = 0; k < K; k++) {
+        double *l = lj + (size_t)k * BT;
+        for (int i = 0; i < BT; i++) l[i] = cst[k];
+        for (int j = 0; j < d; j++) {
+            const double *y = ycol + (size_t)j * padded;
+            const double m = mu[k * d + j], h = hp[k * d + j];
+            for (int i = 0; i < BT; i++) { const double u = y[i] - m; l[i] += h * u * u; }
+        }
+    }
+    for (int i = 0; i < BT; i++) mx[i] = lj[i];
+    for (int k = 1; k < K; k++) {
+        const double *l = lj + (size_t)k * BT;
+        for (int i = 0; i < BT; i++) mx[i] = l[i] > mx[i] ? l[i] : mx[i];
+    }
+    for (int i = 0; i < BT; i++) sm[i] = 0.0;
+    for (int k = 0; k < K; k++) {
+        double *l = lj + (size_t)k * BT;
+        for (int i = 0; i < BT; i++) { double e = exp_nonpos(l[i] - mx[i]); l[i] = e; sm[i] += e; }
+    }
+}
+
 /* rows [B] (row b's y_j at rows[b * stride + j], or at rows[idx[b] * stride + j] when idx is not
  * NULL) into columns y_j, then y_j^2, of a [2d][padded] layout, starting at position `at` */
 static inline __attribute__((always_inline)) void columns_at(
@@ -484,7 +515,8 @@ static inline __attribute__((always_inline)) int gmm_run_body(
 }
 
 
-/* out [M, B]: log sum_k w_k N(y_b; mu_k, sigma_k^2) per particle and row (GaussianMixture.log_likelihood). */
+/* out [M, B]: log sum_k w_k N(y_b; mu_k, sigma_k^2) per particle and row (GaussianMixture.log_likelihood),
+ * each component's term centred on its mean (block_centred_terms). */
 static inline __attribute__((always_inline)) int gmm_loglik_body(
     int M, int K, int d, long B, const double *theta, const double *rows, long stride, double *out)
 {
@@ -495,12 +527,27 @@ static inline __attribute__((always_inline)) int gmm_loglik_body(
     double *ycol = buf, *lj = buf + (size_t)2 * d * padded, *mx = lj + (size_t)K * BT, *sm = mx + BT;
     columns_at(d, B, padded, 0, rows, stride, NULL, ycol);
     pad_tail(d, B, padded, ycol, NULL);
-    double a[K * d], c[K * d], cst[K], beta[K];
+    double hp[K * d], cst[K], beta[K];
     for (int m = 0; m < M; m++) {
-        mixture_constants(K, d, theta + (size_t)m * D, a, c, cst, beta);
+        const double *z = theta + (size_t)m * D, *mu = z + K, *sv = mu + K * d;
         double *o = out + (size_t)m * B;
+        int bad = 0;
+        for (int q = 0; q < D; q++) bad |= !isfinite(z[q]);
+        if (bad) { /* a NaN or infinite parameter: NaN rows (centred, an infinite mean would drop its component) */
+            for (long b = 0; b < B; b++) o[b] = NAN;
+            continue;
+        }
+        mixture_weights(K, z, beta);
+        for (int k = 0; k < K; k++) {
+            double ss = 0.0;
+            for (int j = 0; j < d; j++) {
+                hp[k * d + j] = -0.5 * exp(-sv[k * d + j]);
+                ss += sv[k * d + j];
+            }
+            cst[k] = log(beta[k]) - 0.5 * (d * LOG_2PI + ss);
+        }
         for (long b0 = 0; b0 < padded; b0 += BT) {
-            block_softmax_terms(K, d, padded, ycol + b0, a, c, cst, lj, mx, sm);
+            block_centred_terms(K, d, padded, ycol + b0, mu, hp, cst, lj, mx, sm);
             const long n = B - b0 < BT ? B - b0 : BT;
             for (long i = 0; i < n; i++) o[b0 + i] = mx[i] + log_ge1(sm[i]);
         }
@@ -520,8 +567,9 @@ static inline __attribute__((always_inline)) int gmm_loglik_body(
  * constants rounded to float32: the likelihood of parameters within float32 rounding of theta),
  * so about 0.05 nats over 10^5 rows, against importance weights and acceptance ratios that span
  * tens to thousands of nats (tests/test_native.py holds it to a float64 reference, raw units
- * included). Unlike gmm_loglik's raw moments (mu y / sigma^2 - y^2 / 2 sigma^2, which cancel
- * in float64 once |y| / sigma passes about 1e7), centred rows hold at any location. A row that every
+ * included). Like gmm_loglik's terms centred on each component (block_centred_terms; the raw
+ * moments mu y / sigma^2 - y^2 / 2 sigma^2 cancel in float64 once |y| / sigma passes about 1e7),
+ * centred rows hold at any location. A row that every
  * component puts at -inf (u * u past float32's range) is -inf. The error grows with the rows'
  * reach in each particle's sigmas (max |y - c| / sigma): a particle beyond ``reach`` (or with a
  * NaN parameter) is left to the caller (far[m] = 1, out[m] = NaN). Returns 0, or 1 when the scratch

@@ -395,9 +395,10 @@ def _total_problem(k: int, d: int, b: int, seed: int, offset: float = 0.0, unit:
 
 
 def _total_reference(theta: torch.Tensor, k: int, y: torch.Tensor) -> np.ndarray:
-    """log p(y_b | theta_m) [M, B] in float64 from (y - mu) / sigma directly (gmm_loglik and the
-    torch path expand the square into raw moments, mu y / sigma^2 - y^2 / (2 sigma^2), which
-    cancel in float64 once |y| / sigma passes about 1e7: data at 1e6 in steps of 1e-4)."""
+    """log p(y_b | theta_m) [M, B] in float64 from (y - mu) / sigma directly, in numpy (gmm_loglik
+    and the torch path once expanded the square into raw moments, mu y / sigma^2 - y^2 / (2
+    sigma^2), which cancel in float64 once |y| / sigma passes about 1e7: data at 1e6 in steps of
+    1e-4 were thousands of nats off; both now centre each component's term)."""
     t, y = theta.numpy(), y.numpy()
     m, d = t.shape[0], y.shape[1]
     z, mu, ls = t[:, :k], t[:, k:k + k * d].reshape(m, k, d), t[:, k + k * d:].reshape(m, k, d)
@@ -418,8 +419,11 @@ def test_the_float32_total_log_likelihood_is_the_float64_sum_to_float32_rounding
     got = m.total_log_likelihood(theta, rows).numpy()
     assert got.dtype == np.float64 and got.shape == want.shape
     assert _total_close(got, want, b, np.abs(per_row).sum(1)), (np.abs(got - want).max(), np.abs(got - want).max() / b)
-    if abs(offset) / unit < 1e6:  # where float64's raw moments hold, the float64 kernel agrees too
-        assert np.allclose(native.kernels().gmm_loglik(theta.numpy(), k, rows.numpy()), per_row, rtol=1e-9, atol=1e-8)
+    # the float64 terms (the evidence's: the native kernel, and torch's path, taken with a gradient)
+    # agree at every location, raw units at 1e6 in steps of 1e-4 included
+    assert np.allclose(native.kernels().gmm_loglik(theta.numpy(), k, rows.numpy()), per_row, rtol=1e-12, atol=1e-10)
+    assert np.allclose(m.log_likelihood(theta.clone().requires_grad_(True), rows).detach().numpy(), per_row,
+                       rtol=1e-12, atol=1e-10)
 
 
 @pytest.mark.parametrize("case", ["clusters 1e5 sigma apart", "one reading at 1e11", "log variance -200"])
@@ -427,9 +431,8 @@ def test_the_total_is_taken_in_float64_where_float32_would_not_hold(case):
     # float32's (y - c) / sigma is off by about 6e-8 of the rows' reach in sigmas: two clusters
     # 1e5 sigma apart were 5 nats off over 1e5 rows, one wild reading among N(0, 1) rows (the
     # centre follows it) 17, and a log variance of -200 overflowed float32 (NaN). Those particles
-    # are summed in float64 (the base class's blocks, as before the float32 kernel: their raw
-    # moments have their own cancellation past |y| / sigma ~ 1e7, the wild reading's case; open),
-    # the others in the same call in float32.
+    # are summed in float64 (the base class's blocks, as before the float32 kernel, with each
+    # component's term centred on its mean), the others in the same call in float32.
     g = torch.Generator().manual_seed(1)
     if case == "log variance -200":
         m = build_model("gmm:components=2", n_columns=1)
@@ -454,8 +457,11 @@ def test_the_total_is_taken_in_float64_where_float32_would_not_hold(case):
     assert np.array_equal(native.kernels().gmm_total32(theta.numpy(), 2, rows.numpy(), m.TOTAL32_REACH)[1], far)
     assert np.array_equal(got[far], f64[far])  # the float64 path, as before the float32 kernel
     assert np.array_equal(got[~far], f32[~far])  # a near particle in float32
-    if case == "clusters 1e5 sigma apart":  # here float64's raw moments hold (|y| / sigma 1e5): the reference agrees
-        assert np.allclose(got, _total_reference(theta, 2, y).sum(1), rtol=0, atol=1e-6 * len(y))
+    # the float64 path's terms are centred on each component: the reference agrees, the wild reading too
+    # (with raw moments, 1e11 sigma out, it was 31 nats off)
+    ref = _total_reference(theta, 2, y).sum(1)
+    assert np.allclose(got[far], ref[far], rtol=1e-12, atol=1e-9)
+    assert np.allclose(got, ref, rtol=1e-12, atol=1e-6 * len(y))  # a near one to float32's rounding
 
 
 def test_the_float32_total_puts_unreachable_rows_at_minus_infinity_and_leaves_nan_parameters_out():
