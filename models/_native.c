@@ -307,8 +307,9 @@ static inline __attribute__((always_inline)) int gmm_grad_body(
  * The run's gradient only moves particles (the evidence comes from gmm_loglik, in float64), and
  * its mini-batch noise is orders of magnitude above float32 rounding, so the run computes it in
  * float32: twice the lanes per vector and half the memory traffic of the float64 core. To keep
- * float32 safe for data far from zero, every quantity is centred and scaled per component first,
- * u = (y - mu) / sigma (one FMA from y, as y / sigma - mu / sigma), and the statistics are
+ * float32 safe for data far from zero, the rows are centred on the chunk's mean c in float64
+ * before the cast, and every quantity is centred and scaled per component, u = (y - mu) / sigma
+ * (one FMA from y - c, as (y - c) / sigma - (mu - c) / sigma), and the statistics are
  * sum w r, sum w r u and sum w r u^2 (no raw moments, so no cancellation). The per-particle
  * constants and the final algebra, prior included, stay in float64. */
 
@@ -373,13 +374,15 @@ static inline __attribute__((always_inline)) int scratch32_alloc(scratch32 *s, i
 }
 
 /* rows [B] (row b at rows[b * stride], or rows[idx[b] * stride] when idx is not NULL) into the
- * float32 columns y_j of a [d][padded] layout, from position `at` */
+ * float32 columns y_j - cen_j of a [d][padded] layout, from position `at` (centred in float64
+ * first: raw units far from zero lose nothing to the cast) */
 static inline __attribute__((always_inline)) void columns32_at(
-    int d, long B, long padded, long at, const double *rows, long stride, const int64_t *idx, float *ycol)
+    int d, long B, long padded, long at, const double *rows, long stride, const int64_t *idx, const double *cen,
+    float *ycol)
 {
     for (long b = 0; b < B; b++) {
         const double *row = rows + (idx ? idx[b] : b) * stride;
-        for (int j = 0; j < d; j++) ycol[(size_t)j * padded + at + b] = (float)row[j];
+        for (int j = 0; j < d; j++) ycol[(size_t)j * padded + at + b] = (float)(row[j] - cen[j]);
     }
 }
 
@@ -412,9 +415,10 @@ static inline __attribute__((always_inline)) void block32_softmax_terms(
     }
 }
 
-/* The gradient of grad_core, in float32 on the centred and scaled rows (see above). */
+/* The gradient of grad_core, in float32 on the centred and scaled rows (see above); the columns
+ * hold y - cen (columns32_at). */
 static inline __attribute__((always_inline)) void grad_core32(
-    int M, int K, int d, const scratch32 *s, double w_total, const double *theta, double *out)
+    int M, int K, int d, const scratch32 *s, double w_total, const double *theta, const double *cen, double *out)
 {
     const int D = K * (1 + 2 * d);
     const long padded = s->padded;
@@ -432,7 +436,7 @@ static inline __attribute__((always_inline)) void grad_core32(
                 isd_d[q] = exp(-0.5 * ls[q]);
                 prec[q] = isd_d[q] * isd_d[q];
                 isd[q] = (float)isd_d[q];
-                nmu[q] = (float)(-mu[q] * isd_d[q]);
+                nmu[q] = (float)(-(mu[q] - cen[j]) * isd_d[q]);
                 ss += ls[q];
             }
             cst[k] = (float)(log(beta[k]) - 0.5 * (d * LOG_2PI + ss));
@@ -489,7 +493,15 @@ static inline __attribute__((always_inline)) int gmm_run_body(
     const double w_total = (double)Bc * lam + (double)Bm * wp;
     scratch32 s;
     if (scratch32_alloc(&s, K, d, B)) return 1;
-    columns32_at(d, Bc, s.padded, 0, chunk, cstride, NULL, s.ycol);
+    /* the chunk's column means: the rows are cast to float32 as y - cen (u = (y - mu) / sigma was
+     * y / sigma - mu / sigma from raw float32 y, noise once |y| / sigma passed about 1e6) */
+    double cen[d];
+    for (int j = 0; j < d; j++) {
+        double t = 0.0;
+        for (long b = 0; b < Bc; b++) t += chunk[b * cstride + j];
+        cen[j] = Bc > 0 ? t / (double)Bc : 0.0;
+    }
+    columns32_at(d, Bc, s.padded, 0, chunk, cstride, NULL, cen, s.ycol);
     for (long b = 0; b < Bc; b++) s.wcol[b] = (float)lam;
     for (long b = Bc; b < B; b++) s.wcol[b] = (float)wp;
     for (long b = B; b < s.padded; b++) {
@@ -498,8 +510,8 @@ static inline __attribute__((always_inline)) int gmm_run_body(
     }
     const int evals = v ? steps : 1;
     for (int i = 0; i < evals; i++) {
-        if (Bm) columns32_at(d, Bm, s.padded, Bc, pool, pstride, idx + (size_t)i * Bm, s.ycol);
-        grad_core32(M, K, d, &s, w_total, theta, out);
+        if (Bm) columns32_at(d, Bm, s.padded, Bc, pool, pstride, idx + (size_t)i * Bm, cen, s.ycol);
+        grad_core32(M, K, d, &s, w_total, theta, cen, out);
         if (!v) break;
         const double *nz = noise ? noise + (size_t)i * M * D : NULL;
         for (size_t q = 0; q < (size_t)M * D; q++) {

@@ -152,6 +152,36 @@ def test_the_float32_run_gradient_holds_far_from_zero(monkeypatch):
         assert _f32_close(fused(theta, i), plain(theta, i)), i
 
 
+@pytest.mark.parametrize("offset,unit", [(1.0e6, 1.0e-2), (-3.0e4, 1.0e-4), (1.0e3, 1.0e-4)])
+def test_the_float32_run_gradient_holds_in_raw_units(offset, unit):
+    """Data at 1e6 in steps of 1e-2 (|y| / sigma 1e8): the rows are centred on the chunk's mean in
+    float64 before the float32 cast. Cast raw, y / sigma - mu / sigma was noise past |y| / sigma of
+    about 1e6 (float32's step at 1e6 is 0.06, six sigmas). The reference: autograd of the weighted
+    log-likelihood, lam x chunk + wp x mini-batch, on torch's centred float64 terms (the float64
+    gradient's raw moments cancel here too); the prior's gradient, which dominates at such means,
+    is taken off both (the kernel adds it in float64: its rounding, 2^-52 of it, up to 0.3 where
+    mu^2 / 8 sigma^2 is 1e15, is added to the float32 tolerance)."""
+    m = build_model("gmm:components=3", n_columns=2)
+    g = torch.Generator().manual_seed(7)
+    y = offset + unit * (torch.randn(500, 2, generator=g, dtype=torch.float64) + torch.tensor([[2.0, 0.0]]) * torch.randint(
+        0, 3, (500, 1), generator=g))
+    chunk, pool = m.featurize(y[:200]), m.featurize(y[200:])
+    idx = torch.randint(0, 300, (3, 50), generator=g)
+    theta = torch.cat([torch.zeros(4, 3, dtype=torch.float64),
+                       (offset + unit * 2.0 * torch.arange(3, dtype=torch.float64)).repeat_interleave(2).repeat(4, 1)
+                       + unit * 0.3 * torch.randn(4, 6, generator=g, dtype=torch.float64),
+                       2 * math.log(unit) + 0.2 * torch.randn(4, 6, generator=g, dtype=torch.float64)], 1)
+    fused = m.sampled_run_gradient(chunk, 0.7, pool, idx, 6.0)
+    for i in range(3):
+        t = theta.clone().requires_grad_(True)
+        lik = 0.7 * m.log_likelihood(t, chunk).sum(1) + 6.0 * m.log_likelihood(t, pool[idx[i]]).sum(1)
+        want = torch.autograd.grad(lik.sum(), t)[0]
+        prior = m.grad_log_prior(theta)
+        got = fused(theta, i) - prior
+        tol = F32_RTOL * want.abs() + F32_ATOL * want.abs().max() + 8 * 2.0 ** -52 * prior.abs()
+        assert bool(((got - want).abs() <= tol).all()), (i, float(((got - want).abs() / tol).max()))
+
+
 def test_the_float32_run_gradient_stays_finite_where_float32_overflows(monkeypatch):
     # tiny variances put u^2 = ((y - mu) / sigma)^2 past float32's 3e38 for some components
     # (their responsibility must be exactly 0, not a floor times u^2) and for a whole row
