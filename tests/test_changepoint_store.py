@@ -104,6 +104,31 @@ def test_two_workers_take_each_chunk_into_the_answer_once(redis):
         live.stop()
 
 
+def test_the_service_counts_a_reported_change_with_its_probability_now(redis):
+    """25 yearly values, +3 sd at 12, point by point, the default portfolio: ``level`` and
+    ``student-t`` report the jump (0.9955 and 0.9910) and hold 99.4 % of the posterior; only with
+    their probabilities now (``Step.standing``, carried in the tally from the worker that applied the
+    chunk to the one that takes it into the answer) is it a stream change (0.9928 at 24; with the
+    confidences they reported, 0.9883). The service's answer equals ``detect_stream``'s."""
+    live = LiveServer(redis.url)
+    try:
+        r = live.client.post("/v1/streams", json={"name": "yearly", "columns": ["v"], "seed": 0})
+        assert r.status_code == 201, r.text
+        y = 100 + 5 * np.random.default_rng(0).standard_normal(25)
+        y[12:] += 15
+        post_all(live, "yearly", y, 1)
+        burst(redis.url)
+        got = live.client.get("/v1/streams/yearly/changepoints").json()
+        specs = [m["spec"] for m in live.client.get("/v1/streams/yearly").json()["models"]]
+        _, want = detect_stream(y, specs, chunk_size=1, seed=0)
+        assert [(c.location, c.detected_at) for c in want] == [(13, 24)] and want[0].confidence > 0.99
+        names = {m["spec"]: m["name"] for m in live.client.get("/v1/streams/yearly").json()["models"]}
+        want = [{**c.to_dict(), "support": {names[k]: v for k, v in c.support.items()}} for c in want]
+        assert stripped(got["stream"]) == stripped(json.loads(json.dumps(want)))
+    finally:
+        live.stop()
+
+
 def test_answer_commit_is_compare_and_set_and_fenced_by_incarnation(redis):
     """ANSWER writes only from the cursor it read and into the incarnation it read: a stale
     cursor gets 'stale', a stream deleted (or deleted and created again) gets 'gone'; neither

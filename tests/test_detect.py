@@ -318,6 +318,25 @@ def test_a_reported_change_is_weighed_on_against_the_incumbent_that_did_not_rest
     assert run.step(x[-1:])[0] is not None and run.standing is None
 
 
+def test_a_second_change_does_not_take_the_first_one_down():
+    """60 values, +15 at 19 and -25 at 31, point by point, the default portfolio. The rows after
+    the second change fit neither "a change at 19 alone" nor "no change", and counted against the
+    first: ``level``'s standing fell from 0.9996 to 0.078 before it reported the second, and the
+    first was lost from the stream's answer. A change reported later sends the last change's odds
+    from before its own chunk (``Recent.standing``): both are stream changes."""
+    from service.detect import detect_stream
+
+    rng = np.random.default_rng([3, 11])
+    a = int(rng.integers(15, 25))
+    b = a + int(rng.integers(6, 15))
+    y = 100 + 5 * rng.standard_normal(60)
+    y[a:] += float(rng.choice([12, 15, 18]))
+    y[b:] -= float(rng.choice([12, 15, 25, 30]))
+    assert (a, b) == (19, 31)
+    events, found = detect_stream(y, chunk_size=1, seed=3)
+    assert len(found) == 2 and abs(found[0].location - a) <= 2 and abs(found[1].location - b) <= 2, found
+
+
 def test_the_standing_restores_bit_for_bit():
     """A detector state with a standing (``cusp-detector-3``) comes back with it: cut right after
     the report and a few rows on; the same numbers, events and standings as the uninterrupted run."""
@@ -330,6 +349,13 @@ def test_the_standing_restores_bit_for_bit():
     back = DetectorState.from_bytes(run.dstate.to_bytes())
     assert (back.standing.location, back.standing.log_odds, back.standing.rows, back.standing.state) == (
         run.dstate.standing.location, run.dstate.standing.log_odds, run.dstate.standing.rows, run.dstate.standing.state)
+    for _ in range(3):  # the chunks kept record the standing before them (``Recent.standing``)
+        run.step(x[at + 1 : at + 2])
+        at += 1
+    kept = [r.standing for r in run.dstate.recent + run.dstate.dropped]
+    assert any(k is not None for k in kept)
+    back = DetectorState.from_bytes(run.dstate.to_bytes())
+    assert [r.standing for r in back.recent + back.dropped] == kept
     full, _ = _restores(sampler, DetectorConfig(), x, 1, 160, (at + 1, at + 3), seed=4)
     assert sum(d["standing"] is not None for d, _ in full) >= 3
 

@@ -293,8 +293,12 @@ def test_replay_says_when_model_events_fall_short_of_a_stream_change(tmp_path, c
     from service.cli import main
 
     y = 100 + 5 * np.random.default_rng(0).standard_normal(25)
-    y[12:] += 12
     p = tmp_path / "yearly.csv"
+    p.write_text("value\n" + "".join(f"{v:.3f}\n" for v in np.where(np.arange(25) >= 12, y + 15, y)))
+    assert main(["replay", str(p), "--detect", "--out", str(tmp_path / "t.jsonl")]) == 0
+    err = capsys.readouterr().err  # theirs: two reports, a stream change with their probabilities now
+    assert "stream (model-averaged): change point at observation 13, confidence 0.99" in err, err
+    y[12:] += 12
     p.write_text("value\n" + "".join(f"{v:.3f}\n" for v in y))
     assert main(["replay", str(p), "--detect", "--out", str(tmp_path / "t.jsonl")]) == 0
     err = capsys.readouterr().err

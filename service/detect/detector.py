@@ -337,6 +337,7 @@ class Detector:
         # the chunk's featurized rows and the incumbent's log predictive of each, for ``_log_odds``
         # (chunks of several rows, all scored): computed once, when a compared challenger first needs them
         inc_rows = functools.cache(lambda: self._row_fits(before, chunk)) if b > 1 and result.conditioned == 0 else None
+        standing_before = None if new.standing is None else (new.standing.location, new.standing.log_odds)
         standing = self._stand(new, chunk, result)
 
         # 1. feed the chunk to every challenger; retire losers and the old. One that ages out
@@ -374,7 +375,7 @@ class Detector:
                                      level=new.level.mean, spread=new.level.spread if counted else 0.0,
                                      state=_slim(before.post, self.sampler.model)
                                      if self.exact and (b > 1 or (self.shifts and not new.recent)) else None,
-                                     before=before if self.shifts and b == 1 else None))
+                                     before=before if self.shifts and b == 1 else None, standing=standing_before))
         x, steps = lp / max(scored, 1), float(result.annealing_steps)
         if not scored:
             pass  # a warm-up chunk, conditioned on: nothing to compare
@@ -484,6 +485,10 @@ class Detector:
                        if where is not None else None)
             if refined is not None:
                 where, location = (new.dropped + new.recent)[refined.chunk], refined.location
+            if where is not None and where.standing is not None:
+                # the last change's odds from before the chunk where this one begins: the rows since
+                # fit neither "that change alone" nor "no change", and counted against it
+                standing = (where.standing[0], posterior(where.standing[1], 0.0))
             n_total = new.offset_n + after.n
             events.append(Event(location=location, chunk=where.chunk if where else best.chunk,
                                 seq=where.seq if where else fed[at], row=location - where.start if where else 0,

@@ -98,6 +98,10 @@ class Recent:
     # the incumbent's state before this chunk while the detector processes it (exact method, rows
     # of one, for a level-shift restart here); never saved, cleared before ``Detector.update`` returns
     before: SGAISState | None = None
+    # the model's last reported change and its log odds before this chunk, while it was weighed on
+    # (``Standing``): a change reported later in this chunk or after it sends the odds from here,
+    # not those its rows moved (``Detector.update``)
+    standing: tuple[int, float] | None = None
 
 
 @dataclass
@@ -107,7 +111,9 @@ class Standing:
     (``log_odds``: the confidence it was reported with, then every later chunk's log predictive
     under the restarted model less that under ``state``), ``state`` (the incumbent that did not
     restart, brought up to date with the same chunks: the no-change alternative; ``_slim``'s
-    bytes) and ``rows`` seen since the report."""
+    bytes) and ``rows`` seen since the report. Each chunk kept (``Recent.standing``) records the
+    (location, log odds) before it, so that a later change sends the odds from before its rows
+    (neither hypothesis holds after a second change, and its rows counted against the first)."""
 
     location: int
     log_odds: float
@@ -154,8 +160,8 @@ class DetectorState:
     def to_bytes(self) -> bytes:
         lv, st, cu = self.level, self.steps, self.cusum
         head = {
-            "magic": MAGIC_STANDING if self.standing is not None else MAGIC_SKIP if any(c.skip for c in self.challengers)
-            else MAGIC, "offset_n": self.offset_n, "offset_log_evidence": self.offset_log_evidence.hex(),
+            "magic": MAGIC_STANDING if self.standing is not None or any(r.standing is not None for r in self.recent + self.dropped)
+            else MAGIC_SKIP if any(c.skip for c in self.challengers) else MAGIC, "offset_n": self.offset_n, "offset_log_evidence": self.offset_log_evidence.hex(),
             **({"memory_rows": self.memory_rows} if self.memory_rows else {}),
             "chunks": self.chunks, "count": lv.count, "level": lv.mean.hex(), "var": lv.var.hex(),
             "steps_mean": st.mean.hex(), "steps_var": st.var.hex(), "events": self.events,
@@ -167,6 +173,9 @@ class DetectorState:
                if self.dropped else {}),
             **({"standing": [self.standing.location, self.standing.log_odds.hex(), self.standing.rows,
                              base64.b64encode(self.standing.state).decode()]} if self.standing is not None else {}),
+            **{f"{name}_standing": [None if r.standing is None else [r.standing[0], r.standing[1].hex()] for r in rows]
+               for name, rows in (("recent", self.recent), ("dropped", self.dropped))
+               if any(r.standing is not None for r in rows)},
             "rng": base64.b64encode(self.rng.numpy().tobytes()).decode(),
             "challengers": [
                 {"start": c.start, "chunk": c.chunk, "seqs": c.seqs, "base": c.base_log_evidence.hex(),
@@ -213,7 +222,7 @@ def _decode_v1(h: dict) -> DetectorState:
                    state=load_state(base64.b64decode(c["state"])))
         for c in h["challengers"]
     ]
-    return DetectorState(
+    out = DetectorState(
         rng=rng, offset_n=h["offset_n"], offset_log_evidence=f(h["offset_log_evidence"]),
         memory_rows=h.get("memory_rows", 0), chunks=h["chunks"],
         level=RunningLevel(count=h["count"], mean=f(h["level"]), var=f(h["var"])),
@@ -228,6 +237,10 @@ def _decode_v1(h: dict) -> DetectorState:
         standing=None if "standing" not in h else Standing(
             location=int(h["standing"][0]), log_odds=f(h["standing"][1]), rows=int(h["standing"][2]),
             state=base64.b64decode(h["standing"][3])))
+    for name, rows in (("recent", out.recent), ("dropped", out.dropped)):
+        for r, st in zip(rows, h.get(f"{name}_standing", ())):
+            r.standing = None if st is None else (int(st[0]), f(st[1]))
+    return out
 
 
 #: layout magic -> decoder: every layout this version reads
