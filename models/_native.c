@@ -136,6 +136,22 @@ static inline __attribute__((always_inline)) void mixture_constants(
     }
 }
 
+/* lj [K][BT] log-joints of a block <- exp(log-joint - max over k), mx [BT] <- that max, sm [BT]
+ * <- sum over k */
+static inline __attribute__((always_inline)) void block_softmax_tail(int K, double *lj, double *mx, double *sm)
+{
+    for (int i = 0; i < BT; i++) mx[i] = lj[i];
+    for (int k = 1; k < K; k++) {
+        const double *l = lj + (size_t)k * BT;
+        for (int i = 0; i < BT; i++) mx[i] = l[i] > mx[i] ? l[i] : mx[i];
+    }
+    for (int i = 0; i < BT; i++) sm[i] = 0.0;
+    for (int k = 0; k < K; k++) {
+        double *l = lj + (size_t)k * BT;
+        for (int i = 0; i < BT; i++) { double e = exp_nonpos(l[i] - mx[i]); l[i] = e; sm[i] += e; }
+    }
+}
+
 /* One block of BT rows (columns y_j at ycol + j * padded, y_j^2 at ycol + (d + j) * padded):
  * lj [K][BT] <- exp(log-joint - max over k), mx [BT] <- that max, sm [BT] <- sum over k. */
 static inline __attribute__((always_inline)) void block_softmax_terms(
@@ -151,16 +167,7 @@ static inline __attribute__((always_inline)) void block_softmax_terms(
             for (int i = 0; i < BT; i++) l[i] += aa * y[i] + cc * y2[i];
         }
     }
-    for (int i = 0; i < BT; i++) mx[i] = lj[i];
-    for (int k = 1; k < K; k++) {
-        const double *l = lj + (size_t)k * BT;
-        for (int i = 0; i < BT; i++) mx[i] = l[i] > mx[i] ? l[i] : mx[i];
-    }
-    for (int i = 0; i < BT; i++) sm[i] = 0.0;
-    for (int k = 0; k < K; k++) {
-        double *l = lj + (size_t)k * BT;
-        for (int i = 0; i < BT; i++) { double e = exp_nonpos(l[i] - mx[i]); l[i] = e; sm[i] += e; }
-    }
+    block_softmax_tail(K, lj, mx, sm);
 }
 
 /* block_softmax_terms with each component's term centred on its mean: log w_k + log N(y; mu_k,
@@ -182,16 +189,7 @@ static inline __attribute__((always_inline)) void block_centred_terms(
             for (int i = 0; i < BT; i++) { const double u = y[i] - m; l[i] += h * u * u; }
         }
     }
-    for (int i = 0; i < BT; i++) mx[i] = lj[i];
-    for (int k = 1; k < K; k++) {
-        const double *l = lj + (size_t)k * BT;
-        for (int i = 0; i < BT; i++) mx[i] = l[i] > mx[i] ? l[i] : mx[i];
-    }
-    for (int i = 0; i < BT; i++) sm[i] = 0.0;
-    for (int k = 0; k < K; k++) {
-        double *l = lj + (size_t)k * BT;
-        for (int i = 0; i < BT; i++) { double e = exp_nonpos(l[i] - mx[i]); l[i] = e; sm[i] += e; }
-    }
+    block_softmax_tail(K, lj, mx, sm);
 }
 
 /* rows [B] (row b's y_j at rows[b * stride + j], or at rows[idx[b] * stride + j] when idx is not
