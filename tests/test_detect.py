@@ -134,14 +134,19 @@ def test_a_mixture_change_nominated_late_is_still_a_change():
     20,500, and 19,500 + 21,500; with the stream's first chunk's importance draws (2026-11-27),
     seeds 0-5: 19,500 + 21,000, 21,000, 21,000, 19,500 + 21,000, 21,000
     and 20,000, the same as without the draws (the incumbent after the change at 1,000 is the
-    promoted restart, which the draws do not touch). The bound below allows one chunk either side
-    of the two changes, and nothing else after 10,500."""
+    promoted restart, which the draws do not touch). With the mixture's terms centred (2026-11-28,
+    session 32: the sampler's paths change by rounding), seeds 0-5: 19,000 (reported at 20,500) +
+    21,000, 20,000, 21,500, 20,500, 20,500, 20,000: a mixture's change is placed by chunks, and one
+    found late can be put up to two chunks early. The bound below: every report after 10,500 comes
+    after the change at 20,000 and is placed within two chunks before it and one after the second."""
     from bench import data as D
 
     x = torch.cat([D.distribution_shift_data(20_000, 0)[0], D.distribution_shift_data(3_000, 1)[0]])
-    found = locations(detect_series(x.numpy(), "gmm:components=5", 500, seed=0))
-    assert found[:2] == [1_000, 10_000], found
-    assert found[2:] and all(19_500 <= loc <= 21_500 for loc in found[2:]), found
+    events = detect_series(x.numpy(), "gmm:components=5", 500, seed=0)
+    assert locations(events)[:2] == [1_000, 10_000], locations(events)
+    late = events[2:]
+    assert late and all(e.detected_at > 20_000 and 19_000 <= e.location <= 21_500 for e in late), \
+        [(e.location, e.detected_at) for e in late]
 
 
 def _event(location: int, detected_at: int, confidence: float) -> Event:
