@@ -254,11 +254,15 @@ def test_a_new_cluster_is_placed_near_its_row_whatever_the_chunk_size(chunk):
     the new cluster's first row look like an outlier worth 1,082 nats against a log BF of 190
     (``_top_excess``). Measured since, data seeds 1-3: chunks of 12 at 1,596, 1,584 and 1,596; of
     50 at 1,500, 1,550 and 1,500; of 100 at 1,600, 1,500 and 1,500; on three seeds of three clusters
-    throughout, no change at any of the three chunk sizes."""
+    throughout, no change at any of the three chunk sizes. A mixture's change is placed by chunks,
+    and the place moves with the sampler's path: after the mixture's terms were centred (session
+    32, paths changed by rounding), data seeds 1-11 with sampler seeds 1-11 and 11-13, chunks of
+    50: 1,500 on 7 of 14, 1,550-1,650 on 6, 1,700 on one (1,700 there before too; the mean 1,557
+    against 1,543 before, the same within the spread); chunks of 100: 1,500 or 1,600, as before.
+    So the bounds: one change, from 1,500 to 1,700 in chunks of 50, 1,600 otherwise."""
     from service.detect import detect_stream
 
     spec = "gmm:components=3"
     events, _ = detect_stream(_new_cluster(3), [spec], chunk_size=chunk, seed=3)
     found = [e.location for e in events[spec]]
-    # (in chunks of 12 the place is a few chunks' sampling away: 1,572 here, so a window)
-    assert found == [1500] if chunk > 12 else (len(found) == 1 and 1500 <= found[0] <= 1600), found
+    assert len(found) == 1 and 1500 <= found[0] <= (1700 if chunk == 50 else 1600), found
