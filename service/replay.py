@@ -157,9 +157,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"{label}: log-evidence {final[label]:.3f} nats over {data.shape[0]} observations "
               f"({traces[label][-1]['method']}), posterior probability {probs[label]:.4f}", file=sys.stderr)
         model, state = runs[label].sampler.model, runs[label].state
-        if hasattr(model, "frame"):  # a data-dependent prior: say which (issue 20)
+        if hasattr(model, "frame") and getattr(model, "warmup", 0):  # a data-dependent prior: say which (issue 20)
             frame = model.frame(state.post)
-            print(f"{label}: prior on (y - centre) / scale, centre {frame[0]:.6g}, scale {frame[1]:.6g} (from its first "
+            print(f"{label}: prior on (y - centre) / scale, centre {_g(frame[0])}, scale {_g(frame[1])} (from its first "
                   f"{model.warmup} rows; they are conditioned on, not scored)" if frame else
                   f"{label}: still in its warm-up of {model.warmup} rows (no frame yet)", file=sys.stderr)
         periods = model.period_probabilities(state.post) if hasattr(model, "period_probabilities") else None
@@ -265,3 +265,8 @@ def plot_traces(traces: dict[str, list[dict]], path: str, changepoints: dict[str
 
 
 USER_ERRORS = (DataError, ModelError, ConfigError, EngineError, ValueError, OSError)
+
+
+def _g(v) -> str:
+    """A frame's centre or scale: a number, or one per column."""
+    return f"{v:.6g}" if isinstance(v, float) else "[" + ", ".join(f"{x:.6g}" for x in v) + "]"

@@ -53,7 +53,7 @@ def test_azure_shaped_series_models_and_default_chunks(live):
     assert 100 <= change["index"] <= 103 and change["time"] == series[change["index"]]["timestamp"]
     rows = np.random.default_rng(3).normal(size=(60, 2)).round(4).tolist()
     two = live.client.post("/v1/detect", json={"values": rows, "columns": ["a", "b"], "chunk_size": 20}).json()
-    assert [m["spec"] for m in two["models"]] == ["gaussian"] and two["changepoints"] == []
+    assert [m["spec"] for m in two["models"]] == ["gaussian:warmup=5"] and two["changepoints"] == []
 
 
 @pytest.mark.parametrize("body, status, message", [

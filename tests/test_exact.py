@@ -191,3 +191,75 @@ def test_detector_finds_a_shift_in_raw_units_with_the_exact_method():
     for lo in range(0, len(y), 100):
         events += run.step(torch.from_numpy(y[lo : lo + 100]))[1]
     assert [abs(e.location - 8000) <= 100 for e in events] == [True], [e.location for e in events]
+
+
+def framed_reference(y: np.ndarray, warmup: int) -> float:
+    """``gaussian:warmup=W``'s evidence, independently: each column's frame (mean and standard
+    deviation, n - 1, of its first W values, in math.fsum), the paper's prior on (y - centre) /
+    scale, log p(rows after W | the first W) = log p(all) - log p(first W) in the frame, less
+    log scale for each scored row."""
+    total = 0.0
+    for col in y.T:
+        head = [float(v) for v in col[:warmup]]
+        c = math.fsum(head) / warmup
+        s = math.sqrt(math.fsum((v - c) ** 2 for v in head) / (warmup - 1))
+        z = (col - c) / s
+        total += nig_reference(z[:, None]) - nig_reference(z[:warmup, None]) - (len(col) - warmup) * math.log(s)
+    return total
+
+
+@pytest.mark.parametrize("loc,scale", [(0.0, 1.0), (250.0, 20.0), (1e6, 1e-4), (-3e4, 1e3), (0.002, 1e-4)])
+def test_gaussian_with_a_warm_up_frame_has_exact_evidence_in_raw_units(loc, scale):
+    """``gaussian:warmup=5`` (the default of a stream of several columns): two columns, 300 rows,
+    chunks of 1, 7 and 300 (the warm-up split across chunks or not), against the reference above
+    to 1e-9 relative; the frame is the first 5 rows' (``frame``), the warm-up rows are conditioned
+    on and not scored (the first result's ``conditioned``), and a row's predictive is its one-row
+    update."""
+    rng = np.random.default_rng(int(abs(loc) + 1000 * scale) % 2**32)
+    y = np.column_stack([rng.normal(loc, scale, 300), rng.normal(-loc / 3, scale * 7, 300)])
+    ref = framed_reference(y, 5)
+    for chunk in (1, 7, 300):
+        results = run_exact("gaussian:warmup=5", torch.from_numpy(y), chunk)
+        assert abs(results[-1].log_evidence - ref) <= 1e-9 * abs(ref), (chunk, results[-1].log_evidence, ref)
+        assert sum(r.conditioned for r in results) == 5 and results[-1].n == 300
+    model = build_model("gaussian:warmup=5", 2)
+    rows = model.featurize(torch.from_numpy(y))
+    post, _ = model.exact_update(model.exact_init(), rows[:40])
+    centre, scale_ = model.frame(post)
+    assert centre == pytest.approx(y[:5].mean(0), rel=1e-12, abs=1e-300) and scale_ == pytest.approx(y[:5].std(0, ddof=1), rel=1e-9)
+    per_row = model.exact_row_log_predictive(post, rows[40:50])
+    one = torch.tensor([model.exact_update(post, rows[i : i + 1])[1] for i in range(40, 50)], dtype=torch.float64)
+    assert torch.allclose(per_row, one, rtol=1e-12, atol=1e-12)
+    assert model.frame(model.exact_update(model.exact_init(), rows[:4])[0]) is None  # still in its warm-up
+
+
+def test_gaussian_warm_up_settings_are_checked():
+    for bad in ("gaussian:warmup=1", "gaussian:warmup=-1", "gaussian:warmup=2.5", "gaussian:warmup=20000"):
+        with pytest.raises(ModelError, match="warmup"):
+            build_model(bad, 2)
+    with pytest.raises(ModelError, match="exact method only"):
+        build_model("gaussian:warmup=5,sampler=sgais", 2)
+    assert build_model("gaussian:warmup=0,sampler=sgais", 2).warmup == 0
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_framed_gaussian_finds_a_shift_far_from_zero(seed):
+    """One column of 1,000 +- 5, +20 (4 sd) at 300: ``gaussian`` with the prior in data units
+    never reports it (the prior's mean term keeps the noise it expects near 1,000^2 / rows: 58
+    for 5 after 300 rows), ``gaussian:warmup=5`` does, within 20 rows point by point and in the
+    first chunk of 10 after it, and nothing else; the default of a stream of two columns (1,000 +-
+    5 and 5e4 +- 300, the shift in the first) likewise."""
+    from models.registry import default_portfolio
+    from service.detect import detect_series, detect_stream
+
+    rng = np.random.default_rng(seed)
+    y = 1000 + 5 * rng.standard_normal(600)
+    y[300:] += 20
+    assert detect_series(y, "gaussian", chunk_size=10, seed=0) == []
+    for chunk in (1, 10):
+        found = [(e.location, e.detected_at) for e in detect_series(y, "gaussian:warmup=5", chunk_size=chunk, seed=0)]
+        assert len(found) == 1 and found[0][0] == 300 and found[0][1] <= 320, (chunk, found)
+    two = np.column_stack([y, 5e4 + 300 * rng.standard_normal(600)])
+    assert default_portfolio(2) == ("gaussian:warmup=5",)
+    _, changes = detect_stream(two, chunk_size=10, seed=0)
+    assert [c.location for c in changes] == [300], changes

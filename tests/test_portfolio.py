@@ -66,11 +66,28 @@ def test_a_value_too_large_for_the_models_is_refused_at_ingest(live, redis_url):
     assert live.client.post(f"/v1/streams/{s}/chunks", json={"seq": 0, "rows": [[1e150], [-1e150]]}).status_code == 202
 
 
-def test_several_columns_without_models_get_gaussian(live):
+def test_several_columns_without_models_get_gaussian_in_a_frame(live, redis_url):
+    """Two columns without a model list: ``gaussian:warmup=5``, its frame (one centre and scale per
+    column, from the first 5 rows) shown on the stream once the rows are in; the evidence that
+    of the model offline."""
     s = "p" + uuid.uuid4().hex[:10]
     r = live.client.post("/v1/streams", json={"name": s, "columns": ["a", "b"]})
     assert r.status_code == 201, r.text
-    assert [m["spec"] for m in r.json()["models"]] == ["gaussian"]
+    assert [m["spec"] for m in r.json()["models"]] == ["gaussian:warmup=5"]
+    assert live.client.get(f"/v1/streams/{s}").json()["models"][0]["frame"] == {
+        "warmup_rows": 5, "centre": None, "scale": None, "periods": None}
+    y = np.column_stack([1000 + 5 * np.random.default_rng(3).standard_normal(30), np.arange(30) % 4 + 5e4])
+    assert live.client.post(f"/v1/streams/{s}/chunks", json={"seq": 0, "rows": y.tolist()}).status_code == 202
+    w = Worker(redis_url)
+    try:
+        w.run_until_idle()
+    finally:
+        w.release_all()
+    got = live.client.get(f"/v1/streams/{s}").json()["models"][0]
+    assert got["frame"]["centre"] == pytest.approx(list(y[:5].mean(0)), rel=1e-12)
+    assert got["frame"]["scale"] == pytest.approx(list(y[:5].std(0, ddof=1)), rel=1e-12)
+    m = build_model("gaussian:warmup=5", 2)
+    assert got["log_evidence"] == pytest.approx(m.exact_update(m.exact_init(), m.featurize(torch.from_numpy(y)))[1], rel=1e-12)
 
 
 def test_an_empty_model_list_is_still_refused(live):

@@ -178,8 +178,8 @@ async def model_rows(store: ApiStore, cfg: StreamConfig, p=None) -> tuple[int, i
 async def model_frame(store: ApiStore, cfg: StreamConfig, entry) -> ModelFrame | None:
     """A metric-series model's frame from its saved state (None for models without one)."""
     model = cached_model(entry.spec, len(cfg.columns), entry.target)
-    if not hasattr(model, "frame"):
-        return None
+    if not hasattr(model, "frame") or not getattr(model, "warmup", 0):
+        return None  # (``gaussian`` without a warm-up: its prior is in the data's units)
     raw = await store.model_state(cfg.name, entry.name)
     post = load_state(raw).post if raw else None
     frame = model.frame(post) if post is not None else None

@@ -67,11 +67,12 @@ class StreamIn(BaseModel):
 class ModelFrame(BaseModel):
     """The reference frame a metric-series model fixed from its first rows: its prior is on
     (y - centre) / scale, so this is the effective, data-dependent prior (README, "Models for
-    metric series"); centre and scale are null until the warm-up is done."""
+    metric series"); centre and scale are null until the warm-up is done, and one per column for
+    ``gaussian`` with a warm-up (the default of a stream of several columns)."""
 
     warmup_rows: int
-    centre: float | None
-    scale: float | None
+    centre: float | list[float] | None
+    scale: float | list[float] | None
     periods: dict[str, float] | None = Field(None, description="`seasonal` without a period only: each candidate period "
                                              "(observations) and its posterior probability given the rows so far")
 
