@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass, field, replace
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -17,7 +18,7 @@ import torch
 from models._random import standard_gamma
 from models.base import LOG_2PI, Model, ModelError, RunGradient
 from models.native import kernels
-from models.timeseries import _warmup_frame
+from models.timeseries import _check_finite, _warmup_frame
 
 
 def _positive(name: str, value: float) -> None:
@@ -1288,8 +1289,9 @@ class Gaussian(Model):
     conditioned on and not scored; exact only. Why: in data units, far from zero against the
     spread, the prior's mean term stays in the noise the posterior expects (its b holds about
     centre^2 / 2 for ever), and changes go unseen (1,000 +- 5 with +20 at 300: never found in 600
-    rows; with a frame, 13 rows late point by point). ``post``: (mu, kappa, alpha, beta) [4d]; with a
-    warm-up (seen, centre [d], scale [d], the warm-up rows [W, d]) before them.
+    rows; with a frame, 3-5 rows late point by point). ``post``: (mu, kappa, alpha, beta) [4d]; with a
+    warm-up (seen, centre [d], scale [d]) before them, and the warm-up rows [W, d] between until
+    the frame is fixed (then they are not kept: W x d is at most ``MAX_WARMUP_VALUES``).
     """
 
     name = "gaussian"
@@ -1298,6 +1300,9 @@ class Gaussian(Model):
     alpha0: float = 1.0
     beta0: float = 1.0
     warmup: int = 0
+
+    #: the most warm-up values (``warmup`` x columns) a state holds until its frame is fixed (512 KiB)
+    MAX_WARMUP_VALUES: ClassVar[int] = 65_536
 
     def __post_init__(self) -> None:
         if not math.isfinite(self.mu0):
@@ -1308,6 +1313,9 @@ class Gaussian(Model):
                 and (self.warmup == 0 or 2 <= self.warmup <= 10_000)):
             raise ModelError(f"gaussian: warmup must be 0 (the prior in the data's units) or an integer in [2, 10000] "
                              f"(a frame from the first rows), got {self.warmup!r}")
+        if self.warmup * self.n_columns > self.MAX_WARMUP_VALUES:
+            raise ModelError(f"gaussian: warmup x columns must be at most {self.MAX_WARMUP_VALUES:,} (the warm-up rows are "
+                             f"kept until the frame is fixed), got {self.warmup} x {self.n_columns}")
         if self.warmup and self.sampler == "sgais":
             raise ModelError("gaussian: warmup (a frame from the first rows) runs with the exact method only "
                              "(no sampler=sgais); set warmup=0 for SGAIS")
@@ -1327,6 +1335,8 @@ class Gaussian(Model):
     def featurize(self, data: torch.Tensor) -> torch.Tensor:
         self.check_width(data)
         y = data.to(torch.float64)
+        if self.warmup:  # a NaN in the warm-up would make a NaN frame: refused by name, as the metric models do
+            y = _check_finite(self.name, y)
         return torch.cat([y, y * y], dim=1)
 
     def sample_prior(self, generator: torch.Generator, n: int) -> torch.Tensor:
@@ -1410,12 +1420,12 @@ class Gaussian(Model):
         """The prior; with a warm-up, in the incumbent's frame (fixed from rows before the change),
         scored from its first row, as the metric-series models restart (during the incumbent's own
         warm-up: the prior, with a warm-up)."""
-        new = self.exact_init()
-        if self.warmup and int(post[0]) >= self.warmup:
-            d = self.n_columns
-            new[0] = float(self.warmup)
-            new[1 : 1 + 2 * d] = post[1 : 1 + 2 * d]
-        return new
+        if not (self.warmup and int(post[0]) >= self.warmup):
+            return self.exact_init()
+        d = self.n_columns
+        prior = torch.tensor([self.mu0, self.kappa0, self.alpha0, self.beta0], dtype=torch.float64).repeat_interleave(d)
+        head = torch.cat([torch.tensor([float(self.warmup)], dtype=torch.float64), post[1 : 1 + 2 * d]])
+        return torch.cat([head, prior])
 
     @staticmethod
     def _nig_step(nig: torch.Tensor, d: int, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -1442,10 +1452,10 @@ class Gaussian(Model):
         w, o = self.warmup, 1 + 2 * d
         seen = int(post[0])
         centre, scale = post[1 : 1 + d], post[1 + d : o]
-        buf = post[o : o + w * d].view(w, d).clone()
-        nig = post[o + w * d :]
-        first = 0
+        nig = post[post.numel() - 4 * d :]
+        first, buf = 0, None
         if seen < w:  # warm-up: collect, and at its end fix the frame and condition on the rows
+            buf = post[o : o + w * d].view(w, d).clone()
             first = min(w - seen, y.shape[0])
             buf[seen : seen + first] = y[:first]
             if seen + first == w:
@@ -1453,12 +1463,13 @@ class Gaussian(Model):
                 centre = torch.tensor([c for c, _ in frames], dtype=torch.float64)
                 scale = torch.tensor([sc for _, sc in frames], dtype=torch.float64)
                 nig, _ = self._nig_step(nig, d, (buf - centre) / scale)
+                buf = None  # the frame is fixed: the rows are not kept
         lp = 0.0
         if first < y.shape[0]:
             nig, lps = self._nig_step(nig, d, (y[first:] - centre) / scale)
             lp = float(lps.sum()) - (y.shape[0] - first) * float(torch.log(scale).sum())
         head = torch.cat([torch.tensor([float(seen + y.shape[0])], dtype=torch.float64), centre, scale])
-        return torch.cat([head, buf.reshape(-1), nig]), lp
+        return torch.cat([head] + ([buf.reshape(-1)] if buf is not None else []) + [nig]), lp
 
     def exact_row_log_predictive(self, post: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         """Each row's Student-t predictive (independent columns): ``[B]``; with a warm-up, in the

@@ -202,7 +202,7 @@ def framed_reference(y: np.ndarray, warmup: int) -> float:
     for col in y.T:
         head = [float(v) for v in col[:warmup]]
         c = math.fsum(head) / warmup
-        s = math.sqrt(math.fsum((v - c) ** 2 for v in head) / (warmup - 1))
+        s = math.sqrt(math.fsum((v - c) ** 2 for v in head) / (warmup - 1)) or 1.0  # flat integers: a unit of 1
         z = (col - c) / s
         total += nig_reference(z[:, None]) - nig_reference(z[:warmup, None]) - (len(col) - warmup) * math.log(s)
     return total
@@ -217,16 +217,20 @@ def test_gaussian_with_a_warm_up_frame_has_exact_evidence_in_raw_units(loc, scal
     update."""
     rng = np.random.default_rng(int(abs(loc) + 1000 * scale) % 2**32)
     y = np.column_stack([rng.normal(loc, scale, 300), rng.normal(-loc / 3, scale * 7, 300)])
+    if loc == 0.0:  # a third column flat at 5 through the warm-up (a unit of 1, its step), then moving
+        y = np.column_stack([y, np.r_[np.full(5, 5.0), rng.integers(3, 8, 295)].astype(float)])
     ref = framed_reference(y, 5)
     for chunk in (1, 7, 300):
         results = run_exact("gaussian:warmup=5", torch.from_numpy(y), chunk)
         assert abs(results[-1].log_evidence - ref) <= 1e-9 * abs(ref), (chunk, results[-1].log_evidence, ref)
         assert sum(r.conditioned for r in results) == 5 and results[-1].n == 300
-    model = build_model("gaussian:warmup=5", 2)
+    model = build_model("gaussian:warmup=5", y.shape[1])
     rows = model.featurize(torch.from_numpy(y))
     post, _ = model.exact_update(model.exact_init(), rows[:40])
     centre, scale_ = model.frame(post)
-    assert centre == pytest.approx(y[:5].mean(0), rel=1e-12, abs=1e-300) and scale_ == pytest.approx(y[:5].std(0, ddof=1), rel=1e-9)
+    assert centre == pytest.approx(y[:5].mean(0), rel=1e-12, abs=1e-300)
+    assert scale_ == pytest.approx(np.where(y[:5].std(0) > 0, y[:5].std(0, ddof=1), 1.0), rel=1e-9)
+    assert post.numel() == 1 + 6 * y.shape[1]  # the warm-up rows are not kept once the frame is fixed
     per_row = model.exact_row_log_predictive(post, rows[40:50])
     one = torch.tensor([model.exact_update(post, rows[i : i + 1])[1] for i in range(40, 50)], dtype=torch.float64)
     assert torch.allclose(per_row, one, rtol=1e-12, atol=1e-12)
@@ -234,9 +238,14 @@ def test_gaussian_with_a_warm_up_frame_has_exact_evidence_in_raw_units(loc, scal
 
 
 def test_gaussian_warm_up_settings_are_checked():
-    for bad in ("gaussian:warmup=1", "gaussian:warmup=-1", "gaussian:warmup=2.5", "gaussian:warmup=20000"):
+    for bad in ("gaussian:warmup=1", "gaussian:warmup=-1", "gaussian:warmup=2.5", "gaussian:warmup=20000",
+                "gaussian:warmup=true"):
         with pytest.raises(ModelError, match="warmup"):
             build_model(bad, 2)
+    with pytest.raises(ModelError, match="warmup x columns must be at most 65,536"):
+        build_model("gaussian:warmup=1000", 100)
+    with pytest.raises(ModelError, match="row 2, column 1 has nan"):
+        build_model("gaussian:warmup=5", 2).featurize(torch.tensor([[1.0, 2.0], [3.0, 4.0], [5.0, math.nan]]))
     with pytest.raises(ModelError, match="exact method only"):
         build_model("gaussian:warmup=5,sampler=sgais", 2)
     assert build_model("gaussian:warmup=0,sampler=sgais", 2).warmup == 0

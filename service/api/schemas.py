@@ -51,7 +51,7 @@ class StreamIn(BaseModel):
         None, min_length=1, max_length=16,
         description="the stream's models (specs or objects); left out: the default portfolio (README), for one "
                     "column 'level', 'ar', 'trend', 'student-t' and 'seasonal' in the series' own units, whose model average gives the "
-                    "stream's answer; for several columns 'gaussian'",
+                    "stream's answer; for several columns 'gaussian:warmup=5' (a frame per column from its first 5 rows)",
         examples=[["level", "ar", "trend"], [{"spec": "gmm:components=5", "name": "gmm5"}]])
     sampler: SamplerIn = Field(default_factory=SamplerIn)
     seed: int = Field(0, ge=0, le=2**62, strict=True)
@@ -95,8 +95,9 @@ class ModelOut(BaseModel):
                           "seen the same; while one is behind, the last chunk every model applied (the stream's answer's)")
     lag_chunks: int
     error: str | None
-    frame: ModelFrame | None = Field(None, description="metric-series models only (level, ar, trend, seasonal, poisson, negbin, student-t): the "
-                                                       "frame fixed from their warm-up, i.e. their effective prior")
+    frame: ModelFrame | None = Field(None, description="metric-series models (level, ar, trend, seasonal, poisson, negbin, student-t) and "
+                                                       "gaussian with a warmup (one centre and scale per column): the frame fixed "
+                                                       "from their warm-up, i.e. their effective prior")
 
 
 class StreamOut(BaseModel):

@@ -66,7 +66,8 @@ STANDING_SURE = math.log(1e9)
 def training_rows(model, config: DetectorConfig) -> int:
     """Observations a restart sees before it is compared (``DetectorConfig.train``; 0 = auto). A
     restart must not be charged for the vagueness of its prior. A model with a frame from data
-    (models/timeseries.py) restarts in the incumbent's frame, so its prior is already in the
+    (models/timeseries.py, models/heavy.py, ``gaussian:warmup=N``) restarts in the incumbent's
+    frame, so its prior is already in the
     data's units, and the minimal training sample of an intrinsic Bayes factor suffices (Berger
     and Pericchi 1996): as many rows as parameters (coefficients and noise variance). Others:
     max(10, 2 x parameters). It is also the stream's resolution: changes of several models closer
