@@ -371,6 +371,17 @@ static inline __attribute__((always_inline)) int scratch32_alloc(scratch32 *s, i
     return 0;
 }
 
+/* cen [d] <- the column means of rows [B] (row b's y_j at rows[b * stride + j]), summed in row
+ * order; 0 without rows. The centre the float32 kernels cast rows around. */
+static inline __attribute__((always_inline)) void column_means(int d, long B, const double *rows, long stride, double *cen)
+{
+    for (int j = 0; j < d; j++) {
+        double t = 0.0;
+        for (long b = 0; b < B; b++) t += rows[b * stride + j];
+        cen[j] = B > 0 ? t / (double)B : 0.0;
+    }
+}
+
 /* rows [B] (row b at rows[b * stride], or rows[idx[b] * stride] when idx is not NULL) into the
  * float32 columns y_j - cen_j of a [d][padded] layout, from position `at` (centred in float64
  * first: raw units far from zero lose nothing to the cast) */
@@ -494,11 +505,7 @@ static inline __attribute__((always_inline)) int gmm_run_body(
     /* the chunk's column means: the rows are cast to float32 as y - cen (u = (y - mu) / sigma was
      * y / sigma - mu / sigma from raw float32 y, noise once |y| / sigma passed about 1e6) */
     double cen[d];
-    for (int j = 0; j < d; j++) {
-        double t = 0.0;
-        for (long b = 0; b < Bc; b++) t += chunk[b * cstride + j];
-        cen[j] = Bc > 0 ? t / (double)Bc : 0.0;
-    }
+    column_means(d, Bc, chunk, cstride, cen);
     columns32_at(d, Bc, s.padded, 0, chunk, cstride, NULL, cen, s.ycol);
     for (long b = 0; b < Bc; b++) s.wcol[b] = (float)lam;
     for (long b = Bc; b < B; b++) s.wcol[b] = (float)wp;
@@ -593,10 +600,7 @@ static inline __attribute__((always_inline)) int gmm_total32_body(
     if (scratch32_alloc(&s, K, d, B)) return 1;
     const long padded = s.padded;
     double cen[d];
-    for (int j = 0; j < d; j++) cen[j] = 0.0;
-    for (long b = 0; b < B; b++)
-        for (int j = 0; j < d; j++) cen[j] += rows[b * stride + j];
-    for (int j = 0; j < d; j++) cen[j] = B > 0 ? cen[j] / (double)B : 0.0;
+    column_means(d, B, rows, stride, cen);
     double span[d]; /* the rows' farthest distance from the centre, per column */
     for (int j = 0; j < d; j++) span[j] = 0.0;
     for (long b = 0; b < B; b++)

@@ -1396,11 +1396,14 @@ class Gaussian(Model):
     def exact_init(self) -> torch.Tensor:
         """``[4d]``: (mu [d], kappa [d], alpha [d], beta [d]) of the prior; with a warm-up, after
         (seen, centre [d], scale [d], the warm-up rows [W, d]), zero until they are in."""
-        d = self.n_columns
-        nig = torch.tensor([self.mu0, self.kappa0, self.alpha0, self.beta0], dtype=torch.float64).repeat_interleave(d)
         if not self.warmup:
-            return nig
-        return torch.cat([torch.zeros(1 + 2 * d + self.warmup * d, dtype=torch.float64), nig])
+            return self._prior_nig()
+        d = self.n_columns
+        return torch.cat([torch.zeros(1 + 2 * d + self.warmup * d, dtype=torch.float64), self._prior_nig()])
+
+    def _prior_nig(self) -> torch.Tensor:
+        """(mu0, kappa0, alpha0, beta0), each repeated per column: ``[4d]``."""
+        return torch.tensor([self.mu0, self.kappa0, self.alpha0, self.beta0], dtype=torch.float64).repeat_interleave(self.n_columns)
 
     def _nig(self, post: torch.Tensor) -> tuple[torch.Tensor, ...]:
         return tuple(post[post.numel() - 4 * self.n_columns :].view(4, self.n_columns))
@@ -1422,10 +1425,8 @@ class Gaussian(Model):
         warm-up: the prior, with a warm-up)."""
         if not (self.warmup and int(post[0]) >= self.warmup):
             return self.exact_init()
-        d = self.n_columns
-        prior = torch.tensor([self.mu0, self.kappa0, self.alpha0, self.beta0], dtype=torch.float64).repeat_interleave(d)
-        head = torch.cat([torch.tensor([float(self.warmup)], dtype=torch.float64), post[1 : 1 + 2 * d]])
-        return torch.cat([head, prior])
+        head = torch.cat([torch.tensor([float(self.warmup)], dtype=torch.float64), post[1 : 1 + 2 * self.n_columns]])
+        return torch.cat([head, self._prior_nig()])
 
     @staticmethod
     def _nig_step(nig: torch.Tensor, d: int, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -1479,8 +1480,7 @@ class Gaussian(Model):
         y = rows[:, :d]
         if not self.warmup:
             return _nig_log_marginal(mu, k, a, b, 1, y, torch.zeros_like(y)).sum(-1)
-        fr = self.frame(post)
-        if fr is None:
+        if int(post[0]) < self.warmup:  # no frame yet
             return torch.zeros(y.shape[0], dtype=torch.float64)
         centre, scale = post[1 : 1 + d], post[1 + d : 1 + 2 * d]
         z = (y - centre) / scale
