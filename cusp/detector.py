@@ -32,7 +32,7 @@ from cusp.errors import InputError
 from cusp.times import epoch_seconds
 from models import ModelError
 from models.registry import build_model, default_portfolio, parse_spec, spec_problem
-from service.data import MAX_MAGNITUDE, log_model_probabilities, too_large
+from service.data import MAX_COLUMNS, MAX_MAGNITUDE, log_model_probabilities, too_large
 from service.detect import DetectorConfig, Event, OfflineRun, StreamAnswer, StreamChange, stream_window
 from service.runtime import build, model_seed, sampler_config
 from service.sgais import ChunkResult, ConfigError, EngineError
@@ -54,7 +54,8 @@ class Detector:
     chunk_size: None: every ``update`` is one chunk, as every POST is for the service; k: rows
     are buffered and processed k at a time (``flush()`` processes a partial chunk).
     seed: the stream's seed (model i gets ``service.runtime.seed_for(seed, i)``, as a stream's
-    models do). columns: the data's width (default: from the first ``update``). target: the
+    models do). columns: the data's width, or its columns' names (default: from the first ``update``;
+    a 1-D input is then a one-column series' values, so give it to update row by row). target: the
     target column's index for regression models. priors: spec -> prior weight of the model.
     sampler, sampler_settings: the SGAIS preset ('paper' or 'accurate') and overrides, e.g.
     ``{"particles": 20}``. Other keyword arguments are detector settings (README, "Change-point
@@ -66,7 +67,7 @@ class Detector:
     """
 
     def __init__(self, models: Sequence[str] | str | None = None, chunk_size: int | None = None, seed: int = 0, *,
-                 columns: int | None = None, target: int | None = None, priors: Mapping[str, float] | None = None,
+                 columns: int | Sequence[str] | None = None, target: int | None = None, priors: Mapping[str, float] | None = None,
                  sampler: str = "paper", sampler_settings: Mapping[str, Any] | None = None, **settings: Any):
         self.models = _specs(models)
         for spec in self.models or ():
@@ -77,7 +78,8 @@ class Detector:
         if not _is_int(seed) or not 0 <= seed <= MAX_SEED:
             raise InputError(f"seed must be an integer in [0, 2**62], got {seed!r}")
         self.seed = int(seed)
-        self.columns = _optional_int("columns", columns, 1)
+        self.column_names = _column_names(columns)
+        self.columns = len(self.column_names) if self.column_names is not None else _optional_int("columns", columns, 1)
         self.target = _optional_int("target", target, 0)
         if self.target is not None and self.columns is not None and self.target >= self.columns:
             raise InputError(f"target must be a column index below columns={self.columns}, got {self.target}")
@@ -109,7 +111,7 @@ class Detector:
         makes them): what ``POST /v1/detect`` runs. Results are keyed by the models' names."""
         det = cls.__new__(cls)
         det.models, det.chunk_size, det.seed = tuple(m.spec for m in cfg.models), chunk_size, cfg.seed
-        det.columns, det.target = len(cfg.columns), None
+        det.columns, det.column_names, det.target = len(cfg.columns), list(cfg.columns), None
         det.priors = {m.name: m.prior for m in cfg.models}
         det.sampler, det.sampler_settings = cfg.sampler.get("preset", "paper"), dict(cfg.sampler.get("overrides", {}))
         det.settings, det.config = dict(cfg.detector), DetectorConfig.from_dict(cfg.detector)
@@ -137,12 +139,14 @@ class Detector:
         self._width: int | None = self.columns
         self._stamps: list[float] = []  # each row's time (epoch seconds), pending rows included
         self._timed: bool | None = None  # whether the updates give times (None: no update yet)
+        self._first_1d: int | None = None  # the first update's length, when a 1-D input set the width to 1
 
     def _stream_config(self, width: int) -> StreamConfig:
         specs = self.models or default_portfolio(width)
         if self.target is not None and self.target >= width:
             raise InputError(f"target column {self.target} is out of range for rows of {width} columns")
-        return StreamConfig(name="detector", columns=[f"x{i}" for i in range(width)],
+        names = self.column_names or [f"x{i}" for i in range(width)]
+        return StreamConfig(name="detector", columns=names,
                             models=[ModelEntry(name=s, spec=s, target=self.target, prior=float(self.priors.get(s, 1.0)))
                                     for s in specs],
                             sampler={"preset": self.sampler, "overrides": self.sampler_settings}, seed=self.seed,
@@ -180,6 +184,7 @@ class Detector:
         if self._cfg is None:
             self._start(self._stream_config(rows.shape[1]))
         self._check(rows)
+        self._warn_rows_as_values(x, rows)
         if stamps is not None:
             self._stamps += stamps
         self._timed = stamps is not None
@@ -242,6 +247,21 @@ class Detector:
             r, c = big
             raise InputError(f"update(x): row {r}, column {c} is {a[r, c]:g}; values must be within +-{MAX_MAGNITUDE:g}")
         return np.ascontiguousarray(a)
+
+    def _warn_rows_as_values(self, x: Any, rows: np.ndarray) -> None:
+        """A width inferred from a 1-D first update is 1, so rows of several columns given one at a
+        time (``for row in table: det.update(row)``) were read as a one-column series, silently
+        (a review, 2026-11-28): a second 1-D update of the same length warns, once."""
+        if self.columns is not None or self._width != 1 or np.ndim(x) != 1 or rows.shape[0] < 2:
+            return
+        if self._first_1d is None:
+            self._first_1d = int(rows.shape[0])
+        elif self._first_1d == rows.shape[0] and self._first_1d > 0:
+            self._first_1d = 0  # warned
+            warnings.warn(f"cusp.Detector: each 1-D update of {rows.shape[0]} values is read as {rows.shape[0]} rows of "
+                          f"a one-column series; if each is one row of {rows.shape[0]} columns, give "
+                          f"columns={rows.shape[0]} (or the rows as a 2-D array). columns=1 says they are values",
+                          UserWarning, stacklevel=3)
 
     def _times_of(self, times: Any, rows: int) -> list[float] | None:
         """The rows' times as epoch seconds (None without), checked against the earlier updates'."""
@@ -333,6 +353,15 @@ class Detector:
         return {m: (r[-1].log_evidence if r else 0.0) for m, r in self._results.items()}
 
     @property
+    def frames(self) -> dict[str, dict | None]:
+        """Each model's frame: for a model whose prior is fixed from the data's first rows (the
+        metric-series models, ``gaussian:warmup=N``), ``warmup_rows``, ``centre`` and ``scale`` (None
+        during the warm-up; per column for ``gaussian``) and, for ``seasonal`` without a period, the
+        candidate ``periods``' probabilities; None for a model whose prior is in the data's units.
+        As the service shows it (``GET /v1/streams/{name}``, a model's ``frame``)."""
+        return {m: run.sampler.model.frame_info(getattr(run.state, "post", None)) for m, run in self._runs.items()}
+
+    @property
     def probabilities(self) -> dict[str, float]:
         """Each model's posterior probability given the data so far (with the models' priors)."""
         return log_model_probabilities(self.evidence, self._log_prior) if self._runs else {}
@@ -353,6 +382,21 @@ class Detector:
 
 def _is_int(x: Any) -> bool:
     return isinstance(x, numbers.Integral) and not isinstance(x, bool)
+
+
+def _column_names(columns: Any) -> list[str] | None:
+    """The columns' names when ``columns`` gives them (None when it is a width or None), checked as
+    the service checks a stream's columns."""
+    if columns is None or _is_int(columns):
+        return None
+    if isinstance(columns, (str, bytes)) or not isinstance(columns, Sequence):
+        raise InputError(f"columns must be an integer >= 1 or a list of column names, got {columns!r}")
+    names = list(columns)
+    if not names or len(names) > MAX_COLUMNS or not all(isinstance(c, str) and c for c in names):
+        raise InputError(f"columns: give 1 to {MAX_COLUMNS} non-empty names, got {columns!r}")
+    if len(set(names)) != len(names):
+        raise InputError(f"columns: names must be unique, got {names!r}")
+    return names
 
 
 def _optional_int(what: str, x: Any, low: int) -> int | None:

@@ -220,6 +220,22 @@ class Model:
             return None
         return self.exact_update(self.exact_init(), rows)[1]
 
+    def frame_info(self, post: torch.Tensor | None) -> dict | None:
+        """The frame a prior fixed from the data's first rows is on, for users to see (issue 20):
+        None for a model without one (``gaussian`` without a warm-up: its prior is in the data's
+        units). Else ``warmup_rows``; ``centre`` and ``scale`` (None while ``post``, the exact
+        posterior, is in its warm-up or None; one per column for ``gaussian``); ``periods``,
+        ``seasonal`` without a period only: each candidate period's posterior probability (the
+        prior's before any ``post``). The stream's ``GET``, ``POST /v1/detect`` and ``cusp replay``
+        show it."""
+        if not hasattr(self, "frame") or not getattr(self, "warmup", 0):
+            return None
+        frame = self.frame(post) if post is not None else None
+        probabilities = getattr(self, "period_probabilities", None)
+        periods = probabilities(post if post is not None else self.exact_init()) if probabilities else None
+        return {"warmup_rows": self.warmup, "centre": frame[0] if frame else None, "scale": frame[1] if frame else None,
+                "periods": None if periods is None else {f"{p:g}": w for p, w in periods.items()}}
+
     @property
     def exact(self) -> bool:
         """Does the engine compute this model's evidence in closed form (``service.sgais.exact``)?"""

@@ -15,6 +15,9 @@ from service import times as T
 #: column names ``read_series`` takes for the rows' times when none is named (case-insensitive)
 TIME_COLUMNS = ("time", "timestamp", "ts", "date", "datetime")
 
+#: the most columns a stream (and ``POST /v1/detect``, ``cusp.Detector``) takes
+MAX_COLUMNS = 256
+
 #: the largest magnitude of a value accepted anywhere (a stream's chunks, ``POST /v1/detect``, a
 #: replayed file): the models square values (sums of squares, Student-t residuals), and beyond
 #: about 1e154 a square overflows float64. A chunk of 1e308 was once accepted (202), failed in

@@ -157,10 +157,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"{label}: log-evidence {final[label]:.3f} nats over {data.shape[0]} observations "
               f"({traces[label][-1]['method']}), posterior probability {probs[label]:.4f}", file=sys.stderr)
         model, state = runs[label].sampler.model, runs[label].state
-        if hasattr(model, "frame") and getattr(model, "warmup", 0):  # a data-dependent prior: say which (issue 20)
-            frame = model.frame(state.post)
-            print(f"{label}: prior on (y - centre) / scale, centre {_g(frame[0])}, scale {_g(frame[1])} (from its first "
-                  f"{model.warmup} rows; they are conditioned on, not scored)" if frame else
+        info = model.frame_info(getattr(state, "post", None))
+        if info is not None:  # a data-dependent prior: say which (issue 20)
+            print(f"{label}: prior on (y - centre) / scale, centre {_g(info['centre'])}, scale {_g(info['scale'])} (from its "
+                  f"first {model.warmup} rows; they are conditioned on, not scored)" if info["centre"] is not None else
                   f"{label}: still in its warm-up of {model.warmup} rows (no frame yet)", file=sys.stderr)
         periods = model.period_probabilities(state.post) if hasattr(model, "period_probabilities") else None
         if periods:

@@ -38,6 +38,11 @@ def test_a_series_in_its_change_points_out_and_nothing_stored(live, redis_url):
     level = out["models"][0]
     assert level["method"] == "exact" and len(level["log_predictive"]) == 30 and level["warnings"] == []
     assert level["annealing_steps"] == [0] * 30 and all(np.isfinite(level["log_predictive"]))
+    # the effective prior's frame, as the stream's GET shows it: the first 5 values' mean and sd
+    head = np.asarray(shifted()[:5])
+    assert level["frame"]["warmup_rows"] == 5 and level["frame"]["periods"] is None
+    assert level["frame"]["centre"] == pytest.approx(head.mean(), rel=1e-12)
+    assert level["frame"]["scale"] == pytest.approx(head.std(ddof=1), rel=1e-12)
     assert connect(redis_url).dbsize() == before
 
 
@@ -54,6 +59,8 @@ def test_azure_shaped_series_models_and_default_chunks(live):
     rows = np.random.default_rng(3).normal(size=(60, 2)).round(4).tolist()
     two = live.client.post("/v1/detect", json={"values": rows, "columns": ["a", "b"], "chunk_size": 20}).json()
     assert [m["spec"] for m in two["models"]] == ["gaussian:warmup=5"] and two["changepoints"] == []
+    assert two["models"][0]["frame"]["centre"] == pytest.approx(np.mean(rows[:5], axis=0).tolist(), rel=1e-12)
+    assert out["models"][1]["frame"] is None  # gaussian without a warm-up: its prior is in the data's units
 
 
 @pytest.mark.parametrize("body, status, message", [

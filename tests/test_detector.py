@@ -3,6 +3,7 @@ for the same data, seed and chunking; buffering into chunks; bad input refused b
 is processed. Its agreement with a running service: tests/test_client.py."""
 
 import threading
+import warnings
 
 import numpy as np
 import pytest
@@ -91,7 +92,37 @@ def test_rows_columns_and_user_settings():
     assert det.n == 0 and det.evidence == {"gaussian": 0.0, "gmm:components=2": 0.0}
 
 
+def test_rows_given_one_at_a_time_need_the_width_else_a_warning():
+    """A 1-D update is a one-column series' values unless the detector knows more columns: a table
+    fed row by row without ``columns`` was silently a one-column series; now the second row warns."""
+    rows = np.random.default_rng(2).normal(size=(6, 3))
+    guessed = cusp.Detector(models=["gaussian"])
+    with pytest.warns(UserWarning, match="give columns=3"):
+        for r in rows:
+            guessed.update(r)
+    assert guessed.n == 18  # read as values, as documented
+    for columns in (3, ["a", "b", "c"]):
+        named = cusp.Detector(models=["gaussian:warmup=2"], columns=columns)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            for r in rows:
+                named.update(r)
+        assert named.n == 6 and named.columns == 3
+        # the frame the stream's GET and POST /v1/detect show: one centre and scale per column
+        assert named.frames["gaussian:warmup=2"]["centre"] == pytest.approx(rows[:2].mean(0).tolist(), rel=1e-12)
+    assert named.column_names == ["a", "b", "c"] and guessed.frames == {"gaussian": None}
+    with warnings.catch_warnings():  # columns=1 says they are values
+        warnings.simplefilter("error")
+        values = cusp.Detector(models=["level"], columns=1)
+        for r in rows:
+            values.update(r)
+    assert values.n == 18 and values.frames["level"]["warmup_rows"] == 5
+
+
 @pytest.mark.parametrize("kwargs, message", [
+    ({"columns": ["a", "a"]}, "columns: names must be unique"),
+    ({"columns": "ab"}, "columns must be an integer >= 1 or a list of column names"),
+    ({"columns": ["a", ""]}, "columns: give 1 to 256 non-empty names"),
     ({"models": ["nope"]}, "models\\[0\\]: unknown model 'nope'; known models: ar, gaussian"),
     ({"models": ["gmm:components=x"], "columns": 1}, "models\\[0\\]: model 'gmm': setting components='x' is not a valid int"),
     ({"models": []}, "non-empty list"),

@@ -178,15 +178,11 @@ async def model_rows(store: ApiStore, cfg: StreamConfig, p=None) -> tuple[int, i
 async def model_frame(store: ApiStore, cfg: StreamConfig, entry) -> ModelFrame | None:
     """A metric-series model's frame from its saved state (None for models without one)."""
     model = cached_model(entry.spec, len(cfg.columns), entry.target)
-    if not hasattr(model, "frame") or not getattr(model, "warmup", 0):
-        return None  # (``gaussian`` without a warm-up: its prior is in the data's units)
+    if model.frame_info(None) is None:
+        return None
     raw = await store.model_state(cfg.name, entry.name)
-    post = load_state(raw).post if raw else None
-    frame = model.frame(post) if post is not None else None
-    probabilities = getattr(model, "period_probabilities", None)  # seasonal: the prior's before any state
-    periods = probabilities(post if post is not None else model.exact_init()) if probabilities else None
-    return ModelFrame(warmup_rows=model.warmup, centre=frame[0] if frame else None, scale=frame[1] if frame else None,
-                      periods=None if periods is None else {f"{p:g}": w for p, w in periods.items()})
+    info = model.frame_info(load_state(raw).post if raw else None)
+    return ModelFrame(**info)
 
 
 def effective(settings) -> dict | None:

@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
 
-from service.data import MAX_MAGNITUDE
+from service.data import MAX_COLUMNS, MAX_MAGNITUDE
 from service.detect.config import DETECT_DEFAULT_CHUNKS
 
 
@@ -45,7 +45,7 @@ class SamplerIn(BaseModel):
 class StreamIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
     name: str = Field(..., description="stream name: letters, digits, '_', '.', '-' (max 64)", json_schema_extra=NAME_SCHEMA)
-    columns: list[str] = Field(..., min_length=1, max_length=256, json_schema_extra={"items": {"type": "string", "minLength": 1},
+    columns: list[str] = Field(..., min_length=1, max_length=MAX_COLUMNS, json_schema_extra={"items": {"type": "string", "minLength": 1},
                                                                                      "uniqueItems": True})
     models: list[ModelItem] | None = Field(
         None, min_length=1, max_length=16,
@@ -95,7 +95,7 @@ class ModelOut(BaseModel):
                           "seen the same; while one is behind, the last chunk every model applied (the stream's answer's)")
     lag_chunks: int
     error: str | None
-    frame: ModelFrame | None = Field(None, description="metric-series models (level, ar, trend, seasonal, poisson, negbin, student-t) and "
+    frame: ModelFrame | None = Field(None, description="metric-series models (level, ar, trend, seasonal, negbin, student-t) and "
                                                        "gaussian with a warmup (one centre and scale per column): the frame fixed "
                                                        "from their warm-up, i.e. their effective prior")
 
@@ -131,7 +131,7 @@ class ChunkRows(BaseModel):
 
     model_config = ConfigDict(extra="forbid", title="ChunkRows")
     seq: int = Field(..., ge=0, le=2**53, description="per-stream sequence number: 0, then up by 1")
-    rows: list[Annotated[list[float], Field(min_length=1, max_length=256)]] = Field(
+    rows: list[Annotated[list[float], Field(min_length=1, max_length=MAX_COLUMNS)]] = Field(
         ..., min_length=1, description="rows of finite numbers, one value per column")
     time: list[str | float] | None = Field(None, description=TIMES_DOC, examples=[["2026-11-26T08:00:00Z", "2026-11-26T08:00:01Z"]])
 
@@ -390,7 +390,7 @@ class DetectIn(BaseModel):
                           "seconds; change points then carry the time of their first row")
     series: list[SeriesPoint] | None = Field(
         None, description="instead of values and times: [{timestamp, value}], the shape of Azure's change-point API")
-    columns: list[str] | None = Field(None, min_length=1, max_length=256,
+    columns: list[str] | None = Field(None, min_length=1, max_length=MAX_COLUMNS,
                                       description="column names (default x0, x1, ...); a model's 'target' names one")
     models: list[ModelItem] | None = Field(
         None, min_length=1, max_length=16,
@@ -473,6 +473,8 @@ class DetectModel(BaseModel):
     log_predictive: list[float] = Field(description="per chunk: log p(chunk | earlier rows, model), nats")
     annealing_steps: list[int] = Field(description="per chunk (0: exact method)")
     warnings: list[str] = Field(description="reliability warnings any chunk had (README, Reliability)")
+    frame: ModelFrame | None = Field(None, description="a metric-series model's frame, fixed from its first rows: its "
+                                     "prior's effective units (null for models whose prior is in the data's units)")
 
 
 class DetectChunk(BaseModel):

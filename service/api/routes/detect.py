@@ -21,8 +21,8 @@ from service.api import crud
 from service.api.deps import Json, Read, SettingsDep
 from service.api.errors import ApiError, errors
 from service.api.schemas import (DETECT_DEFAULT_CHUNKS, MAX_DETECT_CHUNKS, MAX_DETECT_ROWS, DetectChange, DetectChunk,
-                                 DetectEvent, DetectIn, DetectModel, DetectOut, StreamIn)
-from service.data import MAX_MAGNITUDE, too_large
+                                 DetectEvent, DetectIn, DetectModel, DetectOut, ModelFrame, StreamIn)
+from service.data import MAX_COLUMNS, MAX_MAGNITUDE, too_large
 from service.detect import DetectorConfig
 from service.settings import Settings
 from service.sgais import EngineError
@@ -79,8 +79,8 @@ def series_of(body: DetectIn) -> tuple[np.ndarray, list | None]:
                                  "another shape here: all rows need the same number of values")
     data = np.asarray(raw, dtype=np.float64)
     data = data[:, None] if data.ndim == 1 else data
-    if data.shape[1] == 0 or data.shape[1] > 256:
-        raise ApiError(422, "invalid_series", f"{what}: rows must have 1 to 256 values, got {data.shape[1]}")
+    if data.shape[1] == 0 or data.shape[1] > MAX_COLUMNS:
+        raise ApiError(422, "invalid_series", f"{what}: rows must have 1 to {MAX_COLUMNS} values, got {data.shape[1]}")
     at = too_large(data)  # ('values' are checked as they are read; 'series' points here)
     if at is not None:
         where = f"series[{at[0]}].value" if what == "series" else f"values[{at[0]}]"
@@ -137,7 +137,7 @@ def answer(det: Detector, times: list | None) -> DetectOut:
     is_cp, conf = [False] * det.n, [0.0] * det.n
     for c in changes:
         is_cp[c.location], conf[c.location] = True, c.confidence
-    probs, results, events = det.probabilities, det.results, det.events
+    probs, results, events, frames = det.probabilities, det.results, det.events, det.frames
     return DetectOut(
         rows=det.n, chunk_size=max(r for _, r in det.chunks),
         changepoints=[DetectChange(index=c.location, time=when(c.location), detected_at=c.detected_at, confidence=c.confidence,
@@ -150,6 +150,7 @@ def answer(det: Detector, times: list | None) -> DetectOut:
                                                       log_prior_odds=e.log_prior_odds) for e in events[m]],
                             log_predictive=[r.log_predictive for r in results[m]],
                             annealing_steps=[r.annealing_steps for r in results[m]],
-                            warnings=sorted({w for r in results[m] for w in r.warnings}))
+                            warnings=sorted({w for r in results[m] for w in r.warnings}),
+                            frame=None if frames[m] is None else ModelFrame(**frames[m]))
                 for m, spec in zip(det.names, det.models)],
         chunks=[DetectChunk(start=s, rows=r) for s, r in det.chunks])

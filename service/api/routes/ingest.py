@@ -15,6 +15,7 @@ from service.api import crud
 from service.api.deps import SettingsDep, StoreDep, Write, reject, untyped_from_a_page, ws_allowed
 from service.api.errors import WRITE, ApiError, errors
 from service.api.schemas import ChunkAck, ChunkColumns, ChunkRows
+from service.data import MAX_COLUMNS
 from service.settings import Settings
 
 router = APIRouter(prefix="/v1/streams", tags=["ingest"])
@@ -32,7 +33,7 @@ def chunk_body(settings: Settings) -> dict:
         if "rows" in alt["properties"]:
             alt["properties"]["rows"]["maxItems"] = settings.max_chunk_rows
         if "columns" in alt["properties"]:
-            alt["properties"]["columns"]["maxProperties"] = 256
+            alt["properties"]["columns"]["maxProperties"] = MAX_COLUMNS
     return {"requestBody": {"required": True, "content": {**BODY, "application/json": {"schema": schema}}}}
 
 
