@@ -21,9 +21,9 @@ import json
 import math
 import numbers
 import time
-from collections.abc import Callable, Generator, Mapping, Sequence
+from collections.abc import Generator, Mapping, Sequence
 from typing import Any, NamedTuple
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 
 import httpx
 from websockets.exceptions import ConnectionClosed, WebSocketException
@@ -210,7 +210,7 @@ class BaseClient:
             if k not in KINDS:
                 raise InputError(f"kind must be one of {', '.join(KINDS)}, got {k!r}")
         if follow:
-            return self._iterate(self._follow_model(name, since, transport, model, kinds))
+            return self._iterate(self._follow(name, since, transport, model, kinds))
         return self._iterate(self._pages(name, since, model, kinds))
 
     def changepoints(self, name: str):
@@ -311,51 +311,33 @@ class BaseClient:
                 return
             since = page["next"]
 
-    def _follow_model(self, name: str, since: str | None, transport: str, model: str | None,
-                      kinds: list[str] | None) -> Flow:
-        """``_follow`` with the entries of ``model`` only: its name, or its spec as given (the
-        feeds carry names, so a spec is turned into its model's name first, as ``?model=`` does:
-        NotFoundError for a model the stream does not have, as the paging answers)."""
-        if model is not None:
-            out = yield from self._call_once("GET", f"/v1/streams/{name}")
-            models = out.get("models") or []
-            if not any(m.get("name") == model for m in models):
-                by_spec = [m.get("name") for m in models if m.get("spec") == model]
-                if len(by_spec) != 1:
-                    path = f"/v1/streams/{name}/evidence"
-                    if by_spec:
-                        raise api_error(422, f"{model!r} is the spec of several of the stream's models ({by_spec}): "
-                                        "name one", "GET", path, "invalid_request")
-                    raise api_error(404, f"stream {name!r} has no model {model!r} (its models: "
-                                    f"{[m.get('name') for m in models]})", "GET", path, "model_not_found")
-                model = by_spec[0]
-        yield from self._follow(name, since, transport, _keep(model, kinds))
-
-    def _follow(self, name: str, since: str | None, transport: str, keep: Callable[[dict], bool]) -> Flow:
+    def _follow(self, name: str, since: str | None, transport: str, model: str | None, kinds: list[str] | None) -> Flow:
         """Live entries over SSE or the WebSocket, reconnected from the last entry's id after a
         drop, until the stream is deleted (also: refused as 404 after it had been open, the stream
-        deleted while the client reconnected)."""
+        deleted while the client reconnected). The server filters by ``model`` (a name or a spec,
+        resolved as the pages resolve it) and ``kinds``."""
         path = f"/v1/streams/{name}/evidence/{transport}"
+        filters = ([("model", model)] if model is not None else []) + [("kind", k) for k in kinds or ()]
         last, attempt, opened = since, 0, False
         while True:
             try:
                 if transport == "sse":
-                    failed = yield Open("sse", path, {"Last-Event-ID": last} if last else {})
+                    failed = yield Open("sse", path + _query(filters), {"Last-Event-ID": last} if last else {})
                 else:
-                    failed = yield Open("ws", self._ws_url + path + (f"?since={quote(last, safe='')}" if last else ""), self._auth)
+                    query = _query(filters + ([("since", last)] if last else []))
+                    failed = yield Open("ws", self._ws_url + path + query, self._auth)
                 if failed is not None:
                     raise _failure(failed)
                 # a WebSocket is refused after its handshake: it was open at its first entry or its end
                 attempt, opened = 0, opened or transport == "sse"
                 while (entry := (yield RECEIVE)) is not None:
                     last, opened = entry.get("id", last), True
-                    if keep(entry):
-                        yield Emit(entry)
+                    yield Emit(entry)
                 # the server ends the feed when the stream is deleted; a proxy may end it any time
                 opened = True
                 yield from self._call_once("GET", f"/v1/streams/{name}")
             except Refused as refusal:
-                error = yield from self._refusal(name, last, str(refusal))
+                error = yield from self._refusal(name, last, filters, str(refusal))
                 if not (opened and isinstance(error, NotFoundError)):
                     raise error from None
                 return
@@ -369,12 +351,13 @@ class BaseClient:
                 yield Sleep(self._backoff(attempt, exc))
                 attempt += 1
 
-    def _refusal(self, name: str, since: str | None, reason: str) -> Flow:
+    def _refusal(self, name: str, since: str | None, filters: list[tuple[str, str]], reason: str) -> Flow:
         """The APIError of a feed WebSocket closed with 1008 and a reason: the same read over HTTP
-        passes the same checks (key, stream, since) and answers a problem document with its code."""
+        passes the same checks (key, stream, since, model, kind) and answers a problem document
+        with its code."""
         path = f"/v1/streams/{name}/evidence"
         try:
-            yield from self._call_once("GET", path, params={"limit": 1, **({"since": since} if since else {})})
+            yield from self._call_once("GET", path, params=[("limit", 1)] + ([("since", since)] if since else []) + filters)
         except APIError as err:
             return err
         return api_error(403, f"the WebSocket was refused: {reason}", "GET", path + "/ws")
@@ -512,8 +495,9 @@ def ws_closed(exc: ConnectionClosed) -> None:
 
 
 # --- arguments ----------------------------------------------------------------------------------
-def _keep(model: str | None, kinds: list[str] | None) -> Callable[[dict], bool]:
-    return lambda e: (model is None or e.get("model") == model) and (kinds is None or e.get("kind") in kinds)
+def _query(pairs: list[tuple[str, str]]) -> str:
+    """``?k=v&...`` (values quoted), or "" without pairs."""
+    return "?" + urlencode(pairs, quote_via=quote, safe="") if pairs else ""
 
 
 def _name(name: Any) -> None:

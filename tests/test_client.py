@@ -4,6 +4,7 @@ and live over SSE with resume, errors carrying the server's message, and cusp.De
 the service's numbers for the same data, seed and chunking."""
 
 import http.server
+import json
 import threading
 import uuid
 import warnings
@@ -306,9 +307,10 @@ def test_live_results_resume_after_a_dropped_feed(live, proxy, worker):
 
 def test_a_model_is_named_by_its_name_or_its_spec_live_and_paged(client, live, worker):
     """``results(model=...)`` takes a model's spec as well as its name (``gmm:components=2`` is
-    ``gmm_components2``), paged (``?model=``) and live alike: the feeds carry names, so the client
-    turns a spec into its name first (a review found it returned nothing live for a spec); a model
-    the stream does not have is a NotFoundError either way."""
+    ``gmm_components2``), paged and live alike (a review found it returned nothing live for a
+    spec): the pages and both feeds take ``?model=`` and ``?kind=`` and resolve a spec on the
+    server, in one place (the client resolved it for the feeds itself before, a twin of the
+    server's rule); a model the stream does not have is a NotFoundError either way."""
     s = name()
     client.create_stream(s, ["a", "b"], models=["gaussian", "gmm:components=2"])
     client.post(s, np.random.default_rng(0).normal(size=(30, 2)))
@@ -316,12 +318,20 @@ def test_a_model_is_named_by_its_name_or_its_spec_live_and_paged(client, live, w
     paged = list(client.results(s, model="gmm:components=2", kind="result"))
     assert paged and {e["model"] for e in paged} == {"gmm_components2"}
     assert paged == list(client.results(s, model="gmm_components2", kind="result"))
-    feed = client.results(s, model="gmm:components=2", kind="result", follow=True)
-    assert [next(feed) for _ in paged] == paged
-    feed.close()
-    for follow in (False, True):
+    for transport in ("sse", "ws"):
+        feed = client.results(s, model="gmm:components=2", kind="result", follow=True, transport=transport)
+        assert [next(feed) for _ in paged] == paged
+        feed.close()
+    for follow, transport in ((False, "sse"), (True, "sse"), (True, "ws")):
         with pytest.raises(cusp.NotFoundError, match="no model 'zzz'"):
-            next(iter(client.results(s, model="zzz", follow=follow)))
+            next(iter(client.results(s, model="zzz", follow=follow, transport=transport)))
+    # the feed itself, over HTTP: filtered on the server, and refused before it opens
+    query = {"model": "gmm:components=2", "kind": "result"}
+    with httpx.stream("GET", f"{live.url}/v1/streams/{s}/evidence/sse", params=query, timeout=30) as r:
+        events = (json.loads(line[5:]) for line in r.iter_lines() if line.startswith("data:"))
+        assert [next(events) for _ in paged] == paged
+    for params, status in (({"model": "zzz"}, 404), ({"kind": "nope"}, 422)):
+        assert httpx.get(f"{live.url}/v1/streams/{s}/evidence/sse", params=params).status_code == status
     client.delete_stream(s)
 
 

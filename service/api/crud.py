@@ -11,6 +11,7 @@ import json
 import re
 import time
 import uuid
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -322,6 +323,30 @@ MIN_RESULT_MS = 10**12
 def ack_id(seq: int) -> str:
     """A chunk's id in its ack: ``chunk-<seq>``, which no result id resembles."""
     return f"chunk-{seq}"
+
+
+def feed_model(cfg: StreamConfig, model: str | None) -> str | None:
+    """The name of the model ``?model=`` asks for (the result pages and the live feeds alike): its
+    name in the stream, or its spec as given ('gmm:components=3' is named 'gmm_components3': a new
+    user asked by the spec cusp replay prints); a name is taken first (a stream whose model is
+    named like another's spec means the name). 404 for a model the stream does not have, 422 for
+    a spec several of its models share."""
+    if model is None or cfg.model(model) is not None:
+        return model
+    by_spec = [m.name for m in cfg.models if m.spec == model]
+    if len(by_spec) > 1:
+        raise ApiError(422, "invalid_request", f"{model!r} is the spec of several of stream {cfg.name!r}'s models "
+                       f"({', '.join(map(repr, by_spec))}): name one")
+    if not by_spec:
+        names = ", ".join(repr(m.name) for m in cfg.models)
+        raise ApiError(404, "model_not_found", f"stream {cfg.name!r} has no model {model!r} (its models: {names})")
+    return by_spec[0]
+
+
+def entry_filter(model: str | None, kinds) -> Callable[[dict], bool]:
+    """Does a feed entry pass ``?model=`` (a name, ``feed_model``'s) and ``?kind=``, as the pages filter?"""
+    wanted = set(kinds) if kinds else None
+    return lambda e: (model is None or e.get("model") == model) and (wanted is None or e.get("kind") in wanted)
 
 
 def check_id(since: str | None) -> str:

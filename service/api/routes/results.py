@@ -12,9 +12,14 @@ from fastapi.responses import StreamingResponse
 from service.api import crud
 from service.api.deps import Read, SettingsDep, StoreDep, reject, ws_allowed
 from service.api.errors import READ, ApiError, errors
-from service.api.schemas import RESULT_ID_PATTERN, ChangepointList, DeadLetters, EntryKind, EvidencePage
+from service.api.schemas import KNOWN_KINDS, RESULT_ID_PATTERN, ChangepointList, DeadLetters, EntryKind, EvidencePage
 
 router = APIRouter(prefix="/v1/streams", tags=["results"])
+
+
+MODEL_QUERY = ("only this model's entries: its name in the stream, or its spec as given (e.g. 'gmm:components=3', "
+               "what cusp replay calls it)")
+KIND_QUERY = "only entries of these kinds (repeat for several)"
 
 
 @router.get("/{stream}/evidence", response_model=EvidencePage, response_model_exclude_unset=True, dependencies=[Read],
@@ -23,26 +28,13 @@ async def evidence(stream: str, store: StoreDep,
                    since: str | None = Query(None, description="return entries after this result id (a page's next)",
                                              json_schema_extra={"pattern": RESULT_ID_PATTERN}),
                    limit: int = Query(1000, ge=1, le=10_000, description="most entries in the page (after filtering)"),
-                   model: str | None = Query(None, description="only this model's entries: its name in the stream, or "
-                                             "its spec as given (e.g. 'gmm:components=3', what cusp replay calls it)"),
-                   kind: list[EntryKind] | None = Query(None, description="only entries of these kinds (repeat for several)")):
+                   model: str | None = Query(None, description=MODEL_QUERY),
+                   kind: list[EntryKind] | None = Query(None, description=KIND_QUERY)):
     """The stream's result entries after ``since``, oldest first, filtered by model and kind
     before the page is cut to ``limit``. ``next`` is the cursor for the following page and
     ``has_more`` whether entries matching the filter follow it (a filtered page looks at most at
     50,000 entries: has_more may then be true for a short page)."""
-    cfg = await crud.stream_config(store, stream)
-    if model is not None and cfg.model(model) is None:
-        # the spec as given is taken too: a model's name is derived from its spec ('gmm:components=3' is
-        # 'gmm_components3'), and a new user asked for it by the spec cusp replay prints
-        # (a name is taken first: a stream whose model is named like another's spec means the name)
-        by_spec = [m.name for m in cfg.models if m.spec == model]
-        if len(by_spec) > 1:
-            raise ApiError(422, "invalid_request", f"{model!r} is the spec of several of stream {stream!r}'s models "
-                           f"({', '.join(map(repr, by_spec))}): name one")
-        if not by_spec:
-            names = ", ".join(repr(m.name) for m in cfg.models)
-            raise ApiError(404, "model_not_found", f"stream {stream!r} has no model {model!r} (its models: {names})")
-        model = by_spec[0]
+    model = crud.feed_model(await crud.stream_config(store, stream), model)
     after = crud.check_id(since)
     results, cursor, more = await store.results(stream, after, limit, model, kind)
     return {"results": results, "next": cursor if cursor != after else since, "has_more": more}
@@ -64,8 +56,10 @@ async def dead_letters(stream: str, store: StoreDep) -> dict:
                              "description": "results and change points as server-sent events, live"}, **errors(*READ, 404, 422)})
 async def evidence_sse(stream: str, request: Request, store: StoreDep,
                        since: str | None = Query(None, description="results after this result id (or the Last-Event-ID header)",
-                                                 json_schema_extra={"pattern": RESULT_ID_PATTERN})):
-    await crud.stream_config(store, stream)
+                                                 json_schema_extra={"pattern": RESULT_ID_PATTERN}),
+                       model: str | None = Query(None, description=MODEL_QUERY),
+                       kind: list[EntryKind] | None = Query(None, description=KIND_QUERY)):
+    keep = crud.entry_filter(crud.feed_model(await crud.stream_config(store, stream), model), kind)
     start = crud.check_id(since or request.headers.get("last-event-id"))
 
     async def events():
@@ -74,21 +68,29 @@ async def evidence_sse(stream: str, request: Request, store: StoreDep,
                 return
             if item is None:
                 yield ": keep-alive\n\n"
-            else:
+            elif keep(item):
                 yield f"id: {item['id']}\nevent: {item['kind']}\ndata: {json.dumps(item)}\n\n"
 
     return StreamingResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
 
 @router.websocket("/{stream}/evidence/ws")
-async def evidence_ws(ws: WebSocket, stream: str, store: StoreDep, settings: SettingsDep, since: str | None = None):
+async def evidence_ws(ws: WebSocket, stream: str, store: StoreDep, settings: SettingsDep, since: str | None = None,
+                      model: str | None = None, kind: list[str] | None = Query(None)):
+    """The live feed over a WebSocket, with the SSE feed's ``since``, ``model`` and ``kind``;
+    refused (1008, the reason the HTTP read would answer) before it opens."""
     if not await ws_allowed(ws, settings, "read"):
         return
-    if await crud.find_stream(store, stream) is None:
+    cfg = await crud.find_stream(store, stream)
+    if cfg is None:
         await reject(ws, f"no stream named {stream!r}")
         return
     try:
         start = crud.check_id(since)
+        unknown = sorted(set(kind or ()) - set(KNOWN_KINDS))
+        if unknown:
+            raise ApiError(422, "invalid_request", f"kind: {unknown[0]!r} is not one of {', '.join(KNOWN_KINDS)}")
+        keep = crud.entry_filter(crud.feed_model(cfg, model), kind)
     except ApiError as exc:
         await reject(ws, str(exc.detail))
         return
@@ -108,7 +110,7 @@ async def evidence_ws(ws: WebSocket, stream: str, store: StoreDep, settings: Set
             async for item in items:
                 if closed.done():
                     return
-                if item is not None:
+                if item is not None and keep(item):
                     await ws.send_json(item)
     except (WebSocketDisconnect, RuntimeError):
         return
