@@ -279,6 +279,10 @@ class GaussianMixture(Model):
             return torch.from_numpy(np.concatenate([np.log(np.maximum(w, 1e-300)), (centre + spread * mu).ravel(),
                                                     np.log(var * spread**2).ravel()]))[None]
 
+        # every start runs all its steps: ranking them after 8 and finishing the best 4 ("small EM",
+        # tried 2026-11-28) took 30 % off the fit's time but left its fit 140 nats lower (K = 7 on
+        # the paper's clusters at 16,500 rows, 16 seeds: the gap of healthy runs -220 against -80),
+        # and runs stuck 420 nats below the old fit went unflagged
         seeds = torch.randint(0, 2**31 - 1, (restarts,), generator=generator).tolist()
         best, fit = -math.inf, None
         for seed in seeds:
@@ -1247,10 +1251,16 @@ def _kmeanspp(y: np.ndarray, k: int, rng: np.random.Generator) -> np.ndarray:
     centres = [y[rng.integers(len(y))]]
     d2 = None
     for _ in range(1, k):
-        new = ((y - centres[-1]) ** 2).sum(-1)
+        diff = y - centres[-1]
+        new = np.einsum("ij,ij->i", diff, diff)
         d2 = new if d2 is None else np.minimum(d2, new)
         total = d2.sum()
-        centres.append(y[rng.choice(len(y), p=d2 / total)] if total > 0 else y[rng.integers(len(y))])
+        if total > 0:  # rng.choice(len(y), p=d2 / total)'s draw, without its checks of p (half the time here)
+            cdf = np.cumsum(d2 / total)
+            cdf /= cdf[-1]
+            centres.append(y[int(cdf.searchsorted(rng.random(), side="right"))])
+        else:
+            centres.append(y[rng.integers(len(y))])
     return np.array(centres)
 
 

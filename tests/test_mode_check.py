@@ -135,7 +135,11 @@ def test_a_stuck_seven_component_run_is_flagged_and_a_healthy_one_is_not(monkeyp
     11 (414 to 426: flagged); seed 2 is the stuck one here, seed 0 (-92) the healthy one. (With
     the Laplace law in the first chunk's draws, for a while on 2026-11-28, only seed 14 was.) Since
     the EM steps run in one native call (``em_run``, 2026-11-28: the same steps up to rounding), seeds
-    3, 4 and 11 (421 to 426), not 2 (-88): seed 3 is the stuck one here."""
+    3, 4 and 11 (421 to 426), not 2 (-88): seed 3 is the stuck one here. Since the mixture's terms
+    are centred per component (2026-11-28, the paths changed by rounding): seeds 1, 3, 8, 11 and
+    13 (418 to 432), the others -89 to 190. (A "small EM" in ``mode_fit``, 8 steps per start and
+    the best 4 finished, was tried the same day: it left the fit about 140 nats lower, healthy
+    gaps near -220, and the runs 420 nats below went unflagged at 268-289.)"""
     import service.sgais.engine as engine
     from bench import data as D
 
