@@ -66,14 +66,15 @@ Deterministic (no randomness); the state is one float64 vector (about 110 KB wit
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from functools import lru_cache
+from dataclasses import dataclass, replace
+from functools import cached_property, lru_cache
+from typing import ClassVar
 
 import torch
 
 from models.base import ModelError
 from models.native import kernels
-from models.timeseries import _check_finite, _check_frame_prior, _check_one_column, _check_warmup, _Exact, flat_unit
+from models.timeseries import _check_finite, _check_frame_prior, _check_warmup, _Exact, flat_unit
 
 #: Chebyshev points per coordinate of each nu's grid
 NODES = 48
@@ -168,14 +169,16 @@ def _interp_matrix(nodes: torch.Tensor, at: torch.Tensor) -> torch.Tensor:
 def robust_frame(rows: torch.Tensor) -> tuple[float, float]:
     """(centre, scale) of the warm-up rows: their median and 1.4826 x their median absolute
     deviation (the sd for Gaussian data, unmoved by an outlier among them) but at least 1e-3 of
-    their sd; else their sd, else (all equal) ``flat_unit``, as the regressions take it."""
+    their sd; where that deviation is 0 (most of the rows equal), their sd; else (all equal)
+    ``flat_unit``, as the regressions take it."""
     centre = float(torch.quantile(rows, 0.5))
     sd = float(rows.std()) if rows.shape[0] > 1 else 0.0
+    mad = 1.4826 * float(torch.quantile((rows - centre).abs(), 0.5))
     # at least 1e-3 of their sd: nearly equal values and a few far ones (1e-308, 1e-170, 42, ...)
-    # would otherwise give a unit 1e-169 and z-values whose squares overflow
-    scale = max(1.4826 * float(torch.quantile((rows - centre).abs(), 0.5)), 1e-3 * sd)
-    if not scale > 0:
-        scale = sd
+    # would otherwise give a unit 1e-169 and z-values whose squares overflow. Not that floor where
+    # the deviation is 0: an integer gauge flickering 5, 4, 5, 5, 4 took 1e-3 of its sd as its unit
+    # (until 2026-11-28), its noise then 1,000 units, far in the prior's tail (sigma^2 ~ InvGamma(1, 1))
+    scale = max(mad, 1e-3 * sd) if mad > 0 else sd
     if not scale > 0:
         scale = flat_unit(centre, rows.tolist())
     return centre, scale
@@ -208,7 +211,13 @@ class StudentT(_Exact):
     rows, head[3] of them; 2: head[3] distinct values, then from ``_distinct_cap`` on their counts;
     0: none, the grids go on without them), then per nu:
     box [6] and the log joint at the nodes [NODES * NODES] minus log Z (normalised: the weighted
-    sum of exp over every nu's nodes is 1); log Z = log p(conditioned rows) is head[6]."""
+    sum of exp over every nu's nodes is 1); log Z = log p(conditioned rows) is head[6].
+
+    Several columns (at most ``MAX_COLUMNS``): independent, each with its own frame, level, scale
+    and nu (the product of one-column models: log evidences add, ``post`` is the columns' posts one
+    after the other), restarted together at a change. For streams of several gauges whose readings
+    have wild values or flicker between a few, where ``gaussian`` reads each wild value as two
+    changes (README, "Models for metric series")."""
 
     name = "student-t"
     exchangeable = True  # i.i.d. given (mu, sigma, nu); each exact update may refit the grids
@@ -218,9 +227,15 @@ class StudentT(_Exact):
     alpha0: float = 1.0
     beta0: float = 1.0
 
+    #: the most columns: each holds its grids (6 x 48 x 48 nodes, 111 KB), the detector's recent states too
+    MAX_COLUMNS: ClassVar[int] = 16
+
     def __post_init__(self) -> None:
         n = self.name
-        _check_one_column(n, self.n_columns)
+        if not 1 <= self.n_columns <= self.MAX_COLUMNS:
+            raise ModelError(f"{n} models at most {self.MAX_COLUMNS} columns (independent, each its grids of "
+                             f"{len(self.nus) * NODES * NODES:,} nodes), the stream has {self.n_columns}: use gaussian "
+                             "or gmm for more, or a stream per group of columns")
         if not (isinstance(self.nu, (int, float)) and math.isfinite(self.nu) and (self.nu == 0 or 0.1 <= self.nu <= 1e4)):
             raise ModelError(f"{n}: nu must be 0 (a grid of 1, 2, 4, 8, 16, 32 degrees of freedom) or a number in "
                              f"[0.1, 10000], got {self.nu!r}")
@@ -234,10 +249,21 @@ class StudentT(_Exact):
 
     @property
     def dim(self) -> int:
-        return 2 if self.nu else 3  # mu, sigma (and nu)
+        return (2 if self.nu else 3) * self.n_columns  # mu, sigma (and nu) per column
 
     def parameter_names(self) -> list[str]:
-        return ["mu", "sigma"] + ([] if self.nu else ["nu"])
+        names = ["mu", "sigma"] + ([] if self.nu else ["nu"])
+        return names if self.n_columns == 1 else [f"{p}[{j}]" for j in range(self.n_columns) for p in names]
+
+    # --- several columns: one-column models side by side ----------------------------------------
+    @cached_property
+    def _one(self) -> "StudentT":
+        """The model of one column (itself when there is one)."""
+        return self if self.n_columns == 1 else replace(self, n_columns=1)
+
+    def _columns(self, post: torch.Tensor) -> torch.Tensor:
+        """``post`` as one row per column ``[C, P]`` (a view)."""
+        return post.view(self.n_columns, -1)
 
     def featurize(self, data: torch.Tensor) -> torch.Tensor:
         self.check_width(data)
@@ -265,18 +291,26 @@ class StudentT(_Exact):
         return block[:, :_BOX], block[:, _BOX:].view(v, NODES, NODES)
 
     def exact_init(self) -> torch.Tensor:
+        if self.n_columns > 1:
+            return self._one.exact_init().repeat(self.n_columns)
         v = len(self.nus)
         post = torch.zeros(self._offsets()[2] + v * (_BOX + NODES * NODES), dtype=torch.float64)
         post[4] = 1.0  # the kept rows are complete (none yet)
         return post
 
-    def frame(self, post: torch.Tensor) -> tuple[float, float] | None:
-        """(centre, scale) of the reference frame, None during the warm-up."""
+    def frame(self, post: torch.Tensor) -> tuple[float, float] | tuple[list[float], list[float]] | None:
+        """(centre, scale) of the reference frame (lists, one per column, for several), None during
+        the warm-up."""
+        if self.n_columns > 1:
+            frames = [self._one.frame(p) for p in self._columns(post)]
+            return None if None in frames else ([f[0] for f in frames], [f[1] for f in frames])
         return (float(post[1]), float(post[2])) if int(post[0]) >= self.warmup else None
 
     def exact_restart(self, post: torch.Tensor) -> torch.Tensor:
         """As the regressions: the prior in the incumbent's frame, scored from its first row; during
         the incumbent's warm-up, the prior with a warm-up."""
+        if self.n_columns > 1:
+            return torch.cat([self._one.exact_restart(p) for p in self._columns(post)])
         new = self.exact_init()
         if int(post[0]) >= self.warmup:
             new[0], new[1], new[2] = float(self.warmup), post[1], post[2]
@@ -500,6 +534,9 @@ class StudentT(_Exact):
         return boxes, logjs - log_v, float(torch.logsumexp(lzs - log_v, 0))
 
     def exact_update(self, post: torch.Tensor, rows: torch.Tensor) -> tuple[torch.Tensor, float]:
+        if self.n_columns > 1:
+            new, lp = zip(*(self._one.exact_update(p, rows[:, j : j + 1]) for j, p in enumerate(self._columns(post))))
+            return torch.cat(new), float(sum(lp))
         post = post.clone()
         y = rows[:, 0]
         seen, k = int(post[0]), self.warmup
@@ -596,19 +633,21 @@ class StudentT(_Exact):
         b.copy_(boxes)
         l.copy_(logjs)
 
-    @staticmethod
-    def exact_layout(post: torch.Tensor) -> int:
-        """2 while the kept rows are distinct values with counts (``post[4]`` = 2), which a release
-        before them would read as rows: its state is then written as layout 2, which such a release
-        refuses as a state it cannot read (``service.sgais.exact.EXACT_LAYOUTS``)."""
-        return 2 if int(post[4]) == 2 else 1
+    def exact_layout(self, post: torch.Tensor) -> int:
+        """2 while the kept rows are distinct values with counts (``post[4]`` = 2; in any column),
+        which a release before them would read as rows: its state is then written as layout 2,
+        which such a release refuses as a state it cannot read (``service.sgais.exact.EXACT_LAYOUTS``).
+        (A release before several columns refuses such a model when it builds it.)"""
+        return 2 if bool((self._columns(post)[:, 4] == 2).any()) else 1
 
     def exact_warnings(self, before: torch.Tensor, after: torch.Tensor) -> tuple[str, ...]:
-        """``quadrature_edge`` when this update found the posterior at its box's edge."""
-        return ("quadrature_edge",) if float(after[5]) > float(before[5]) else ()
+        """``quadrature_edge`` when this update found the posterior at its box's edge (in a column)."""
+        return ("quadrature_edge",) if bool((self._columns(after)[:, 5] > self._columns(before)[:, 5]).any()) else ()
 
     def exact_row_log_predictive(self, post: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-        """Each row's one-step predictive given ``post``; 0 during the warm-up."""
+        """Each row's one-step predictive given ``post`` (summed over the columns); 0 during the warm-up."""
+        if self.n_columns > 1:
+            return sum(self._one.exact_row_log_predictive(p, rows[:, j : j + 1]) for j, p in enumerate(self._columns(post)))
         if int(post[0]) < self.warmup:
             return torch.zeros(rows.shape[0], dtype=torch.float64)
         centre, scale = float(post[1]), float(post[2])

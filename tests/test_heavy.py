@@ -225,9 +225,49 @@ def test_bad_settings_name_the_option(spec, message):
         build_model(spec, 1)
 
 
-def test_several_columns_are_refused():
-    with pytest.raises(ModelError, match="one column"):
-        build_model("student-t", 3)
+def test_several_columns_are_independent_one_column_models():
+    """``student-t`` on several columns is the product of one-column models (each its own frame,
+    level, scale and nu): its evidence is the sum of theirs (the same arithmetic: measured 7e-13),
+    point by point and in chunks; its frame, row predictives, restart and layout are theirs side
+    by side; the state codec round-trips it; more than ``MAX_COLUMNS`` columns are refused."""
+    rng = np.random.default_rng(11)
+    n = 240
+    y = np.stack([250 + 20 * rng.standard_t(3, n), np.round(rng.normal(5, 0.6, n)), 1e4 + 1e-3 * rng.standard_normal(n)], 1)
+    y[120, 0] = 2500.0  # a wild reading
+    y[:60, 1] = 5.0  # a flat gauge (its kept values with counts: layout 2) that then flickers
+    three = build_model("student-t", 3)
+    assert three.dim == 9 and three.parameter_names()[:4] == ["mu[0]", "sigma[0]", "nu[0]", "mu[1]"]
+    for chunk in (1, 13):
+        sampler = build_sampler(three, SGAISConfig())
+        states = [s for s, _, _ in sampler.run(torch.from_numpy(y), chunk, 0)]
+        ones = [[s for s, _, _ in build_sampler(build_model("student-t", 1), SGAISConfig()).run(
+            torch.from_numpy(y[:, j : j + 1].copy()), chunk, 0)] for j in range(3)]
+        for i in (0, 3, 10, len(states) - 1):
+            assert states[i].log_evidence == pytest.approx(sum(o[i].log_evidence for o in ones), abs=1e-9)
+    post, parts = states[4].post, [o[4].post for o in ones]  # 65 rows: column 1 still flat, as counts
+    assert torch.equal(post, torch.cat(parts)) and three.exact_layout(post) == 2 and states[4].layout == 2
+    frame = three.frame(post)
+    assert frame == ([ones[j][4].post[1].item() for j in range(3)], [ones[j][4].post[2].item() for j in range(3)])
+    one = build_model("student-t", 1)
+    rows = torch.from_numpy(y[200:205])
+    assert torch.allclose(three.exact_row_log_predictive(post, rows),
+                          sum(one.exact_row_log_predictive(p, rows[:, j : j + 1]) for j, p in enumerate(parts)), rtol=0, atol=1e-12)
+    assert torch.equal(three.exact_restart(post), torch.cat([one.exact_restart(p) for p in parts]))
+    back = load_state(states[-1].to_bytes())
+    assert torch.equal(back.post, states[-1].post) and back.layout == states[-1].layout
+    with pytest.raises(ModelError, match="at most 16 columns"):
+        build_model("student-t", 17)
+
+
+def test_the_frame_of_a_warm_up_mostly_on_one_value_is_its_sd():
+    """The robust frame's unit is 1.4826 x the median absolute deviation, at least 1e-3 of the sd.
+    Where most warm-up rows are equal that deviation is 0: an integer gauge flickering 5, 4, 5, 5, 4
+    took 1e-3 of its sd as its unit (until 2026-11-28), its noise 1,000 units, and the unit is now
+    the sd; all equal: ``flat_unit``; an outlier among spread rows leaves the deviation's unit."""
+    assert robust_frame(torch.tensor([5.0, 4.0, 5.0, 5.0, 4.0])) == (5.0, pytest.approx(float(np.std([5, 4, 5, 5, 4], ddof=1))))
+    assert robust_frame(torch.tensor([7.0, 7.0, 7.0, 7.0, 7.0])) == (7.0, 1.0)
+    centre, scale = robust_frame(torch.tensor([10.0, 11.0, 9.0, 10.5, 100.0]))
+    assert centre == 10.5 and scale == pytest.approx(1.4826 * 0.5)
 
 
 @pytest.mark.parametrize("seed", [0, 1] + [pytest.param(s, marks=pytest.mark.slow) for s in (2, 3)])

@@ -95,8 +95,9 @@ class ModelOut(BaseModel):
                           "seen the same; while one is behind, the last chunk every model applied (the stream's answer's)")
     lag_chunks: int
     error: str | None
-    frame: ModelFrame | None = Field(None, description="metric-series models (level, ar, trend, seasonal, negbin, student-t) and "
-                                                       "gaussian with a warmup (one centre and scale per column): the frame fixed "
+    frame: ModelFrame | None = Field(None, description="metric-series models (level, ar, trend, seasonal, local-trend, local-seasonal, "
+                                                       "negbin, student-t; one centre and scale per column for student-t of several "
+                                                       "columns) and gaussian with a warmup (one per column): the frame fixed "
                                                        "from their warm-up, i.e. their effective prior")
 
 
