@@ -80,6 +80,8 @@ class Detector:
         self.seed = int(seed)
         self.column_names = _column_names(columns)
         self.columns = len(self.column_names) if self.column_names is not None else _optional_int("columns", columns, 1)
+        if self.columns is not None and self.columns > MAX_COLUMNS:
+            raise InputError(f"columns must be at most {MAX_COLUMNS} (as a stream's), got {self.columns}")
         self.target = _optional_int("target", target, 0)
         if self.target is not None and self.columns is not None and self.target >= self.columns:
             raise InputError(f"target must be a column index below columns={self.columns}, got {self.target}")
@@ -238,6 +240,8 @@ class Detector:
             raise InputError("update(x): x is empty")
         if width is not None and a.shape[1] != width:
             raise InputError(f"update(x): rows of {a.shape[1]} values, but this detector's data have {width} columns")
+        if a.shape[1] > MAX_COLUMNS:
+            raise InputError(f"update(x): rows of {a.shape[1]} values; at most {MAX_COLUMNS} columns (as a stream's)")
         bad = ~np.isfinite(a)
         if bad.any():
             r, c = map(int, np.argwhere(bad)[0])
@@ -252,11 +256,14 @@ class Detector:
         """A width inferred from a 1-D first update is 1, so rows of several columns given one at a
         time (``for row in table: det.update(row)``) were read as a one-column series, silently
         (a review, 2026-11-28): a second 1-D update of the same length warns, once."""
-        if self.columns is not None or self._width != 1 or np.ndim(x) != 1 or rows.shape[0] < 2:
+        length = int(rows.shape[0])
+        k = self.chunk_size or 0
+        if (self.columns is not None or self._width != 1 or np.ndim(x) != 1 or not 2 <= length <= MAX_COLUMNS
+                or (k > 1 and length % k == 0)):  # (updates of whole chunks of a one-column series: as documented)
             return
         if self._first_1d is None:
-            self._first_1d = int(rows.shape[0])
-        elif self._first_1d == rows.shape[0] and self._first_1d > 0:
+            self._first_1d = length
+        elif self._first_1d == length and self._first_1d > 0:
             self._first_1d = 0  # warned
             warnings.warn(f"cusp.Detector: each 1-D update of {rows.shape[0]} values is read as {rows.shape[0]} rows of "
                           f"a one-column series; if each is one row of {rows.shape[0]} columns, give "
@@ -385,18 +392,20 @@ def _is_int(x: Any) -> bool:
 
 
 def _column_names(columns: Any) -> list[str] | None:
-    """The columns' names when ``columns`` gives them (None when it is a width or None), checked as
-    the service checks a stream's columns."""
+    """The columns' names when ``columns`` gives them (a list, a pandas Index, ...; None when it is a
+    width or None), checked as the service checks a stream's columns."""
     if columns is None or _is_int(columns):
         return None
-    if isinstance(columns, (str, bytes)) or not isinstance(columns, Sequence):
-        raise InputError(f"columns must be an integer >= 1 or a list of column names, got {columns!r}")
+    if isinstance(columns, (str, bytes, Mapping)) or not hasattr(columns, "__iter__"):
+        raise InputError(f"columns must be an integer >= 1 or a list of column names, got {type(columns).__name__}")
     names = list(columns)
-    if not names or len(names) > MAX_COLUMNS or not all(isinstance(c, str) and c for c in names):
-        raise InputError(f"columns: give 1 to {MAX_COLUMNS} non-empty names, got {columns!r}")
-    if len(set(names)) != len(names):
-        raise InputError(f"columns: names must be unique, got {names!r}")
-    return names
+    if not 1 <= len(names) <= MAX_COLUMNS or not all(isinstance(c, str) and c.strip() for c in names):
+        raise InputError(f"columns: give 1 to {MAX_COLUMNS} names, each a non-blank string (got {len(names)}, "
+                         f"first {names[:3]!r})")
+    twice = sorted({c for c in names if names.count(c) > 1})
+    if twice:
+        raise InputError(f"columns: names must be unique; {twice[:3]!r} given twice")
+    return [str(c) for c in names]  # (numpy's str_ as str)
 
 
 def _optional_int(what: str, x: Any, low: int) -> int | None:

@@ -1252,7 +1252,8 @@ def _kmeanspp(y: np.ndarray, k: int, rng: np.random.Generator) -> np.ndarray:
     d2 = None
     for _ in range(1, k):
         diff = y - centres[-1]
-        new = np.einsum("ij,ij->i", diff, diff)
+        # up to two columns einsum sums as numpy's sum does (one addition); beyond, in another order
+        new = np.einsum("ij,ij->i", diff, diff) if y.shape[1] <= 2 else (diff * diff).sum(-1)
         d2 = new if d2 is None else np.minimum(d2, new)
         total = d2.sum()
         if total > 0:  # rng.choice(len(y), p=d2 / total)'s draw, without its checks of p (half the time here)

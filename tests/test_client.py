@@ -6,6 +6,7 @@ the service's numbers for the same data, seed and chunking."""
 import http.server
 import json
 import threading
+import time
 import uuid
 import warnings
 from datetime import datetime, timedelta, timezone
@@ -332,6 +333,39 @@ def test_a_model_is_named_by_its_name_or_its_spec_live_and_paged(client, live, w
         assert [next(events) for _ in paged] == paged
     for params, status in (({"model": "zzz"}, 404), ({"kind": "nope"}, 422)):
         assert httpx.get(f"{live.url}/v1/streams/{s}/evidence/sse", params=params).status_code == status
+    client.delete_stream(s)
+
+
+def test_a_filtered_feed_of_a_busy_stream_keeps_sending_keep_alives(client, live, redis_url):
+    """A keep-alive is the feed's sign of life (a proxy's idle timeout, a client's dead-connection
+    check), and the store sends one after a second without news. A feed whose filter drops every
+    entry of a busy stream sent nothing at all (a review: 0 bytes in 4 s while entries came every
+    0.3 s); it now sends one at least every ``KEEPALIVE_SECONDS`` while it drops them."""
+    from service.api.routes.results import KEEPALIVE_SECONDS
+    from service.store import connect, keys
+
+    s = name()
+    client.create_stream(s, ["a"], models=["gaussian"])
+    r, stop = connect(redis_url), threading.Event()
+
+    def busy():  # result entries every 0.1 s, as a worker writes them (a model's, kind 'result')
+        while not stop.wait(0.1):
+            r.xadd(keys.out(s), {"model": "gaussian", "kind": "result", "data": json.dumps({"seq": 0})})
+
+    writer = threading.Thread(target=busy)
+    writer.start()
+    try:
+        lines, t0 = [], time.monotonic()
+        with httpx.stream("GET", f"{live.url}/v1/streams/{s}/evidence/sse", params={"kind": "dead_letter"}, timeout=30) as resp:
+            for line in resp.iter_lines():
+                lines.append((time.monotonic() - t0, line))
+                if time.monotonic() - t0 > 3.5 * KEEPALIVE_SECONDS:
+                    break
+    finally:
+        stop.set()
+        writer.join()
+    alive = [t for t, line in lines if line.startswith(": keep-alive")]
+    assert len(alive) >= 2 and not [line for _, line in lines if line.startswith("data:")], lines
     client.delete_stream(s)
 
 

@@ -101,7 +101,7 @@ def test_rows_given_one_at_a_time_need_the_width_else_a_warning():
         for r in rows:
             guessed.update(r)
     assert guessed.n == 18  # read as values, as documented
-    for columns in (3, ["a", "b", "c"]):
+    for columns in (3, np.array(["a", "b", "c"]), ["a", "b", "c"]):
         named = cusp.Detector(models=["gaussian:warmup=2"], columns=columns)
         with warnings.catch_warnings():
             warnings.simplefilter("error")
@@ -117,12 +117,18 @@ def test_rows_given_one_at_a_time_need_the_width_else_a_warning():
         for r in rows:
             values.update(r)
     assert values.n == 18 and values.frames["level"]["warmup_rows"] == 5
+    with warnings.catch_warnings():  # a one-column series in whole chunks (examples/quickstart.py), or longer than a row can be
+        warnings.simplefilter("error")
+        for det, size in ((cusp.Detector(models=["level"], chunk_size=20), 20), (cusp.Detector(models=["level"], chunk_size=7), 300)):
+            for lo in range(0, 2 * size, size):
+                det.update(np.arange(lo, lo + size, dtype=float))
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    ({"columns": ["a", "a"]}, "columns: names must be unique"),
+    ({"columns": ["a", "a"]}, "columns: names must be unique; \\['a'\\] given twice"),
     ({"columns": "ab"}, "columns must be an integer >= 1 or a list of column names"),
-    ({"columns": ["a", ""]}, "columns: give 1 to 256 non-empty names"),
+    ({"columns": ["a", " "]}, "columns: give 1 to 256 names, each a non-blank string"),
+    ({"columns": 257}, "columns must be at most 256"),
     ({"models": ["nope"]}, "models\\[0\\]: unknown model 'nope'; known models: ar, gaussian"),
     ({"models": ["gmm:components=x"], "columns": 1}, "models\\[0\\]: model 'gmm': setting components='x' is not a valid int"),
     ({"models": []}, "non-empty list"),

@@ -2,6 +2,7 @@
 
 import math
 
+import numpy as np
 import pytest
 import torch
 from scipy import stats
@@ -272,3 +273,32 @@ def test_spec_round_trip():
     m = build_model("gmm:components=3", 2)
     assert parse_spec(m.spec()) == ("gmm", {"components": "3"})
     assert build_model(m.spec(), 2) == m
+
+
+def test_kmeanspp_draws_the_starts_rng_choice_drew():
+    """``_kmeanspp`` draws each next start as ``rng.choice(len(y), p=d2 / total)`` did before it
+    (2026-11-28: the same cumulative sum, normalisation and one ``random()``, without choice's
+    checks of p), so the mixture's fits, and with them its paths, stay bit for bit: rows of 1 to 5
+    columns, duplicated rows, tiny and huge scales, all rows equal."""
+    from models.mixture import _kmeanspp
+
+    def before(y, k, rng):
+        centres = [y[rng.integers(len(y))]]
+        d2 = None
+        for _ in range(1, k):
+            new = ((y - centres[-1]) ** 2).sum(-1)
+            d2 = new if d2 is None else np.minimum(d2, new)
+            total = d2.sum()
+            centres.append(y[rng.choice(len(y), p=d2 / total)] if total > 0 else y[rng.integers(len(y))])
+        return np.array(centres)
+
+    gen = np.random.default_rng(3)
+    for trial in range(200):
+        n, d, k = int(gen.integers(2, 3000)), int(gen.integers(1, 6)), int(gen.integers(1, 9))
+        y = gen.normal(size=(n, d)) * 10.0 ** gen.integers(-150, 150)
+        if trial % 7 == 0:
+            y[: n // 2] = y[0]
+        if trial % 11 == 0:
+            y[:] = 1.5
+        seed = int(gen.integers(2**31))
+        assert np.array_equal(_kmeanspp(y, k, np.random.default_rng(seed)), before(y, k, np.random.default_rng(seed))), trial

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import time
 
 from fastapi import APIRouter, Query, Request, WebSocket, WebSocketDisconnect
 from fastapi.responses import StreamingResponse
@@ -17,6 +18,9 @@ from service.api.schemas import KNOWN_KINDS, RESULT_ID_PATTERN, ChangepointList,
 router = APIRouter(prefix="/v1/streams", tags=["results"])
 
 
+#: a filtered feed sends a keep-alive at least this often while it drops entries (as the store's
+#: follow does on a stream without news), so proxies and clients see the connection alive
+KEEPALIVE_SECONDS = 1.0
 MODEL_QUERY = ("only this model's entries: its name in the stream, or its spec as given (e.g. 'gmm:components=3', "
                "what cusp replay calls it)")
 KIND_QUERY = "only entries of these kinds (repeat for several)"
@@ -63,12 +67,16 @@ async def evidence_sse(stream: str, request: Request, store: StoreDep,
     start = crud.check_id(since or request.headers.get("last-event-id"))
 
     async def events():
+        quiet = time.monotonic()  # the last write: a filter that drops a busy stream's entries still keeps it alive
         async for item in store.follow(stream, start):
             if await request.is_disconnected():
                 return
-            if item is None:
-                yield ": keep-alive\n\n"
-            elif keep(item):
+            if item is None or not keep(item):
+                if item is None or time.monotonic() - quiet >= KEEPALIVE_SECONDS:
+                    quiet = time.monotonic()
+                    yield ": keep-alive\n\n"
+            else:
+                quiet = time.monotonic()
                 yield f"id: {item['id']}\nevent: {item['kind']}\ndata: {json.dumps(item)}\n\n"
 
     return StreamingResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
@@ -85,12 +93,12 @@ async def evidence_ws(ws: WebSocket, stream: str, store: StoreDep, settings: Set
     if cfg is None:
         await reject(ws, f"no stream named {stream!r}")
         return
-    try:
-        start = crud.check_id(since)
+    try:  # in the order the HTTP feed checks them: kind, model, since
         unknown = sorted(set(kind or ()) - set(KNOWN_KINDS))
         if unknown:
             raise ApiError(422, "invalid_request", f"kind: {unknown[0]!r} is not one of {', '.join(KNOWN_KINDS)}")
         keep = crud.entry_filter(crud.feed_model(cfg, model), kind)
+        start = crud.check_id(since)
     except ApiError as exc:
         await reject(ws, str(exc.detail))
         return
