@@ -57,12 +57,13 @@ class SGAISConfig:
     check_draws: the same at every mode check of the mixture while the reservoir holds every
     row (powers of two of n, and after a surprising chunk), with this many draws around the
     check's fit, half from its Laplace law: a fresh estimate of the evidence so far, averaged with the
-    running one (``Sampler._check_modes``); 0 turns it off. 300 until 2026-11-28: 150 gave the
-    same errors against ``cusp bench evidence``'s references (6-8 sampler seeds each: the late
-    clusters -10.0 and -17.3 nats mean against -16.6 and -15.8, the 3 -> 5 -> 7 clusters at 1e5,
-    K = 3, 5, 7, -23.8, -32.4, -30.6 against -22.8, -34.8, -36.2, stationary clusters -20.9
-    against -23.0; 0.01-0.02 % of the evidence) at 11 % less time on the late clusters, whose
-    cost against the paper's plain sampler was above the issue's 3x.
+    running one (``Sampler._check_modes``); 0 turns it off. 150 was tried (2026-11-28): the same
+    errors against ``cusp bench evidence``'s references (6-8 sampler seeds each: the late clusters
+    -10.0 and -17.3 nats mean against -16.6 and -15.8, the 3 -> 5 -> 7 clusters at 1e5, K = 3, 5,
+    7, -23.8, -32.4, -30.6 against -22.8, -34.8, -36.2, stationary clusters -20.9 against -23.0)
+    at 11 % less time on the late clusters, but the particles redrawn from the check at 1,024
+    rows predicted worse, and on the paper's clusters shuffled, K = 3, the detector reported a
+    change at 2,000 on 1 of 20 sampler seeds (seed 0, the detect bench's), none with 300.
     """
 
     particles: int | None = None
@@ -81,7 +82,7 @@ class SGAISConfig:
     jumps: int = 1
     warmup: float | None = None
     first_draws: int = 1000
-    check_draws: int = 150
+    check_draws: int = 300
 
     def __post_init__(self) -> None:
         def need(cond: bool, msg: str) -> None:
