@@ -363,8 +363,9 @@ class Detector:
     def frames(self) -> dict[str, dict | None]:
         """Each model's frame: for a model whose prior is fixed from the data's first rows (the
         metric-series models, ``gaussian:warmup=N``), ``warmup_rows``, ``centre`` and ``scale`` (None
-        during the warm-up; per column for ``gaussian``) and, for ``seasonal`` without a period, the
-        candidate ``periods``' probabilities; None for a model whose prior is in the data's units.
+        during the warm-up; per column for ``gaussian`` and a several-column ``student-t``) and, for
+        ``seasonal`` without a period, the candidate ``periods``' probabilities; None for a model
+        whose prior is in the data's units.
         As the service shows it (``GET /v1/streams/{name}``, a model's ``frame``)."""
         return {m: run.sampler.model.frame_info(getattr(run.state, "post", None)) for m, run in self._runs.items()}
 
