@@ -41,6 +41,9 @@ from service.times import seconds_per_row
 
 #: the largest seed the service accepts (``POST /v1/streams``)
 MAX_SEED = 2**62
+#: rows of a table fed one at a time without ``columns`` are read as values: a second 1-D update
+#: of the same length up to this (or a row of a 2-D numpy array, of any width) is warned about
+ROW_WARNING_WIDTH = 8
 #: a first ``update`` of more rows than this without ``chunk_size`` is warned about: one chunk, in
 #: which no change can be found (a new user's whole series gave nothing, silently)
 ONE_CHUNK_WARNING = 250
@@ -255,20 +258,23 @@ class Detector:
     def _warn_rows_as_values(self, x: Any, rows: np.ndarray) -> None:
         """A width inferred from a 1-D first update is 1, so rows of several columns given one at a
         time (``for row in table: det.update(row)``) were read as a one-column series, silently
-        (a review, 2026-11-28): a second 1-D update of the same length warns, once."""
+        (a review, 2026-11-28). Warned, once: a row of a 2-D numpy array (a view of it, as iterating
+        it gives), at once; another 1-D update of the same length up to ``ROW_WARNING_WIDTH`` (a
+        table's width; longer ones are a series' batches: a new user's batches of 50 were warned
+        about, and rows of 4 went unwarned where ``chunk_size`` 2 divided them)."""
         length = int(rows.shape[0])
-        k = self.chunk_size or 0
-        if (self.columns is not None or self._width != 1 or np.ndim(x) != 1 or not 2 <= length <= MAX_COLUMNS
-                or (k > 1 and length % k == 0)):  # (updates of whole chunks of a one-column series: as documented)
+        if self.columns is not None or self._width != 1 or np.ndim(x) != 1 or length < 2 or self._first_1d == 0:
             return
+        base = getattr(x, "base", None) if isinstance(x, np.ndarray) else None
+        row_of_table = base is not None and getattr(base, "ndim", 0) == 2 and base.shape[1] == length and base.shape[0] > 1
+        again = self._first_1d == length and length <= ROW_WARNING_WIDTH
         if self._first_1d is None:
             self._first_1d = length
-        elif self._first_1d == length and self._first_1d > 0:
+        if row_of_table or again:
             self._first_1d = 0  # warned
-            warnings.warn(f"cusp.Detector: each 1-D update of {rows.shape[0]} values is read as {rows.shape[0]} rows of "
-                          f"a one-column series; if each is one row of {rows.shape[0]} columns, give "
-                          f"columns={rows.shape[0]} (or the rows as a 2-D array). columns=1 says they are values",
-                          UserWarning, stacklevel=3)
+            warnings.warn(f"cusp.Detector: each 1-D update of {length} values is read as {length} rows of a one-column "
+                          f"series; if each is one row of {length} columns, give columns={length} (or the rows as a "
+                          "2-D array). columns=1 says they are values", UserWarning, stacklevel=3)
 
     def _times_of(self, times: Any, rows: int) -> list[float] | None:
         """The rows' times as epoch seconds (None without), checked against the earlier updates'."""

@@ -268,5 +268,6 @@ USER_ERRORS = (DataError, ModelError, ConfigError, EngineError, ValueError, OSEr
 
 
 def _g(v) -> str:
-    """A frame's centre or scale: a number, or one per column."""
-    return f"{v:.6g}" if isinstance(v, float) else "[" + ", ".join(f"{x:.6g}" for x in v) + "]"
+    """A frame's centre or scale: a number, or one per column (10 digits: a centre of 9999.9995 with
+    a scale of 8e-4 printed as 10000 at 6, a new user's trial)."""
+    return f"{v:.10g}" if isinstance(v, float) else "[" + ", ".join(f"{x:.10g}" for x in v) + "]"

@@ -323,6 +323,8 @@ def test_a_model_is_named_by_its_name_or_its_spec_live_and_paged(client, live, w
         feed = client.results(s, model="gmm:components=2", kind="result", follow=True, transport=transport)
         assert [next(feed) for _ in paged] == paged
         feed.close()
+    # '*': the stream's own change points, as their entries name it (a 404 before; none here)
+    assert list(client.results(s, model="*")) == [] and list(client.results(s, model="*", kind="stream_changepoint")) == []
     for follow, transport in ((False, "sse"), (True, "sse"), (True, "ws")):
         with pytest.raises(cusp.NotFoundError, match="no model 'zzz'"):
             next(iter(client.results(s, model="zzz", follow=follow, transport=transport)))

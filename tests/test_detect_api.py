@@ -67,7 +67,8 @@ def test_azure_shaped_series_models_and_default_chunks(live):
     ({}, 422, "give the series as 'values'"),
     ({"values": [1.0], "series": [{"timestamp": 0, "value": 1.0}]}, 422, "not both or neither"),
     ({"values": []}, 422, "values is empty"),
-    ({"values": [[1.0, 2.0], [3.0]]}, 422, "values\\[1\\] has 2 values at row 0"),
+    ({"values": [[1.0, 2.0], [3.0]]}, 422, "values\\[1\\] is 1 value, values\\[0\\] 2 values: all rows need the same"),
+    ({"values": [[1.0, 2.0], [3.0, 4.0], 5.0]}, 422, "values\\[2\\] is a number, values\\[0\\] a row: give numbers"),
     ({"values": [1.0, "x"]}, 422, "values"),
     ({"values": [True, False]}, 422, "values"),  # a boolean is not a number (pydantic's lax float took it)
     ({"values": [1.0, "2"]}, 422, "values"),
@@ -116,7 +117,7 @@ def test_bad_input_answers_4xx_naming_it_and_stores_nothing(live, redis_url, bod
 
                                            # one message, not pydantic's errors of both shapes (a new user)
                                            ('{"values": ["a", "b"]}', "values[0] is 'a': values must be numbers"),
-                                           ('{"values": [[1.0], [null]]}', "values[1][0] is 'None': values must be numbers")])
+                                           ('{"values": [[1.0], [null]]}', "values[1][0] is null: values must be numbers")])
 def test_a_nan_in_values_is_named_by_its_place(live, text, message):
     """JSON's NaN and Infinity (which Python's parser reads): one message naming the value's place,
     not the two shapes' errors of the union (one of them about the other shape)."""

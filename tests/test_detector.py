@@ -117,11 +117,19 @@ def test_rows_given_one_at_a_time_need_the_width_else_a_warning():
         for r in rows:
             values.update(r)
     assert values.n == 18 and values.frames["level"]["warmup_rows"] == 5
-    with warnings.catch_warnings():  # a one-column series in whole chunks (examples/quickstart.py), or longer than a row can be
+    with warnings.catch_warnings():  # a one-column series in batches (examples/quickstart.py's of 20; a new user's of 50)
         warnings.simplefilter("error")
-        for det, size in ((cusp.Detector(models=["level"], chunk_size=20), 20), (cusp.Detector(models=["level"], chunk_size=7), 300)):
+        series = np.arange(600, dtype=float)
+        for det, size in ((cusp.Detector(models=["level"], chunk_size=20), 20), (cusp.Detector(models=["level"]), 50),
+                          (cusp.Detector(models=["level"], chunk_size=7), 300)):
             for lo in range(0, 2 * size, size):
-                det.update(np.arange(lo, lo + size, dtype=float))
+                det.update(series[lo : lo + size])
+    # rows of a table whose width chunk_size divides (a new user's: 4 columns, chunks of 2), or wider
+    # than ROW_WARNING_WIDTH when they are rows of a numpy array: warned at once
+    for table, chunk in ((rows, 3), (np.random.default_rng(3).normal(size=(5, 40)), None)):
+        det = cusp.Detector(models=["level"], chunk_size=chunk)
+        with pytest.warns(UserWarning, match=f"give columns={table.shape[1]}"):
+            det.update(table[0])
 
 
 @pytest.mark.parametrize("kwargs, message", [

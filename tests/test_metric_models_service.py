@@ -112,7 +112,7 @@ def test_replay_runs_both_and_shows_their_frames(tmp_path):
                           "--chunk-size", "10", "--detect", "--out", str(tmp_path / "t.jsonl")],
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
-    assert f"negbin: prior on (y - centre) / scale, centre 0, scale {float(np.mean(y[:5])):.6g}" in out.stderr, out.stderr
+    assert f"negbin: prior on (y - centre) / scale, centre 0, scale {float(np.mean(y[:5])):.10g}" in out.stderr, out.stderr
     assert "student-t: prior on (y - centre) / scale, centre" in out.stderr
     assert "stream (model-averaged): change point at observation" in out.stderr
     # eight years of monthly values with a yearly season: seasonal prints its periods' posterior (12: 0.963)

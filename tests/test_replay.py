@@ -245,12 +245,12 @@ def test_replay_without_models_runs_the_default_portfolio_and_shows_its_prior(tm
     out = cusp(str(p), "--chunk-size", "10", "--out", str(tmp_path / "t.jsonl"))
     assert out.returncode == 0, out.stderr
     for model in ("level", "ar", "trend"):
-        assert f"{model}: prior on (y - centre) / scale, centre 250, scale 7.90569 (from its first 5 rows" in out.stderr, out.stderr
+        assert f"{model}: prior on (y - centre) / scale, centre 250, scale 7.90569415 (from its first 5 rows" in out.stderr, out.stderr
     # two columns: gaussian in a frame per column
     p.write_text("ms,kb\n" + "\n".join(f"{v!r},{2 * v!r}" for v in y) + "\n")
     out = cusp(str(p), "--chunk-size", "10", "--out", str(tmp_path / "t.jsonl"))
     assert out.returncode == 0, out.stderr
-    assert ("gaussian:warmup=5: prior on (y - centre) / scale, centre [250, 500], scale [7.90569, 15.8114] (from its "
+    assert ("gaussian:warmup=5: prior on (y - centre) / scale, centre [250, 500], scale [7.90569415, 15.8113883] (from its "
             "first 5 rows") in out.stderr, out.stderr
 
 

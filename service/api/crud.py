@@ -329,10 +329,10 @@ def feed_model(cfg: StreamConfig, model: str | None) -> str | None:
     """The name of the model ``?model=`` asks for (the result pages and the live feeds alike): its
     name in the stream, or its spec as given ('gmm:components=3' is named 'gmm_components3': a new
     user asked by the spec cusp replay prints); a name is taken first (a stream whose model is
-    named like another's spec means the name). 404 for a model the stream does not have, 422 for
-    a spec several of its models share."""
-    if model is None or cfg.model(model) is not None:
-        return model
+    named like another's spec means the name); ``*``, the name the stream's own change points carry.
+    404 for a model the stream does not have, 422 for a spec several of its models share."""
+    if model is None or model == "*" or cfg.model(model) is not None:
+        return model  # ('*': the stream's own change points, as their entries name it)
     by_spec = [m.name for m in cfg.models if m.spec == model]
     if len(by_spec) > 1:
         raise ApiError(422, "invalid_request", f"{model!r} is the spec of several of stream {cfg.name!r}'s models "

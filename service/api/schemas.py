@@ -428,11 +428,18 @@ class DetectIn(BaseModel):
         """A NaN or infinity named by its place (the union of the two shapes otherwise reports both
         shapes' errors, one of them about the other shape)."""
         if isinstance(v, list):
+            rows = [isinstance(x, list) for x in v]
+            if any(rows) and not all(rows):  # numbers and rows mixed: one message, not both shapes' errors
+                i = rows.index(not rows[0])
+                what = "a row" if rows[i] else "a number"
+                raise ValueError(f"values[{i}] is {what}, values[0] {'a row' if rows[0] else 'a number'}: give numbers "
+                                 "(one column) or rows of numbers, not both")
             for i, x in enumerate(v):
                 for j, y in enumerate(x) if isinstance(x, list) else ((None, x),):
                     place = f"values[{i}]" if j is None else f"values[{i}][{j}]"
                     if isinstance(y, bool) or not isinstance(y, (int, float)):  # one message, not both shapes' errors
-                        raise ValueError(f"{place} is {str(y)[:40]!r}: values must be numbers (a list of numbers, or a "
+                        shown = "null" if y is None else "true" if y is True else "false" if y is False else repr(str(y)[:40])
+                        raise ValueError(f"{place} is {shown}: values must be numbers (a list of numbers, or a "
                                          "list of rows of numbers)")
                     if isinstance(y, float) and not math.isfinite(y):
                         raise ValueError(f"{place} is {y}: values must be finite numbers")

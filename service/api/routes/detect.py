@@ -75,8 +75,10 @@ def series_of(body: DetectIn) -> tuple[np.ndarray, list | None]:
     if len(shapes) > 1:
         first = len(raw[0]) if isinstance(raw[0], list) else None
         bad = next(i for i, r in enumerate(raw) if (len(r) if isinstance(r, list) else None) != first)
-        raise ApiError(422, "invalid_series", f"{what}[{bad}] has {'a number' if first is None else f'{first} values'} at row 0 but "
-                                 "another shape here: all rows need the same number of values")
+        def shape(r) -> str:
+            return f"{len(r)} value{'s' if len(r) != 1 else ''}" if isinstance(r, list) else "a number"
+        raise ApiError(422, "invalid_series", f"{what}[{bad}] is {shape(raw[bad])}, {what}[0] {shape(raw[0])}: all rows "
+                                 "need the same number of values")
     data = np.asarray(raw, dtype=np.float64)
     data = data[:, None] if data.ndim == 1 else data
     if data.shape[1] == 0 or data.shape[1] > MAX_COLUMNS:
