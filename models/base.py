@@ -224,7 +224,8 @@ class Model:
         """The frame a prior fixed from the data's first rows is on, for users to see (issue 20):
         None for a model without one (``gaussian`` without a warm-up: its prior is in the data's
         units). Else ``warmup_rows``; ``centre`` and ``scale`` (None while ``post``, the exact
-        posterior, is in its warm-up or None; one per column for ``gaussian``); ``periods``,
+        posterior, is in its warm-up or None; one per column for ``gaussian`` and a several-column
+        ``student-t``); ``periods``,
         ``seasonal`` without a period only: each candidate period's posterior probability (the
         prior's before any ``post``). The stream's ``GET``, ``POST /v1/detect`` and ``cusp replay``
         show it."""
