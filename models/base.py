@@ -220,6 +220,11 @@ class Model:
             return None
         return self.exact_update(self.exact_init(), rows)[1]
 
+    @property
+    def has_frame(self) -> bool:
+        """Is the prior on a frame fixed from the data's first rows (``frame_info`` not None)?"""
+        return hasattr(self, "frame") and bool(getattr(self, "warmup", 0))
+
     def frame_info(self, post: torch.Tensor | None) -> dict | None:
         """The frame a prior fixed from the data's first rows is on, for users to see (issue 20):
         None for a model without one (``gaussian`` without a warm-up: its prior is in the data's
@@ -229,7 +234,7 @@ class Model:
         ``seasonal`` without a period only: each candidate period's posterior probability (the
         prior's before any ``post``). The stream's ``GET``, ``POST /v1/detect`` and ``cusp replay``
         show it."""
-        if not hasattr(self, "frame") or not getattr(self, "warmup", 0):
+        if not self.has_frame:
             return None
         frame = self.frame(post) if post is not None else None
         probabilities = getattr(self, "period_probabilities", None)

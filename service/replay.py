@@ -162,9 +162,9 @@ def run(args: argparse.Namespace) -> int:
             print(f"{label}: prior on (y - centre) / scale, centre {_g(info['centre'])}, scale {_g(info['scale'])} (from its "
                   f"first {model.warmup} rows; they are conditioned on, not scored)" if info["centre"] is not None else
                   f"{label}: still in its warm-up of {model.warmup} rows (no frame yet)", file=sys.stderr)
-        periods = model.period_probabilities(state.post) if hasattr(model, "period_probabilities") else None
+        periods = info["periods"] if info is not None else None  # (its keys are the periods as {p:g})
         if periods:
-            print(f"{label}: period (observations) posterior " + ", ".join(f"{p:g}: {w:.3g}" for p, w in periods.items()),
+            print(f"{label}: period (observations) posterior " + ", ".join(f"{p}: {w:.3g}" for p, w in periods.items()),
                   file=sys.stderr)
         warned = Counter(w for t in traces[label] for w in t["warnings"])
         for w, count in sorted(warned.items()):

@@ -179,7 +179,7 @@ async def model_rows(store: ApiStore, cfg: StreamConfig, p=None) -> tuple[int, i
 async def model_frame(store: ApiStore, cfg: StreamConfig, entry) -> ModelFrame | None:
     """A metric-series model's frame from its saved state (None for models without one)."""
     model = cached_model(entry.spec, len(cfg.columns), entry.target)
-    if model.frame_info(None) is None:
+    if not model.has_frame:  # (no state read for the others)
         return None
     raw = await store.model_state(cfg.name, entry.name)
     info = model.frame_info(load_state(raw).post if raw else None)
