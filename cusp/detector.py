@@ -361,6 +361,12 @@ class Detector:
         return {m: list(e) for m, e in self._events.items()}
 
     @property
+    def outliers(self) -> dict[str, list[int]]:
+        """Each model's readings taken out as outliers (observation indices; closed-form models: the
+        model goes on without them, README "Outliers"). From ``results``' ``outliers``."""
+        return {m: [at for res in r for at, _ in res.outliers] for m, r in self._results.items()}
+
+    @property
     def evidence(self) -> dict[str, float]:
         """Each model's running log-evidence log p(y_1..n | model), nats (0 before any chunk)."""
         return {m: (r[-1].log_evidence if r else 0.0) for m, r in self._results.items()}

@@ -204,6 +204,13 @@ class Model:
         """log p(row_b | post) of each featurized row on its own: ``[B]``."""
         raise NotImplementedError
 
+    def exact_skip(self, post: torch.Tensor, rows: torch.Tensor) -> torch.Tensor | None:
+        """The posterior after featurized ``rows`` seen and not learned from (rows the detector judged
+        outliers, ``service.detect.Detector._watch``): time and lags go on past them, what the
+        parameters' posterior knows stays. None (the default): the model cannot skip a row, and
+        keeps every row it is given."""
+        return None
+
     def exact_restart(self, post: torch.Tensor) -> torch.Tensor:
         """The posterior a restart at a change point starts from, given the incumbent's ``post``:
         the prior, unless the model fixes a frame from data (``models/timeseries.py``)."""

@@ -1439,6 +1439,17 @@ class Gaussian(Model):
         head = torch.cat([torch.tensor([float(self.warmup)], dtype=torch.float64), post[1 : 1 + 2 * self.n_columns]])
         return torch.cat([head, self._prior_nig()])
 
+    def exact_skip(self, post: torch.Tensor, rows: torch.Tensor) -> torch.Tensor | None:
+        """``Model.exact_skip``: the rows are exchangeable, so the posterior stays (with a warm-up, its
+        count of rows goes on); None inside the warm-up, whose rows fix the frame."""
+        if not self.warmup:
+            return post
+        if int(post[0]) < self.warmup:
+            return None
+        new = post.clone()
+        new[0] += rows.shape[0]
+        return new
+
     @staticmethod
     def _nig_step(nig: torch.Tensor, d: int, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(mu, kappa, alpha, beta) [4d] after the rows ``y [n, d]``, and log p(y) per column. The

@@ -454,6 +454,31 @@ class TimeSeriesRegression(_Framed):
             new["logw"] = logw
         return self._join(torch.tensor([seen + y.shape[0], centre, scale], dtype=torch.float64), new), lp
 
+    def exact_skip(self, post: torch.Tensor, rows: torch.Tensor) -> torch.Tensor | None:
+        """``Model.exact_skip``: the time index goes on past the rows, and an autoregression's lags
+        take each row's predictive mean in its place (the components' posterior means of the
+        coefficients, mixed by their weights): the value the rows after it would have read had it
+        been ordinary. The coefficients, the noise variance and the components' weights stay. None
+        inside the warm-up (no frame yet)."""
+        if self.frame(post) is None:
+            return None
+        seen, b = int(post[0]), int(rows.shape[0])
+        new = post.clone()
+        new[0] = seen + b
+        if self.order:
+            parts = self._parts(post)
+            count = len(parts["ab"])
+            mean = torch.linalg.solve_triangular(parts["r"], parts["z"][..., None], upper=True)[..., 0]  # [K, D]
+            weight = torch.softmax(parts["logw"], 0) if "logw" in parts else torch.ones(1, dtype=torch.float64)
+            lags = parts["lags"]
+            for i in range(b):
+                phi, _ = self._design(torch.zeros(1, dtype=torch.float64), lags, seen + i, count)  # [K, 1, D]
+                guess = (weight * (phi[:, 0, :] * mean).sum(-1)).sum()
+                _, lags = self._design(guess.reshape(1), lags, seen + i, count)
+            o_lags, o_w = self._offsets(count)[:2]
+            new[o_lags:o_w] = lags
+        return new
+
     def _update_framed(self, native, post: torch.Tensor, rows: torch.Tensor) -> tuple[torch.Tensor, float]:
         """``exact_update`` once the frame is fixed, in numpy around the C kernel (``nig_update``): the
         same steps as the torch path (the design, the update, the components' mix), without its few

@@ -49,6 +49,11 @@ CHUNKS = Counter("cusp_chunks_processed", "Chunks applied to a model.", SM, regi
 OBSERVATIONS = Counter("cusp_observations_processed", "Observations applied to a model.", SM, registry=REGISTRY)
 OBSERVATIONS_SEEN = Gauge("cusp_observations_seen", "Observations a model has seen in total.", SM, registry=REGISTRY)
 CHANGEPOINTS = Counter("cusp_changepoints", "Change points detected.", SM, registry=REGISTRY)
+OUTLIERS = Counter(
+    "cusp_outliers",
+    "Observations the detector took for outliers: scored in the log-evidence, not learned from (the model goes on "
+    "without them; exact models that adapt).", SM, registry=REGISTRY
+)
 CHANGEPOINT_CONFIDENCE = Gauge(
     "cusp_changepoint_last_confidence", "Confidence (posterior probability) of the last detected change point.", SM, registry=REGISTRY
 )

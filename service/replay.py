@@ -126,6 +126,9 @@ def run(args: argparse.Namespace) -> int:
                 line = {"model": label, "chunk": chunk, **result.to_dict(), **when}
                 traces[label].append(line)
                 out.write(json.dumps(line) + "\n")
+                for where, gain in result.outliers:
+                    print(f"{label}: observation {where} taken for an outlier (log Bayes factor {gain:.1f}): the model goes "
+                          "on without it", file=sys.stderr)
                 for ev in events:
                     found[label].append(ev)
                     timed = T.timed(ev.location_time, end) if stamps is not None else {}

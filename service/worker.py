@@ -518,7 +518,7 @@ class Worker:
             return False
         with self._hot_lock:
             self.hot[(s, m)] = hot
-        for counter in (M.CHANGEPOINTS, M.DEAD_LETTERS, M.REDELIVERIES, M.FENCED_WRITES):
+        for counter in (M.CHANGEPOINTS, M.OUTLIERS, M.DEAD_LETTERS, M.REDELIVERIES, M.FENCED_WRITES):
             counter.labels(s, m)  # series exist from 0, so increase() sees the first event
         self._answer(s)  # chunks every model applied but no answer took (a worker died in between)
         return True
@@ -685,7 +685,9 @@ class Worker:
                                        hot.reservoir)
             dstate, result, events, pending, standing = step.state, step.result, step.events, step.pending, step.standing
             if step.promoted is not None:  # the model restarts at the change: its state and history
-                state, writes, reservoir = step.promoted, step.writes, step.reservoir
+                state = step.promoted
+                if step.reservoir is not None:  # (none for an outlier taken out: the history stays)
+                    writes, reservoir = step.writes, step.reservoir
             det_bytes = dstate.to_bytes()
         # the stream's chunk count: a model restarted at a change has a state of its own count
         chunks = dstate.chunks if dstate is not None else state.chunks
@@ -729,6 +731,10 @@ class Worker:
             else:
                 log.warning("stream %s model %s seq %d: unreliable evidence (%s): %s", s, m, seq, ", ".join(result.warnings),
                             "; ".join(WARNINGS[w] for w in result.warnings))
+        for at, gain in result.outliers:
+            M.OUTLIERS.labels(s, m).inc()
+            log.info("stream %s model %s: observation %d taken for an outlier (log BF %.1f): the model goes on without it",
+                     s, m, at, gain)
         for ev in events:
             M.CHANGEPOINTS.labels(s, m).inc()
             M.CHANGEPOINT_CONFIDENCE.labels(s, m).set(ev.confidence)

@@ -12,7 +12,7 @@ import torch
 from service.detect.config import AUTO, AUTO_ALPHA, AUTO_R0, DEFAULT_RUN_LENGTH, DetectorConfig
 from service.detect.decision import decide, posterior
 from service.detect.signals import Windows, weight
-from service.detect.state import Challenger, DetectorState, Event, Recent, Refined, Standing, Step
+from service.detect.state import Challenger, DetectorState, Event, Recent, Refined, Standing, Step, Suspect
 from service.sgais.engine import FIRST_MODE_CHECK
 from service.sgais.exact import exact_layout
 from service.sgais import ChunkResult, ExactState, Reservoir, ReservoirWrites, Sampler, SGAISState, build_sampler, load_state
@@ -24,6 +24,16 @@ RowFits = tuple[torch.Tensor, torch.Tensor]
 #: the stream's answer (``Detector._pending``): four models at this much each move the stream's
 #: bound by less than 0.01
 PENDING_FLOOR = 1e-3
+
+#: rows skipped together as outliers at most (``Detector._watch``): more surprising rows than this
+#: in a few dozen are a change, not outliers
+MAX_OUTLIERS = 4
+#: suspects weighed at once at most (``Detector._watch``)
+MAX_SUSPECTS = 3
+#: a row is a suspected outlier when its log predictive lies this many per-row standard deviations
+#: of the running level below it (``Detector._watch``): for Gaussian noise (sd of a row's log
+#: predictive 1 / sqrt 2) a row about 4 sds out, 1 in 16,000 rows of such data
+OUTLIER_SDS = 10.0
 
 #: the training sample of a level shift (``Model.exact_shift``): one row, as many as it has new
 #: parameters, the minimal training sample of an intrinsic Bayes factor as for other restarts
@@ -435,10 +445,20 @@ class Detector:
                         c.level = new.level.mean
                         new.challengers.append(c)
 
-        # 3. did one win? (An earlier restart also beats an incumbent that a later change hurts,
-        # so the winner's own comparison places the change: ``_where``.)
+        # 3. was a row an outlier? (``_watch``: then the incumbent goes on without it, and the
+        # comparison starts again.) Else, did a challenger win? (An earlier restart also beats an
+        # incumbent that a later change hurts, so the winner's own comparison places the change: ``_where``.)
         events: list[Event] = []
-        best, confidence = decide(new.challengers, lambda c: self._log_odds(c, c.start - new.offset_n, new),
+        outlier = self._watch(new, chunk, before, result, start, inc_rows) \
+            if self.exact and cfg.adapt and not self.multimodal else None
+        if outlier is not None:
+            clean, locations, gain = outlier
+            after = ExactState(post=clean, log_evidence=after.log_evidence + gain, n=after.n, chunks=after.chunks,
+                               rng=after.rng, layout=exact_layout(self.sampler.model, clean))
+            new.challengers, new.recent, new.dropped, new.standing = [], [], [], None
+            new.cusum.reset()  # (its excursions point into ``recent``)
+            result = replace(result, outliers=result.outliers + tuple((at, gain) for at in locations))
+        best, confidence = (None, 0.0) if outlier is not None else decide(new.challengers, lambda c: self._log_odds(c, c.start - new.offset_n, new),
                                   cfg.threshold,
                                   eligible=self._eligible,
                                   data_moved=lambda c, others: self._data_moved(
@@ -446,6 +466,8 @@ class Detector:
                                       lambda: self._history(reservoir, before.n, new.memory_rows,
                                                             c.start - c.memory_rows - new.offset_n)))
         step = Step(state=new, result=result, events=events)
+        if outlier is not None:
+            step.promoted, step.outliers = after, list(locations)
         if best is not None:
             # place the change where the winner's advantage starts; with adapt, restart there
             at = self._where(best)
@@ -498,6 +520,7 @@ class Detector:
                                 log_prior_odds=self.restart_log_prior_odds(best.first_rows, best.start - new.offset_n),
                                 adapted=cfg.adapt))
             new.events += 1
+            new.suspects = []  # a new regime: its rows are weighed afresh
             if cfg.adapt and self.exact:
                 new.standing = self._standing(location, confidence, after)  # ``after``: the incumbent that did not restart
             new.challengers = []
@@ -529,7 +552,7 @@ class Detector:
                 step.promoted, step.reservoir = winner.state, winner.reservoir
                 step.writes = ReservoirWrites(torch.arange(rows.shape[0], dtype=torch.int64), rows.clone())
                 after = winner.state
-        elif scored:
+        elif scored and outlier is None:
             self._track(new, x, scored, steps)
         # keep the recent chunks a challenger may still start from
         end = start + b
@@ -545,6 +568,114 @@ class Detector:
         new.rng = g.get_state()
         step.result = replace(result, n=new.offset_n + after.n, log_evidence=new.offset_log_evidence + after.log_evidence)
         return step
+
+    def _watch(self, s: DetectorState, chunk: torch.Tensor, before: ExactState, result: ChunkResult, start: int,
+               inc_rows: Callable[[], RowFits] | None) -> tuple[torch.Tensor, list[int], float] | None:
+        """Were rows outliers? (Exact models that adapt.) A wild reading stays in the incumbent's
+        posterior: under a Gaussian noise model one reading of 2,500 among 250 +- 20 makes the
+        noise variance 85 times too large just after it and 24 times 400 rows later, so every
+        restart after it predicts better than the incumbent. Seen (``level``, ``gaussian``, from
+        one row to chunks of 50): a change reported at the reading or 50 rows after it, and a
+        real +5 sd shift 250 rows later never found, or placed 100 rows early. The challengers'
+        odds already weigh the hypothesis that a row before them was an outlier
+        (``_outlier_log_bf``), which kept the spike itself from being reported, but the
+        incumbent never unlearned it.
+
+        So a row whose log predictive under the incumbent lies ``OUTLIER_SDS`` per-row sds below
+        the running level (a chunk's least probable row) becomes a ``Suspect``: the incumbent
+        that skipped it (``Model.exact_skip``: scored, not learned from; its time and lags go on)
+        is taken along beside the incumbent, and the log Bayes factor ``gain`` of the two on the
+        rows after it is summed. A row as surprising to the incumbent without a suspect's rows
+        joins them while they are ahead (skipped together: two wild readings a few rows apart,
+        each of which alone leaves the other in the posterior; a row that an autoregression reads
+        the wild one as its lag is no surprise to it), beside the suspect that learns it and the
+        new row alone: up to ``MAX_SUSPECTS`` are weighed at once, the least probable dropped (by
+        gain plus their prior log odds). Once a suspect's gain plus the prior log odds of a
+        change at one row for each row it skips (an outlier as likely a priori as a change, as in
+        ``_log_odds``) reaches the log odds of ``threshold`` (at a hazard of 1/1000 and 0.99: gain
+        11.5 nats for one row), its rows were outliers: the incumbent goes on without them, its
+        log-evidence higher by ``gain`` (the rows after them given the others: the same kind of
+        account as a change's restart, ``update``), and the comparison starts again (challengers
+        and recent chunks were weighed against the incumbent that held them; the running level
+        stays, so a change just after the outliers is still a surprise). A suspect is dropped
+        when its gain falls to ``retire_log_bf`` (a change began there: the incumbent without its
+        first row predicts the new level worse), or ``max_age`` rows after its last row (8 chunks, if
+        more). Returns
+        (the posterior without the rows, their stream indices, gain) when they were outliers, else
+        None; ``s.suspects`` are brought up to date."""
+        model, cfg = self.sampler.model, self.config
+        if result.conditioned:
+            s.suspects = []
+            return None
+        level = s.level.mean - OUTLIER_SDS * s.level.spread  # a row's log predictive below it: surprising
+        counted = s.level.count >= 2
+        surprising = counted and (result.log_predictive if inc_rows is None else float(inc_rows()[1].min())) <= level
+        kept: list[Suspect] = []
+        for sus in s.suspects:
+            # the suspect's incumbent (without its rows) takes the chunk; a row surprising to it too
+            # may be another outlier: the suspect with it skipped as well
+            try:
+                with torch.inference_mode():
+                    pre = load_state(sus.state).post
+                    rows = model.featurize(chunk.to(torch.float64))
+                    if counted and len(sus.locations) < MAX_OUTLIERS and sus.gain > 0.0 and float(
+                            model.exact_row_log_predictive(pre, rows).min()) <= level:
+                        joined = self._suspect(chunk, pre, result, start, None, sus)
+                        kept += [joined] if joined is not None else []
+                    post, clean = model.exact_update(pre, rows)
+                clean = float(clean)
+            except (ValueError, RuntimeError, FloatingPointError):
+                continue
+            if math.isfinite(clean):
+                kept.append(replace(sus, gain=sus.gain + clean - result.log_predictive, rows=sus.rows + int(rows.shape[0]),
+                                    state=_slim(post, model)))
+        if surprising:
+            fresh = self._suspect(chunk, before.post, result, start, inc_rows)
+            kept += [fresh] if fresh is not None else []
+        q1 = self.log_prior_odds(1, start - s.offset_n)
+
+        def score(x: Suspect) -> float:
+            return x.gain + len(x.locations) * q1
+
+        kept.sort(key=score, reverse=True)
+        if kept and score(kept[0]) >= math.log(cfg.threshold) - math.log1p(-cfg.threshold):
+            s.suspects = []
+            return load_state(kept[0].state).post, kept[0].locations, kept[0].gain
+        age = max(self.max_age, 8 * int(chunk.shape[0]))  # (a challenger's limit too)
+        s.suspects = [x for x in kept if x.gain > cfg.retire_log_bf and x.rows <= age][:MAX_SUSPECTS]
+        return None
+
+    def _suspect(self, chunk: torch.Tensor, post: torch.Tensor, result: ChunkResult, start: int,
+                 inc_rows: Callable[[], RowFits] | None, joined: Suspect | None = None) -> Suspect | None:
+        """The chunk's row with the lowest log predictive under the incumbent before it (``inc_rows``;
+        under ``post`` where it is None) as a ``Suspect`` (``_watch``), from ``post`` (the incumbent's
+        posterior before the chunk, or ``joined``'s: the rows it skips are skipped too): the chunk's
+        other rows learned, that one skipped, the rows after it in the chunk adding to its gain.
+        None where the model cannot skip a row (or ``joined`` cannot take the chunk)."""
+        model = self.sampler.model
+        try:
+            with torch.inference_mode():
+                if inc_rows is not None:
+                    rows, each = inc_rows()
+                else:
+                    rows = model.featurize(chunk.to(torch.float64))
+                    each = model.exact_row_log_predictive(post, rows) if rows.shape[0] > 1 else None
+                k = int(torch.argmin(each)) if each is not None else 0
+                post, head = (model.exact_update(post, rows[:k]) if k else (post, 0.0))
+                own = float(model.exact_update(post, rows[k : k + 1])[1])
+                post = model.exact_skip(post, rows[k : k + 1])
+                if post is None:
+                    return None
+                post, tail = model.exact_update(post, rows[k + 1 :]) if k + 1 < rows.shape[0] else (post, 0.0)
+        except (ValueError, RuntimeError, FloatingPointError):
+            return None
+        gain = float(head) + own + float(tail) - result.log_predictive
+        if not math.isfinite(gain):
+            return None
+        after = int(rows.shape[0]) - k - 1
+        if joined is not None:
+            return Suspect(locations=joined.locations + [start + k], gain=joined.gain + gain, rows=after, state=_slim(post, model))
+        return Suspect(locations=[start + k], gain=gain, rows=after, state=_slim(post, model))
 
     def _standing(self, location: int, confidence: float, no_change: SGAISState) -> Standing | None:
         """A change reported at ``location`` with ``confidence``, to be weighed on (``_stand``)

@@ -42,8 +42,10 @@ class OfflineRun:
             self.standing = step.standing
             promoted = step.promoted
             if promoted is not None:
-                new, self.reservoir = promoted, step.reservoir.copy()
-        if promoted is None:
+                new = promoted
+        if promoted is not None and step.reservoir is not None:
+            self.reservoir = step.reservoir.copy()
+        else:  # (an outlier taken out keeps the history)
             self.reservoir.apply(writes)
         self.state = new
         self.chunks += 1

@@ -21,6 +21,9 @@ MAGIC_SKIP = "cusp-detector-2"
 #: while it is weighed): written only when there is one, so a version before it refuses such a
 #: state by name instead of dropping it
 MAGIC_STANDING = "cusp-detector-3"
+#: the same layout with ``Suspect`` s (rows that may be outliers, weighed on): written only when
+#: there are some, so a version before it refuses such a state by name instead of dropping it
+MAGIC_SUSPECT = "cusp-detector-4"
 
 
 @dataclass(frozen=True)
@@ -122,6 +125,21 @@ class Standing:
 
 
 @dataclass
+class Suspect:
+    """Rows that may be outliers, weighed on (exact models that adapt, ``Detector._watch``): their
+    stream indices ``locations`` (oldest first), ``gain`` (the log Bayes factor of "they were
+    outliers" against the incumbent: the log predictives of the rows after the first under
+    ``state`` less those under the incumbent), ``rows`` after the first so far, and ``state``: the
+    incumbent's posterior had it skipped them (``Model.exact_skip``) and learned every other row
+    (``_slim``'s bytes)."""
+
+    locations: list[int]
+    gain: float
+    rows: int
+    state: bytes
+
+
+@dataclass
 class DetectorState:
     """rng: the detector's generator state; offset_n / offset_log_evidence: what the current
     incumbent does not cover since it restarted (0 before any change); memory_rows: rows at the
@@ -132,7 +150,8 @@ class DetectorState:
     dropped: the exact method's rows of one that left ``recent``, kept to place a change
     (``Detector._trim``; for a model with level shifts the first holds the incumbent's state
     before it), re-read on restore like ``recent``; standing: the last reported change while it is
-    weighed on (``Standing``), or None.
+    weighed on (``Standing``), or None; suspects: rows that may be outliers, weighed on
+    (``Suspect``), most probable first.
 
     Codec: ``to_bytes`` writes JSON (floats as hex, bit-exact) headed by ``magic``, which names
     the layout's version (``MAGIC``); ``from_bytes`` reads every version it knows and refuses
@@ -151,16 +170,18 @@ class DetectorState:
     recent: list[Recent] = field(default_factory=list)
     dropped: list[Recent] = field(default_factory=list)
     standing: Standing | None = None
+    suspects: list[Suspect] = field(default_factory=list)
 
     def copy(self) -> "DetectorState":
-        """A copy whose signals, challengers, recent and dropped lists can change without touching this one."""
+        """A copy whose signals, challengers, recent, dropped and suspects lists can change without touching this one."""
         return replace(self, level=replace(self.level), steps=replace(self.steps), cusum=replace(self.cusum),
-                       challengers=[replace(c) for c in self.challengers], recent=list(self.recent), dropped=list(self.dropped))
+                       challengers=[replace(c) for c in self.challengers], recent=list(self.recent), dropped=list(self.dropped),
+                       suspects=list(self.suspects))
 
     def to_bytes(self) -> bytes:
         lv, st, cu = self.level, self.steps, self.cusum
         head = {
-            "magic": MAGIC_STANDING if self.standing is not None or any(r.standing is not None for r in self.recent + self.dropped)
+            "magic": MAGIC_SUSPECT if self.suspects else MAGIC_STANDING if self.standing is not None or any(r.standing is not None for r in self.recent + self.dropped)
             else MAGIC_SKIP if any(c.skip for c in self.challengers) else MAGIC, "offset_n": self.offset_n, "offset_log_evidence": self.offset_log_evidence.hex(),
             **({"memory_rows": self.memory_rows} if self.memory_rows else {}),
             "chunks": self.chunks, "count": lv.count, "level": lv.mean.hex(), "var": lv.var.hex(),
@@ -173,6 +194,8 @@ class DetectorState:
                if self.dropped else {}),
             **({"standing": [self.standing.location, self.standing.log_odds.hex(), self.standing.rows,
                              base64.b64encode(self.standing.state).decode()]} if self.standing is not None else {}),
+            **({"suspects": [[x.locations, x.gain.hex(), x.rows, base64.b64encode(x.state).decode()]
+                             for x in self.suspects]} if self.suspects else {}),
             **{f"{name}_standing": [None if r.standing is None else [r.standing[0], r.standing[1].hex()] for r in rows]
                for name, rows in (("recent", self.recent), ("dropped", self.dropped))
                if any(r.standing is not None for r in rows)},
@@ -206,8 +229,9 @@ class DetectorState:
 
 
 def _decode_v1(h: dict) -> DetectorState:
-    """Layouts ``cusp-detector-1``, ``-2`` and ``-3`` (the signals' fields flat at the top level; ``-2``:
-    some challenger has ``skip``; ``-3``: a ``Standing``, and challengers with or without ``skip``)."""
+    """Layouts ``cusp-detector-1`` to ``-4`` (the signals' fields flat at the top level; ``-2``: some
+    challenger has ``skip``; ``-3``: a ``Standing``, and challengers with or without ``skip``; ``-4``: a
+    ``Suspect``, with or without the others)."""
     f = float.fromhex
     rng = torch.frombuffer(bytearray(base64.b64decode(h["rng"])), dtype=torch.uint8).clone()
     chs = [
@@ -236,7 +260,9 @@ def _decode_v1(h: dict) -> DetectorState:
                         state=base64.b64decode(r[5]) if len(r) > 5 else None) for r in h.get("dropped", [])],
         standing=None if "standing" not in h else Standing(
             location=int(h["standing"][0]), log_odds=f(h["standing"][1]), rows=int(h["standing"][2]),
-            state=base64.b64decode(h["standing"][3])))
+            state=base64.b64decode(h["standing"][3])),
+        suspects=[Suspect(locations=[int(v) for v in x[0]], gain=f(x[1]), rows=int(x[2]), state=base64.b64decode(x[3]))
+                  for x in h.get("suspects", ())])
     for name, rows in (("recent", out.recent), ("dropped", out.dropped)):
         for r, st in zip(rows, h.get(f"{name}_standing", ())):
             r.standing = None if st is None else (int(st[0]), f(st[1]))
@@ -244,7 +270,7 @@ def _decode_v1(h: dict) -> DetectorState:
 
 
 #: layout magic -> decoder: every layout this version reads
-DECODERS = {MAGIC: _decode_v1, MAGIC_SKIP: _decode_v1, MAGIC_STANDING: _decode_v1}
+DECODERS = {MAGIC: _decode_v1, MAGIC_SKIP: _decode_v1, MAGIC_STANDING: _decode_v1, MAGIC_SUSPECT: _decode_v1}
 
 
 @dataclass(frozen=True)
@@ -269,7 +295,9 @@ class Step:
     pending: (location, posterior probability of a change there) of the challengers still open
     after this chunk (``Detector._pending``), for the stream's answer; standing: (location,
     posterior probability now) of the last change the model reported, while it is weighed on
-    (``Detector._stand``; None otherwise), for the stream's answer too."""
+    (``Detector._stand``; None otherwise), for the stream's answer too; outliers: stream indices of
+    rows judged outliers at this chunk (``Detector._watch``): ``promoted`` is then the incumbent
+    without them, and ``reservoir`` None (the incumbent's history stays)."""
 
     state: DetectorState
     result: ChunkResult
@@ -279,3 +307,4 @@ class Step:
     writes: ReservoirWrites | None = None
     pending: list[tuple[int, float]] = field(default_factory=list)
     standing: tuple[int, float] | None = None
+    outliers: list[int] = field(default_factory=list)

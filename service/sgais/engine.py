@@ -49,7 +49,10 @@ class ChunkResult:
     covers the other ``rows - conditioned``; restated: nats the log-evidence moved at this chunk
     beside its log predictive, where a fresh estimate of the evidence so far was averaged in (a
     mixture's mode check, ``check_draws``): the earlier results' log-evidence was low by about
-    this much (0 otherwise)."""
+    this much (0 otherwise); outliers: (stream index, log Bayes factor) of each row the detector
+    judged an outlier at this chunk (``service.detect.Detector._watch``): the model goes on without
+    it, and its log-evidence moved by that log Bayes factor beside the log predictive (the rows
+    after it re-scored without it)."""
 
     n: int
     rows: int
@@ -67,6 +70,7 @@ class ChunkResult:
     reference_log_evidence: float | None = None
     conditioned: int = 0
     restated: float = 0.0
+    outliers: tuple[tuple[int, float], ...] = ()
 
     @property
     def reliable(self) -> bool:
@@ -87,6 +91,7 @@ class ChunkResult:
         d["log_predictive_per_observation"] = self.log_predictive_per_observation
         d["log_evidence_per_observation"] = self.log_evidence_per_observation
         d["warnings"] = list(self.warnings)
+        d["outliers"] = [{"location": int(at), "log_bayes_factor": float(gain)} for at, gain in self.outliers]
         d["reliable"] = self.reliable
         return d
 
