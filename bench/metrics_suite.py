@@ -173,6 +173,20 @@ def simulations(seed: int) -> list[Series]:
     y[3000:] += 30
     out.append(_sim("minute-cycle-shift", "per-minute latency (250 +- 20 ms) with a daily cycle (amplitude 30), +30 ms at "
                     "3,000 (n = 4,320, chunks of 60)", y, (3000,), seed, chunk=60))
+    # a table of three columns posted 50 rows at a time, one wild reading (a timeout of 2,500 ms among
+    # 250 +- 20) in the first and a shift of 5 sd in the third (a new user's case, 2026-11-28: reported
+    # at 151 or 302-304 before the detector took outliers out). Added with that, after the others, its
+    # own generator; the case itself is the one the change was made on, so this row is not held out
+    rw = np.random.default_rng([seed, 18])
+    table = np.column_stack([rw.normal(250, 20, 600), rw.choice([4.0, 5.0, 6.0], 600, p=[0.1, 0.8, 0.1]),
+                             rw.normal(1e4, 1e-3, 600)])
+    table[int(rw.integers(100, 300)), 0] = 2500.0
+    table[400:, 2] += 5e-3
+    out.append(Series(key="sim:table-wild", group="sim:table-wild", data=standardise(table), changes=(400,),
+                      title="three columns (latency 250 +- 20 ms with one reading of 2,500; a gauge 4-6; 1e4 +- 1e-3), "
+                            "+5 sd in the third at 400 (n = 600, chunks of 50)",
+                      annotations={"truth": [400]}, spec=DEFAULT, chunk=50, kind="labelled",
+                      data_key=f"sim:table-wild#s{seed}", seed=seed))
     return out
 
 

@@ -11,7 +11,7 @@ import torch
 
 from service.detect.config import AUTO, AUTO_ALPHA, AUTO_R0, DEFAULT_RUN_LENGTH, DetectorConfig
 from service.detect.decision import decide, posterior
-from service.detect.signals import Windows, weight
+from service.detect.signals import RunningLevel, Windows, weight
 from service.detect.state import Challenger, DetectorState, Event, Recent, Refined, Standing, Step, Suspect
 from service.sgais.engine import FIRST_MODE_CHECK
 from service.sgais.exact import exact_layout
@@ -452,7 +452,7 @@ class Detector:
         outlier = self._watch(new, chunk, before, result, start, inc_rows) \
             if self.exact and cfg.adapt and not self.multimodal else None
         if outlier is not None:
-            clean, locations, gain = outlier
+            clean, locations, gain, new.level = outlier
             after = ExactState(post=clean, log_evidence=after.log_evidence + gain, n=after.n, chunks=after.chunks,
                                rng=after.rng, layout=exact_layout(self.sampler.model, clean))
             new.challengers, new.recent, new.dropped, new.standing = [], [], [], None
@@ -570,7 +570,7 @@ class Detector:
         return step
 
     def _watch(self, s: DetectorState, chunk: torch.Tensor, before: ExactState, result: ChunkResult, start: int,
-               inc_rows: Callable[[], RowFits] | None) -> tuple[torch.Tensor, list[int], float] | None:
+               inc_rows: Callable[[], RowFits] | None) -> tuple[torch.Tensor, list[int], float, RunningLevel] | None:
         """Were rows outliers? (Exact models that adapt.) A wild reading stays in the incumbent's
         posterior: under a Gaussian noise model one reading of 2,500 among 250 +- 20 makes the
         noise variance 85 times too large just after it and 24 times 400 rows later, so every
@@ -597,12 +597,14 @@ class Detector:
         log-evidence higher by ``gain`` (the rows after them given the others: the same kind of
         account as a change's restart, ``update``), and the comparison starts again (challengers
         and recent chunks were weighed against the incumbent that held them; the running level
-        stays, so a change just after the outliers is still a surprise). A suspect is dropped
+        goes back to what it was before them, so a change just after them is still a surprise,
+        and one that took the wild chunk in, before it counted, with a per-row sd of 21 where it
+        was 1, cannot hide a later change: seen, a shift at 400 in chunks of 50 never nominated). A suspect is dropped
         when its gain falls to ``retire_log_bf`` (a change began there: the incumbent without its
         first row predicts the new level worse), or ``max_age`` rows after its last row (8 chunks, if
         more). Returns
-        (the posterior without the rows, their stream indices, gain) when they were outliers, else
-        None; ``s.suspects`` are brought up to date."""
+        (the posterior without the rows, their stream indices, gain, the running level before them)
+        when they were outliers, else None; ``s.suspects`` are brought up to date."""
         model, cfg = self.sampler.model, self.config
         if result.conditioned:
             s.suspects = []
@@ -630,7 +632,7 @@ class Detector:
                 kept.append(replace(sus, gain=sus.gain + clean - result.log_predictive, rows=sus.rows + int(rows.shape[0]),
                                     state=_slim(post, model)))
         if surprising:
-            fresh = self._suspect(chunk, before.post, result, start, inc_rows)
+            fresh = self._suspect(chunk, before.post, result, start, inc_rows, level=(s.level.mean, s.level.var, s.level.count))
             kept += [fresh] if fresh is not None else []
         q1 = self.log_prior_odds(1, start - s.offset_n)
 
@@ -640,13 +642,15 @@ class Detector:
         kept.sort(key=score, reverse=True)
         if kept and score(kept[0]) >= math.log(cfg.threshold) - math.log1p(-cfg.threshold):
             s.suspects = []
-            return load_state(kept[0].state).post, kept[0].locations, kept[0].gain
+            mean, var, count = kept[0].level
+            return load_state(kept[0].state).post, kept[0].locations, kept[0].gain, RunningLevel(count, mean, var)
         age = max(self.max_age, 8 * int(chunk.shape[0]))  # (a challenger's limit too)
         s.suspects = [x for x in kept if x.gain > cfg.retire_log_bf and x.rows <= age][:MAX_SUSPECTS]
         return None
 
     def _suspect(self, chunk: torch.Tensor, post: torch.Tensor, result: ChunkResult, start: int,
-                 inc_rows: Callable[[], RowFits] | None, joined: Suspect | None = None) -> Suspect | None:
+                 inc_rows: Callable[[], RowFits] | None, joined: Suspect | None = None,
+                 level: tuple[float, float, int] = (0.0, 0.0, 0)) -> Suspect | None:
         """The chunk's row with the lowest log predictive under the incumbent before it (``inc_rows``;
         under ``post`` where it is None) as a ``Suspect`` (``_watch``), from ``post`` (the incumbent's
         posterior before the chunk, or ``joined``'s: the rows it skips are skipped too): the chunk's
@@ -674,8 +678,9 @@ class Detector:
             return None
         after = int(rows.shape[0]) - k - 1
         if joined is not None:
-            return Suspect(locations=joined.locations + [start + k], gain=joined.gain + gain, rows=after, state=_slim(post, model))
-        return Suspect(locations=[start + k], gain=gain, rows=after, state=_slim(post, model))
+            return Suspect(locations=joined.locations + [start + k], gain=joined.gain + gain, rows=after, state=_slim(post, model),
+                           level=joined.level)
+        return Suspect(locations=[start + k], gain=gain, rows=after, state=_slim(post, model), level=level)
 
     def _standing(self, location: int, confidence: float, no_change: SGAISState) -> Standing | None:
         """A change reported at ``location`` with ``confidence``, to be weighed on (``_stand``)

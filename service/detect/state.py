@@ -131,12 +131,14 @@ class Suspect:
     outliers" against the incumbent: the log predictives of the rows after the first under
     ``state`` less those under the incumbent), ``rows`` after the first so far, and ``state``: the
     incumbent's posterior had it skipped them (``Model.exact_skip``) and learned every other row
-    (``_slim``'s bytes)."""
+    (``_slim``'s bytes); ``level``: the running level (mean, var, count) before the chunk of the
+    first, which the detector goes back to if they are taken out."""
 
     locations: list[int]
     gain: float
     rows: int
     state: bytes
+    level: tuple[float, float, int] = (0.0, 0.0, 0)
 
 
 @dataclass
@@ -194,8 +196,9 @@ class DetectorState:
                if self.dropped else {}),
             **({"standing": [self.standing.location, self.standing.log_odds.hex(), self.standing.rows,
                              base64.b64encode(self.standing.state).decode()]} if self.standing is not None else {}),
-            **({"suspects": [[x.locations, x.gain.hex(), x.rows, base64.b64encode(x.state).decode()]
-                             for x in self.suspects]} if self.suspects else {}),
+            **({"suspects": [[x.locations, x.gain.hex(), x.rows, base64.b64encode(x.state).decode(),
+                              [x.level[0].hex(), x.level[1].hex(), x.level[2]]] for x in self.suspects]}
+               if self.suspects else {}),
             **{f"{name}_standing": [None if r.standing is None else [r.standing[0], r.standing[1].hex()] for r in rows]
                for name, rows in (("recent", self.recent), ("dropped", self.dropped))
                if any(r.standing is not None for r in rows)},
@@ -261,8 +264,8 @@ def _decode_v1(h: dict) -> DetectorState:
         standing=None if "standing" not in h else Standing(
             location=int(h["standing"][0]), log_odds=f(h["standing"][1]), rows=int(h["standing"][2]),
             state=base64.b64decode(h["standing"][3])),
-        suspects=[Suspect(locations=[int(v) for v in x[0]], gain=f(x[1]), rows=int(x[2]), state=base64.b64decode(x[3]))
-                  for x in h.get("suspects", ())])
+        suspects=[Suspect(locations=[int(v) for v in x[0]], gain=f(x[1]), rows=int(x[2]), state=base64.b64decode(x[3]),
+                          level=(f(x[4][0]), f(x[4][1]), int(x[4][2]))) for x in h.get("suspects", ())])
     for name, rows in (("recent", out.recent), ("dropped", out.dropped)):
         for r, st in zip(rows, h.get(f"{name}_standing", ())):
             r.standing = None if st is None else (int(st[0]), f(st[1]))
