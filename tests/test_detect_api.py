@@ -63,6 +63,19 @@ def test_azure_shaped_series_models_and_default_chunks(live):
     assert out["models"][1]["frame"] is None  # gaussian without a warm-up: its prior is in the data's units
 
 
+@pytest.mark.parametrize("body, code, message", [
+    ({"values": [[1.0, 2.0], [3.0, 4.0]], "columns": ["a", " "]}, "invalid_series", "column names must be non-empty and distinct"),
+    ({"values": [[1.0, 2.0], [3.0, 4.0]], "columns": ["a", "a"]}, "invalid_series", "column names must be non-empty and distinct"),
+    ({"values": [1.0, 2.0], "detector": {"threshold": 2}}, "invalid_request", "detector: threshold must be a probability"),
+])
+def test_the_codes_name_the_series_and_the_request_not_a_stream(live, body, code, message):
+    """A new user's finding: bad column names and bad detector settings answered ``invalid_stream``
+    ("The stream's name, columns or settings are invalid"), though POST /v1/detect makes no stream."""
+    r = live.client.post("/v1/detect", json=body)
+    assert r.status_code == 422 and r.json()["code"] == code, r.text
+    assert message in r.json()["detail"]
+
+
 @pytest.mark.parametrize("body, status, message", [
     ({}, 422, "give the series as 'values'"),
     ({"values": [1.0], "series": [{"timestamp": 0, "value": 1.0}]}, 422, "not both or neither"),

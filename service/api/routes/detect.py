@@ -36,7 +36,13 @@ CONCURRENT = 2
 @router.post("/detect", response_model=DetectOut, dependencies=[Read, Json], responses=errors(400, 401, 413, 415, 422))
 async def detect(body: DetectIn, request: Request, settings: SettingsDep) -> DetectOut:
     data, times = series_of(body)
-    cfg = crud.config_from_request(stream_request(body, data.shape[1]))
+    try:
+        cfg = crud.config_from_request(stream_request(body, data.shape[1]))
+    except ApiError as exc:
+        if exc.code != "invalid_stream":
+            raise
+        # no stream here: its settings are the request's (the detector's), its columns the series'
+        raise ApiError(422, "invalid_request", exc.detail) from None
     crud.initial_states(cfg)  # the sampler settings and the particle limit, checked as at create (the states are not kept)
     chunk = chunk_size(body.chunk_size, data.shape[0], settings)
     if times is None and DetectorConfig.from_dict(cfg.detector).run_length_seconds is not None:
@@ -108,7 +114,10 @@ def stream_request(body: DetectIn, width: int) -> StreamIn:
         raise ApiError(422, "invalid_series", f"columns names {len(columns)} columns but the rows have {width} values")
     req = StreamIn(name="detect", columns=columns, models=body.models or list(default_portfolio(width)),
                    sampler=body.sampler, seed=body.seed, detector=body.detector)
-    crud.check_names(req)
+    try:
+        crud.check_names(req)
+    except ApiError as exc:
+        raise ApiError(422, "invalid_series", exc.detail) from None  # (the columns' names: 'invalid_stream' named no stream)
     return req
 
 
