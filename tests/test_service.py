@@ -217,6 +217,15 @@ def test_a_model_is_asked_for_by_its_name_or_by_its_spec(live, redis_url):
     s2, _ = make_stream(live, models=({"spec": "gaussian", "name": "g1"}, {"spec": "gaussian", "name": "g2"}))
     r = live.client.get(f"/v1/streams/{s2}/evidence", params={"model": "gaussian"})
     assert r.status_code == 422 and "spec of several" in r.json()["detail"] and "'g1', 'g2'" in r.json()["detail"]
+    # the kind alone, where one model is of it (a stream of columns runs 'gaussian:warmup=5': a new user's 404)
+    k, _ = make_stream(live, models=("gaussian:warmup=5", "gmm:components=2"))
+    assert post(live, k, 0, [[1.0, 2.0], [1.5, 2.5], [0.5, 1.0]]).status_code == 202
+    burst(redis_url)
+    by_kind = live.client.get(f"/v1/streams/{k}/evidence", params={"model": "gaussian"}).json()["results"]
+    assert by_kind and {e["model"] for e in by_kind} == {"gaussian_warmup5"}
+    k2, _ = make_stream(live, models=("gmm:components=2", "gmm:components=3"))
+    r = live.client.get(f"/v1/streams/{k2}/evidence", params={"model": "gmm"})
+    assert r.status_code == 422 and "kind of several" in r.json()["detail"], r.text
 
 
 def test_unknown_stream_model_and_bad_settings(live):

@@ -328,14 +328,18 @@ def ack_id(seq: int) -> str:
 def feed_model(cfg: StreamConfig, model: str | None) -> str | None:
     """The name of the model ``?model=`` asks for (the result pages and the live feeds alike): its
     name in the stream, or its spec as given ('gmm:components=3' is named 'gmm_components3': a new
-    user asked by the spec cusp replay prints); a name is taken first (a stream whose model is
-    named like another's spec means the name); ``*``, the name the stream's own change points carry.
-    404 for a model the stream does not have, 422 for a spec several of its models share."""
+    user asked by the spec cusp replay prints), or the model's kind alone where one of its models
+    is of that kind ('gaussian' for a stream of columns, whose model is 'gaussian:warmup=5': a new
+    user's 404); a name is taken first (a stream whose model is named like another's spec means the
+    name); ``*``, the name the stream's own change points carry. 404 for a model the stream does not
+    have, 422 for a spec or kind several of its models share."""
     if model is None or model == "*" or cfg.model(model) is not None:
         return model  # ('*': the stream's own change points, as their entries name it)
-    by_spec = [m.name for m in cfg.models if m.spec == model]
+    by_spec, what = [m.name for m in cfg.models if m.spec == model], "spec"
+    if not by_spec and ":" not in model:
+        by_spec, what = [m.name for m in cfg.models if m.spec.split(":", 1)[0].strip() == model.strip()], "kind"
     if len(by_spec) > 1:
-        raise ApiError(422, "invalid_request", f"{model!r} is the spec of several of stream {cfg.name!r}'s models "
+        raise ApiError(422, "invalid_request", f"{model!r} is the {what} of several of stream {cfg.name!r}'s models "
                        f"({', '.join(map(repr, by_spec))}): name one")
     if not by_spec:
         names = ", ".join(repr(m.name) for m in cfg.models)

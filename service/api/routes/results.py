@@ -21,8 +21,8 @@ router = APIRouter(prefix="/v1/streams", tags=["results"])
 #: a filtered feed sends a keep-alive at least this often while it drops entries (as the store's
 #: follow does on a stream without news), so proxies and clients see the connection alive
 KEEPALIVE_SECONDS = 1.0
-MODEL_QUERY = ("only this model's entries: its name in the stream, or its spec as given (e.g. 'gmm:components=3', "
-               "what cusp replay calls it)")
+MODEL_QUERY = ("only this model's entries: its name in the stream, its spec as given (e.g. 'gmm:components=3', "
+               "what cusp replay calls it), or its kind alone where one model is of it (e.g. 'gaussian')")
 KIND_QUERY = "only entries of these kinds (repeat for several)"
 
 
