@@ -358,8 +358,8 @@ class BaseClient:
         path = f"/v1/streams/{name}/evidence"
         try:
             yield from self._call_once("GET", path, params=[("limit", 1)] + ([("since", since)] if since else []) + filters)
-        except APIError as err:
-            return err
+        except APIError as err:  # named by the feed the caller opened, not the read that explained it
+            return api_error(err.status, err.detail, "GET", path + "/ws", err.code, err.problem)
         return api_error(403, f"the WebSocket was refused: {reason}", "GET", path + "/ws")
 
     def _wait_for(self, name: str, timeout: float, poll: float) -> Flow:

@@ -305,9 +305,10 @@ def test_ws_refusals_raise_the_http_error(live, worker):  # noqa: F811
         with pytest.raises(cusp.NotFoundError, match="no stream named 'nope1'") as err:
             next(c.results("nope1", follow=True, transport="ws"))
         assert err.value.code == "stream_not_found"
+        assert str(err.value).startswith("GET /v1/streams/nope1/evidence/ws: 404")  # the feed opened, not the read behind
         with pytest.raises(cusp.InvalidRequestError, match="chunk's ack id") as err:
             next(c.results(s, since="chunk-0", follow=True, transport="ws"))
-        assert err.value.code == "invalid_since"
+        assert err.value.code == "invalid_since" and err.value.path.endswith("/evidence/ws")
         with pytest.raises(cusp.InputError, match="since must be a result id"):
             c.results(s, since=5, follow=True, transport="ws")
         with pytest.raises(cusp.InputError, match="kind must be one of"):
