@@ -149,6 +149,10 @@ class LinearRegression(_IsotropicGaussianPrior, Model):
         lp = -0.5 * b * (LOG_2PI + 2.0 * math.log(self.noise)) - logdet - 0.5 * e * e
         return torch.cat([r_new.flatten(), z_new]), float(lp)
 
+    def exact_skip(self, post: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """``Model.exact_skip``: the rows are exchangeable given the coefficients, so the posterior stays."""
+        return post
+
     def exact_row_log_predictive(self, post: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         """N(y; x.m, noise^2 + |R^-T x|^2) per row: ``[B]``."""
         d = self.dim

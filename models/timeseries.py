@@ -755,6 +755,15 @@ class Poisson(_Exact):
         seen = torch.tensor([float(post[0]) + rows.shape[0]], dtype=torch.float64)
         return torch.cat([seen, a + s, b + n]), lp
 
+    def exact_skip(self, post: torch.Tensor, rows: torch.Tensor) -> torch.Tensor | None:
+        """``Model.exact_skip``: the counts are exchangeable, so (a, b) stay and the count of rows goes
+        on; None inside the warm-up."""
+        if int(post[0]) < self.warmup:
+            return None
+        new = post.clone()
+        new[0] += rows.shape[0]
+        return new
+
     def exact_restart(self, post: torch.Tensor) -> torch.Tensor:
         """A restart at a change point: one pseudo-observation at the incumbent's mean rate (the
         new rate's prior in the old one's units), no warm-up of its own."""

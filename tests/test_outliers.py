@@ -56,6 +56,27 @@ def test_a_wild_reading_is_an_outlier_and_a_later_shift_is_found(chunk, seed):
     assert [at for at, _ in outliers] == [150] and outliers[0][1] > 0, outliers
 
 
+@pytest.mark.parametrize("chunk, wild", [(10, (150, 153)), (50, (150, 153)), (50, (195,)), (50, (199,)), (50, (60,)),
+                                         (10, (12,))])
+def test_readings_together_late_in_a_chunk_or_early_in_the_stream(chunk, wild):
+    """A reviewer's cases (data seed 1, ``level``, 2,500 among 250 +- 20, +5 sd from 400): two
+    wild readings in one chunk (150 and 153; 1,900 the second) were a change at 150 and another at
+    201-203 (chunks of 10) or at 150 and never 400 (chunks of 50): now taken out together, from one
+    chunk. A reading in the last rows of a chunk of 50 was a change placed at it, won within that
+    chunk before the suspect had rows after it: now the challengers wait a chunk. A reading in a
+    regime's first chunks (before the running level counts) was not watched: now the chunk's own
+    rows measure it."""
+    y = latencies(1)
+    y[150] = 250.0 + 20 * np.random.default_rng(9).standard_normal()
+    for k, at in enumerate(wild):
+        y[at] = 2500.0 if k == 0 else 1900.0
+    events, outliers, _ = run(y, "level", chunk)
+    assert sorted(at for at, _ in outliers) == list(wild), outliers
+    assert [e.location for e in events] == [400], [(e.location, e.detected_at) for e in events]
+    if len(wild) > 1:
+        assert len({gain for _, gain in outliers}) == 1  # taken out together, their one log Bayes factor on each
+
+
 def test_import_cusp_lists_them():
     """``cusp.Detector.outliers``: each model's, from its results."""
     import cusp
@@ -183,7 +204,8 @@ def test_what_skipping_a_row_keeps():
     """``Model.exact_skip``: ``gaussian`` keeps its posterior (its count goes on); ``trend`` moves its
     time index and keeps the rest; ``ar``'s lag becomes the row's predictive mean, found here apart
     as the maximum of its one-step predictive density (a Student-t: mode and mean); inside a
-    warm-up nothing is skipped; a model without it (``poisson``) says None."""
+    warm-up nothing is skipped; ``poisson`` keeps (a, b) and counts on; a model without it (``negbin``)
+    says None."""
     y = torch.as_tensor(np.random.default_rng(0).normal(10, 1, (40, 1)))
     g = build_model("gaussian:warmup=5", 1)
     post = g.exact_update(g.exact_init(), y[:30])[0]
@@ -208,7 +230,13 @@ def test_what_skipping_a_row_keeps():
     assert float(lags[-1]) * scale + centre == pytest.approx(mode, abs=1e-6)
     rest = {k: v for k, v in ar._parts(skipped).items() if k != "lags"}
     assert all(torch.equal(v, ar._parts(post)[k]) for k, v in rest.items()) and skipped[0] == post[0] + 1
-    assert build_model("poisson", 1).exact_skip(post, y[:1]) is None
+    po = build_model("poisson", 1)
+    counts = torch.tensor([[3.0], [5.0], [4.0], [6.0], [2.0], [4.0], [5.0]], dtype=torch.float64)
+    post = po.exact_update(po.exact_init(), counts)[0]
+    skipped = po.exact_skip(post, counts[:2])
+    assert skipped[0] == post[0] + 2 and torch.equal(skipped[1:], post[1:])
+    assert po.exact_skip(po.exact_update(po.exact_init(), counts[:3])[0], counts[3:4]) is None  # in the warm-up
+    assert build_model("negbin", 1).exact_skip(post, counts[:1]) is None  # no skip: never takes a row out
 
 
 @pytest.fixture(scope="module")

@@ -234,7 +234,8 @@ class ResultEntry(BaseModel):
                                               "the earlier log-evidence was low by about this much (0: none)")
     outliers: list[dict] = Field(None, description="readings a closed-form model took out as outliers at this chunk "
                                                    "(README, Outliers): each its 'location' (observation index) and "
-                                                   "'log_bayes_factor'; the log-evidence moved by the latter beside the "
+                                                   "'log_bayes_factor' (of the readings taken out together: the "
+                                                   "same on each); the log-evidence moved by it, once, beside the "
                                                    "log predictive")
     time_start: str | None = Field(None, description="the time of the chunk's first row (RFC 3339, UTC): as sent, or its arrival time")
     time_end: str | None = Field(None, description="the time of the chunk's last row (RFC 3339, UTC)")

@@ -30,9 +30,14 @@ PENDING_FLOOR = 1e-3
 MAX_OUTLIERS = 4
 #: suspects weighed at once at most (``Detector._watch``)
 MAX_SUSPECTS = 3
+#: a chunk of at least this many rows, before the running level counts, takes its other rows' spread
+#: as the measure of a surprising row (``Detector._watch``)
+MIN_CHUNK_SPREAD = 8
+#: ``Detector._watch``'s answer when no challenger may win at this chunk
+HOLD = "hold"
 #: a row is a suspected outlier when its log predictive lies this many per-row standard deviations
 #: of the running level below it (``Detector._watch``): for Gaussian noise (sd of a row's log
-#: predictive 1 / sqrt 2) a row about 4 sds out, 1 in 16,000 rows of such data
+#: predictive 1 / sqrt 2) a row about 3.9 sds out, 1 in 10,000 rows of such data
 OUTLIER_SDS = 10.0
 
 #: the training sample of a level shift (``Model.exact_shift``): one row, as many as it has new
@@ -451,6 +456,8 @@ class Detector:
         events: list[Event] = []
         outlier = self._watch(new, chunk, before, result, start, inc_rows) \
             if self.exact and cfg.adapt and not self.multimodal else None
+        hold = outlier == HOLD
+        outlier = None if hold else outlier
         if outlier is not None:
             clean, locations, gain, new.level = outlier
             after = ExactState(post=clean, log_evidence=after.log_evidence + gain, n=after.n, chunks=after.chunks,
@@ -458,7 +465,7 @@ class Detector:
             new.challengers, new.recent, new.dropped, new.standing = [], [], [], None
             new.cusum.reset()  # (its excursions point into ``recent``)
             result = replace(result, outliers=result.outliers + tuple((at, gain) for at in locations))
-        best, confidence = (None, 0.0) if outlier is not None else decide(new.challengers, lambda c: self._log_odds(c, c.start - new.offset_n, new),
+        best, confidence = (None, 0.0) if outlier is not None or hold else decide(new.challengers, lambda c: self._log_odds(c, c.start - new.offset_n, new),
                                   cfg.threshold,
                                   eligible=self._eligible,
                                   data_moved=lambda c, others: self._data_moved(
@@ -467,7 +474,7 @@ class Detector:
                                                             c.start - c.memory_rows - new.offset_n)))
         step = Step(state=new, result=result, events=events)
         if outlier is not None:
-            step.promoted, step.outliers = after, list(locations)
+            step.promoted = after
         if best is not None:
             # place the change where the winner's advantage starts; with adapt, restart there
             at = self._where(best)
@@ -570,7 +577,7 @@ class Detector:
         return step
 
     def _watch(self, s: DetectorState, chunk: torch.Tensor, before: ExactState, result: ChunkResult, start: int,
-               inc_rows: Callable[[], RowFits] | None) -> tuple[torch.Tensor, list[int], float, RunningLevel] | None:
+               inc_rows: Callable[[], RowFits] | None) -> tuple[torch.Tensor, list[int], float, RunningLevel] | str | None:
         """Were rows outliers? (Exact models that adapt.) A wild reading stays in the incumbent's
         posterior: under a Gaussian noise model one reading of 2,500 among 250 +- 20 makes the
         noise variance 85 times too large just after it and 24 times 400 rows later, so every
@@ -582,36 +589,64 @@ class Detector:
         incumbent never unlearned it.
 
         So a row whose log predictive under the incumbent lies ``OUTLIER_SDS`` per-row sds below
-        the running level (a chunk's least probable row) becomes a ``Suspect``: the incumbent
-        that skipped it (``Model.exact_skip``: scored, not learned from; its time and lags go on)
-        is taken along beside the incumbent, and the log Bayes factor ``gain`` of the two on the
-        rows after it is summed. A row as surprising to the incumbent without a suspect's rows
-        joins them while they are ahead (skipped together: two wild readings a few rows apart,
-        each of which alone leaves the other in the posterior; a row that an autoregression reads
-        the wild one as its lag is no surprise to it), beside the suspect that learns it and the
-        new row alone: up to ``MAX_SUSPECTS`` are weighed at once, the least probable dropped (by
-        gain plus their prior log odds). Once a suspect's gain plus the prior log odds of a
-        change at one row for each row it skips (an outlier as likely a priori as a change, as in
-        ``_log_odds``) reaches the log odds of ``threshold`` (at a hazard of 1/1000 and 0.99: gain
-        11.5 nats for one row), its rows were outliers: the incumbent goes on without them, its
-        log-evidence higher by ``gain`` (the rows after them given the others: the same kind of
-        account as a change's restart, ``update``), and the comparison starts again (challengers
-        and recent chunks were weighed against the incumbent that held them; the running level
-        goes back to what it was before them, so a change just after them is still a surprise,
-        and one that took the wild chunk in, before it counted, with a per-row sd of 21 where it
-        was 1, cannot hide a later change: seen, a shift at 400 in chunks of 50 never nominated). A suspect is dropped
-        when its gain falls to ``retire_log_bf`` (a change began there: the incumbent without its
-        first row predicts the new level worse), or ``max_age`` rows after its last row (8 chunks, if
-        more). Returns
-        (the posterior without the rows, their stream indices, gain, the running level before them)
-        when they were outliers, else None; ``s.suspects`` are brought up to date."""
+        the running level (a chunk's least probable row; the per-row sd the level's or, in a chunk
+        of ``MIN_CHUNK_SPREAD`` rows or more, its ordinary rows', whichever is larger; before the
+        level counts, the chunk's own mean and sd) becomes a ``Suspect``, with the chunk's other rows that
+        are as surprising to the model that skipped it: the model that skipped them
+        (``Model.exact_skip``: scored, not learned from; time and lags go on) is taken along beside
+        the incumbent, and the log Bayes factor ``gain`` of the two on the rows after them is
+        summed. A later row as surprising to a suspect's model joins its rows (two wild readings
+        a few rows apart, each of which alone leaves the other in the posterior; a row that an
+        autoregression reads the wild one as its lag is no surprise to it), beside the suspect
+        that learns it and the new row alone: up to ``MAX_SUSPECTS`` are weighed at once, the
+        least probable dropped (by gain plus their prior log odds), up to ``MAX_OUTLIERS`` rows
+        each. Once a suspect's gain plus the prior log odds of a change at one row for each row it
+        skips (an outlier as likely a priori as a change, as in ``_log_odds``) reaches the log odds
+        of ``threshold`` (at a hazard of 1/1000 and 0.99: gain 11.5 nats for one row), its rows
+        were outliers: the incumbent goes on without them, its log-evidence higher by ``gain`` (the
+        rows after them given the others: the same kind of account as a change's restart,
+        ``update``), and the comparison starts again (challengers and recent chunks were weighed
+        against the incumbent that held them; the running level goes back to what it was before
+        them, so a change just after them is still a surprise, and one that took the wild chunk
+        in, before it counted, with a per-row sd of 21 where it was 1, cannot hide a later change:
+        seen, a shift at 400 in chunks of 50 never nominated). A suspect is dropped when its gain
+        falls to ``retire_log_bf`` (a change began there: the incumbent without its first row
+        predicts the new level worse), or ``max_age`` rows after its last row (8 chunks, if more).
+
+        And where a few rows of a chunk of several are surprising, the rest far above them, and a
+        suspect of them is ahead so far (gain >= 0), no challenger may win at that chunk
+        (``HOLD``): a reading in the last rows of a chunk of 50 had a change placed at it, won
+        within that chunk before the suspect had rows after it to show what it was (rows 45-49 of
+        their chunk, 3 of 3 data seeds; the shift 200 rows later then never found). The next chunk
+        decides. Point by point every surprising row would hold (each row of a new level is one),
+        so chunks of one row never do.
+
+        Returns (the posterior without the rows, their stream indices, gain, the running level
+        before them) when they were outliers, ``HOLD``, or None; ``s.suspects`` are brought up to
+        date."""
         model, cfg = self.sampler.model, self.config
         if result.conditioned:
             s.suspects = []
             return None
-        level = s.level.mean - OUTLIER_SDS * s.level.spread  # a row's log predictive below it: surprising
-        counted = s.level.count >= 2
-        surprising = counted and (result.log_predictive if inc_rows is None else float(inc_rows()[1].min())) <= level
+        b = int(chunk.shape[0])
+        each = inc_rows()[1] if inc_rows is not None else None  # each row's log predictive under the incumbent
+        # a row's log predictive below ``level`` is surprising: ``width`` (OUTLIER_SDS per-row sds)
+        # below the running level; the per-row sd is the larger of the level's and, in a chunk of
+        # ``MIN_CHUNK_SPREAD`` rows or more, that of the chunk's rows less its lowest few, which may be
+        # outliers themselves (the level's, from a few
+        # chunks' means, was 0.39 where a Gaussian row's is 0.71, and ordinary rows 3 sd out were
+        # taken for outliers); before the level counts (a regime's first chunks), the chunk's alone
+        rest = torch.sort(each).values[min(MAX_OUTLIERS, b // 4):] if each is not None and b >= MIN_CHUNK_SPREAD else None
+        if s.level.count >= 2:
+            width = OUTLIER_SDS * max(s.level.spread, float(rest.std()) if rest is not None else 0.0)
+            level = s.level.mean - width
+        elif rest is not None:
+            width = OUTLIER_SDS * float(rest.std())
+            level = float(rest.mean()) - width
+        else:
+            level = width = None
+        low = result.log_predictive if each is None else float(each.min())
+        surprising = level is not None and low <= level
         kept: list[Suspect] = []
         for sus in s.suspects:
             # the suspect's incumbent (without its rows) takes the chunk; a row surprising to it too
@@ -620,9 +655,9 @@ class Detector:
                 with torch.inference_mode():
                     pre = load_state(sus.state).post
                     rows = model.featurize(chunk.to(torch.float64))
-                    if counted and len(sus.locations) < MAX_OUTLIERS and sus.gain > 0.0 and float(
+                    if level is not None and len(sus.locations) < MAX_OUTLIERS and float(
                             model.exact_row_log_predictive(pre, rows).min()) <= level:
-                        joined = self._suspect(chunk, pre, result, start, None, sus)
+                        joined = self._suspect(chunk, pre, result, start, None, level, sus, incumbent=before.post)
                         kept += [joined] if joined is not None else []
                     post, clean = model.exact_update(pre, rows)
                 clean = float(clean)
@@ -632,7 +667,7 @@ class Detector:
                 kept.append(replace(sus, gain=sus.gain + clean - result.log_predictive, rows=sus.rows + int(rows.shape[0]),
                                     state=_slim(post, model)))
         if surprising:
-            fresh = self._suspect(chunk, before.post, result, start, inc_rows, level=(s.level.mean, s.level.var, s.level.count))
+            fresh = self._suspect(chunk, before.post, result, start, inc_rows, level, level=(s.level.mean, s.level.var, s.level.count))
             kept += [fresh] if fresh is not None else []
         q1 = self.log_prior_odds(1, start - s.offset_n)
 
@@ -644,43 +679,77 @@ class Detector:
             s.suspects = []
             mean, var, count = kept[0].level
             return load_state(kept[0].state).post, kept[0].locations, kept[0].gain, RunningLevel(count, mean, var)
-        age = max(self.max_age, 8 * int(chunk.shape[0]))  # (a challenger's limit too)
+        age = max(self.max_age, 8 * b)  # (a challenger's limit too)
         s.suspects = [x for x in kept if x.gain > cfg.retire_log_bf and x.rows <= age][:MAX_SUSPECTS]
-        return None
+        # a few surprising rows in a chunk of several, the others far above them (by as much as the
+        # line is below the level), and a suspect of them ahead so far: the challengers wait a chunk
+        few = 0
+        if surprising and b > 1:
+            ranked = torch.sort(each).values
+            few = int((ranked <= level).sum())
+            few = few if few <= MAX_OUTLIERS and (few == b or float(ranked[few]) - float(ranked[few - 1]) >= width) else 0
+        return HOLD if few and any(x.locations[-1] >= start and x.gain >= 0.0 for x in s.suspects) else None
 
     def _suspect(self, chunk: torch.Tensor, post: torch.Tensor, result: ChunkResult, start: int,
-                 inc_rows: Callable[[], RowFits] | None, joined: Suspect | None = None,
-                 level: tuple[float, float, int] = (0.0, 0.0, 0)) -> Suspect | None:
-        """The chunk's row with the lowest log predictive under the incumbent before it (``inc_rows``;
-        under ``post`` where it is None) as a ``Suspect`` (``_watch``), from ``post`` (the incumbent's
-        posterior before the chunk, or ``joined``'s: the rows it skips are skipped too): the chunk's
-        other rows learned, that one skipped, the rows after it in the chunk adding to its gain.
-        None where the model cannot skip a row (or ``joined`` cannot take the chunk)."""
+                 inc_rows: Callable[[], RowFits] | None, line: float, joined: Suspect | None = None,
+                 level: tuple[float, float, int] = (0.0, 0.0, 0), incumbent: torch.Tensor | None = None) -> Suspect | None:
+        """A ``Suspect`` (``_watch``) of the chunk's rows whose log predictive is below ``line`` under
+        ``post`` (``inc_rows``' for the first) having skipped the ones before (at least one, the least
+        probable, at most ``MAX_OUTLIERS`` with ``joined``'s): from ``post`` (the incumbent's posterior
+        before the chunk, or ``joined``'s, whose rows stay skipped), the chunk's other rows learned,
+        those skipped, the rows after the first adding to its gain. A skipped row itself is scored
+        as the incumbent (``incumbent``, its posterior before the chunk, where ``post`` is not)
+        scored it: an outlier is explained alike by all, and under a suspect that skipped an
+        earlier wild row a second one cost tens of nats more than under the incumbent that had
+        learned the first (a joined suspect began below ``retire_log_bf``, and two wild readings
+        were never taken out together). None where the model cannot skip a row (or ``joined``
+        cannot take the chunk)."""
         model = self.sampler.model
+        room = MAX_OUTLIERS - (len(joined.locations) if joined is not None else 0)
         try:
             with torch.inference_mode():
                 if inc_rows is not None:
                     rows, each = inc_rows()
                 else:
                     rows = model.featurize(chunk.to(torch.float64))
-                    each = model.exact_row_log_predictive(post, rows) if rows.shape[0] > 1 else None
-                k = int(torch.argmin(each)) if each is not None else 0
-                post, head = (model.exact_update(post, rows[:k]) if k else (post, 0.0))
-                own = float(model.exact_update(post, rows[k : k + 1])[1])
-                post = model.exact_skip(post, rows[k : k + 1])
-                if post is None:
-                    return None
-                post, tail = model.exact_update(post, rows[k + 1 :]) if k + 1 < rows.shape[0] else (post, 0.0)
+                    each = model.exact_row_log_predictive(post, rows)
+                inc = post if incumbent is None else incumbent
+                total, prev, ks = 0.0, 0, []
+                while prev < rows.shape[0] and len(ks) < room:
+                    # the next row surprising to the posterior so far, which skipped the rows before
+                    # (an autoregression's row after a wild one reads its predicted value as the lag:
+                    # no surprise), or the chunk's least probable row if none is
+                    if prev:
+                        each = model.exact_row_log_predictive(post, rows[prev:])
+                    below = torch.nonzero(each <= line).flatten()
+                    if len(below) == 0 and ks:
+                        break
+                    k = prev + (int(below[0]) if len(below) else int(torch.argmin(each)))
+                    if k > prev:
+                        post, lp = model.exact_update(post, rows[prev:k])
+                        inc = model.exact_update(inc, rows[prev:k])[0]
+                        total += float(lp)
+                    inc, own = model.exact_update(inc, rows[k : k + 1])
+                    total += float(own)
+                    post = model.exact_skip(post, rows[k : k + 1])
+                    if post is None:
+                        return None
+                    ks.append(k)
+                    prev = k + 1
+                if prev < rows.shape[0]:
+                    post, lp = model.exact_update(post, rows[prev:])
+                    total += float(lp)
         except (ValueError, RuntimeError, FloatingPointError):
             return None
-        gain = float(head) + own + float(tail) - result.log_predictive
+        gain = total - result.log_predictive
         if not math.isfinite(gain):
             return None
-        after = int(rows.shape[0]) - k - 1
+        after = int(rows.shape[0]) - ks[-1] - 1
+        found = [start + k for k in ks]
         if joined is not None:
-            return Suspect(locations=joined.locations + [start + k], gain=joined.gain + gain, rows=after, state=_slim(post, model),
+            return Suspect(locations=joined.locations + found, gain=joined.gain + gain, rows=after, state=_slim(post, model),
                            level=joined.level)
-        return Suspect(locations=[start + k], gain=gain, rows=after, state=_slim(post, model), level=level)
+        return Suspect(locations=found, gain=gain, rows=after, state=_slim(post, model), level=level)
 
     def _standing(self, location: int, confidence: float, no_change: SGAISState) -> Standing | None:
         """A change reported at ``location`` with ``confidence``, to be weighed on (``_stand``)

@@ -298,9 +298,9 @@ class Step:
     pending: (location, posterior probability of a change there) of the challengers still open
     after this chunk (``Detector._pending``), for the stream's answer; standing: (location,
     posterior probability now) of the last change the model reported, while it is weighed on
-    (``Detector._stand``; None otherwise), for the stream's answer too; outliers: stream indices of
-    rows judged outliers at this chunk (``Detector._watch``): ``promoted`` is then the incumbent
-    without them, and ``reservoir`` None (the incumbent's history stays)."""
+    (``Detector._stand``; None otherwise), for the stream's answer too. Where rows were taken out
+    as outliers (``Detector._watch``, ``result.outliers``), ``promoted`` is the incumbent without
+    them and ``reservoir`` None (the incumbent's history stays)."""
 
     state: DetectorState
     result: ChunkResult
@@ -310,4 +310,3 @@ class Step:
     writes: ReservoirWrites | None = None
     pending: list[tuple[int, float]] = field(default_factory=list)
     standing: tuple[int, float] | None = None
-    outliers: list[int] = field(default_factory=list)
