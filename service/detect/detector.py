@@ -30,6 +30,16 @@ PENDING_FLOOR = 1e-3
 MAX_OUTLIERS = 4
 #: suspects weighed at once at most (``Detector._watch``)
 MAX_SUSPECTS = 3
+#: a suspect not ahead this many rows after its last row is dropped (``Detector._watch``): a wild
+#: reading's model is ahead from the first rows after it, and on a gauge that flickers (12, 13 one
+#: row in ten) suspects that never got ahead were held after 94 % of rows, doubling ``level``'s
+#: time point by point
+STALE_ROWS = 10
+#: the per-row sd of a row's log predictive ``Detector._watch`` takes at least: a Gaussian
+#: predictive's own (1 / sqrt 2). The running level's, from winsorised chunks, can be far smaller
+#: (0.006-0.09 on a gauge at 12 that reads 13 one row in ten: every 13 was a suspect, and ``level``
+#: point by point took 40 % longer)
+ROW_LP_SD = 1.0 / math.sqrt(2.0)
 #: a chunk of at least this many rows, before the running level counts, takes its other rows' spread
 #: as the measure of a surprising row (``Detector._watch``)
 MIN_CHUNK_SPREAD = 8
@@ -611,7 +621,8 @@ class Detector:
         in, before it counted, with a per-row sd of 21 where it was 1, cannot hide a later change:
         seen, a shift at 400 in chunks of 50 never nominated). A suspect is dropped when its gain
         falls to ``retire_log_bf`` (a change began there: the incumbent without its first row
-        predicts the new level worse), or ``max_age`` rows after its last row (8 chunks, if more).
+        predicts the new level worse), when it is not ahead ``STALE_ROWS`` rows after its last row,
+        or ``max_age`` rows after it (8 chunks, if more).
 
         And where a few rows of a chunk of several are surprising, the rest far above them, and a
         suspect of them is ahead so far (gain >= 0), no challenger may win at that chunk
@@ -635,13 +646,14 @@ class Detector:
         # ``MIN_CHUNK_SPREAD`` rows or more, that of the chunk's rows less its lowest few, which may be
         # outliers themselves (the level's, from a few
         # chunks' means, was 0.39 where a Gaussian row's is 0.71, and ordinary rows 3 sd out were
-        # taken for outliers); before the level counts (a regime's first chunks), the chunk's alone
+        # taken for outliers), and at least ``ROW_LP_SD``; before the level counts (a regime's first
+        # chunks), the chunk's alone
         rest = torch.sort(each).values[min(MAX_OUTLIERS, b // 4):] if each is not None and b >= MIN_CHUNK_SPREAD else None
         if s.level.count >= 2:
-            width = OUTLIER_SDS * max(s.level.spread, float(rest.std()) if rest is not None else 0.0)
+            width = OUTLIER_SDS * max(s.level.spread, float(rest.std()) if rest is not None else 0.0, ROW_LP_SD)
             level = s.level.mean - width
         elif rest is not None:
-            width = OUTLIER_SDS * float(rest.std())
+            width = OUTLIER_SDS * max(float(rest.std()), ROW_LP_SD)
             level = float(rest.mean()) - width
         else:
             level = width = None
@@ -653,19 +665,21 @@ class Detector:
             # may be another outlier: the suspect with it skipped as well
             try:
                 with torch.inference_mode():
-                    pre = load_state(sus.state).post
+                    pre = sus.post if sus.post is not None else load_state(sus.state).post
                     rows = model.featurize(chunk.to(torch.float64))
-                    if level is not None and len(sus.locations) < MAX_OUTLIERS and float(
-                            model.exact_row_log_predictive(pre, rows).min()) <= level:
+                    post, clean = model.exact_update(pre, rows)
+                    clean = float(clean)
+                    # (a row's log predictive is the update's; the one-step predictives of a chunk's rows)
+                    odd = level is not None and len(sus.locations) < MAX_OUTLIERS and (
+                        clean if b == 1 else float(model.exact_row_log_predictive(pre, rows).min())) <= level
+                    if odd:
                         joined = self._suspect(chunk, pre, result, start, None, level, sus, incumbent=before.post)
                         kept += [joined] if joined is not None else []
-                    post, clean = model.exact_update(pre, rows)
-                clean = float(clean)
             except (ValueError, RuntimeError, FloatingPointError):
                 continue
             if math.isfinite(clean):
                 kept.append(replace(sus, gain=sus.gain + clean - result.log_predictive, rows=sus.rows + int(rows.shape[0]),
-                                    state=_slim(post, model)))
+                                    state=_slim(post, model), post=post))
         if surprising:
             fresh = self._suspect(chunk, before.post, result, start, inc_rows, level, level=(s.level.mean, s.level.var, s.level.count))
             kept += [fresh] if fresh is not None else []
@@ -678,9 +692,10 @@ class Detector:
         if kept and score(kept[0]) >= math.log(cfg.threshold) - math.log1p(-cfg.threshold):
             s.suspects = []
             mean, var, count = kept[0].level
-            return load_state(kept[0].state).post, kept[0].locations, kept[0].gain, RunningLevel(count, mean, var)
+            return kept[0].post, kept[0].locations, kept[0].gain, RunningLevel(count, mean, var)
         age = max(self.max_age, 8 * b)  # (a challenger's limit too)
-        s.suspects = [x for x in kept if x.gain > cfg.retire_log_bf and x.rows <= age][:MAX_SUSPECTS]
+        s.suspects = [x for x in kept if x.gain > cfg.retire_log_bf and x.rows <= age
+                      and not (x.gain <= 0.0 and x.rows >= STALE_ROWS)][:MAX_SUSPECTS]
         # a few surprising rows in a chunk of several, the others far above them (by as much as the
         # line is below the level), and a suspect of them ahead so far: the challengers wait a chunk
         few = 0
@@ -748,8 +763,8 @@ class Detector:
         found = [start + k for k in ks]
         if joined is not None:
             return Suspect(locations=joined.locations + found, gain=joined.gain + gain, rows=after, state=_slim(post, model),
-                           level=joined.level)
-        return Suspect(locations=found, gain=gain, rows=after, state=_slim(post, model), level=level)
+                           level=joined.level, post=post)
+        return Suspect(locations=found, gain=gain, rows=after, state=_slim(post, model), level=level, post=post)
 
     def _standing(self, location: int, confidence: float, no_change: SGAISState) -> Standing | None:
         """A change reported at ``location`` with ``confidence``, to be weighed on (``_stand``)

@@ -139,6 +139,7 @@ class Suspect:
     rows: int
     state: bytes
     level: tuple[float, float, int] = (0.0, 0.0, 0)
+    post: torch.Tensor | None = field(default=None, compare=False, repr=False)  # ``state``'s posterior, decoded; not saved
 
 
 @dataclass
