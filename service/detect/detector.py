@@ -642,12 +642,11 @@ class Detector:
         b = int(chunk.shape[0])
         each = inc_rows()[1] if inc_rows is not None else None  # each row's log predictive under the incumbent
         # a row's log predictive below ``level`` is surprising: ``width`` (OUTLIER_SDS per-row sds)
-        # below the running level; the per-row sd is the larger of the level's and, in a chunk of
-        # ``MIN_CHUNK_SPREAD`` rows or more, that of the chunk's rows less its lowest few, which may be
-        # outliers themselves (the level's, from a few
-        # chunks' means, was 0.39 where a Gaussian row's is 0.71, and ordinary rows 3 sd out were
-        # taken for outliers), and at least ``ROW_LP_SD``; before the level counts (a regime's first
-        # chunks), the chunk's alone
+        # below the running level. The per-row sd is the largest of the level's, ``ROW_LP_SD`` and,
+        # in a chunk of ``MIN_CHUNK_SPREAD`` rows or more, that of the chunk's rows less its lowest
+        # few, which may be outliers themselves (the level's, from a few chunks' means, was 0.39
+        # where a Gaussian row's is 0.71, and ordinary rows 3 sd out were taken for outliers).
+        # Before the level counts (a regime's first chunks): the chunk's own mean and sd
         rest = torch.sort(each).values[min(MAX_OUTLIERS, b // 4):] if each is not None and b >= MIN_CHUNK_SPREAD else None
         if s.level.count >= 2:
             width = OUTLIER_SDS * max(s.level.spread, float(rest.std()) if rest is not None else 0.0, ROW_LP_SD)
@@ -702,7 +701,7 @@ class Detector:
         if surprising and b > 1:
             ranked = torch.sort(each).values
             few = int((ranked <= level).sum())
-            few = few if few <= MAX_OUTLIERS and (few == b or float(ranked[few]) - float(ranked[few - 1]) >= width) else 0
+            few = few if few <= MAX_OUTLIERS and few < b and float(ranked[few]) - float(ranked[few - 1]) >= width else 0
         return HOLD if few and any(x.locations[-1] >= start and x.gain >= 0.0 for x in s.suspects) else None
 
     def _suspect(self, chunk: torch.Tensor, post: torch.Tensor, result: ChunkResult, start: int,
