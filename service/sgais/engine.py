@@ -52,7 +52,7 @@ class ChunkResult:
     this much (0 otherwise); outliers: (stream index, log Bayes factor) of each row the detector
     judged an outlier at this chunk (``service.detect.Detector._watch``): the model goes on without
     it, and its log-evidence moved by that log Bayes factor beside the log predictive (the rows
-    after it re-scored without it)."""
+    after it re-scored without it; rows taken out together share one, counted once)."""
 
     n: int
     rows: int
