@@ -224,6 +224,15 @@ class NegativeBinomial(_Exact):
         head = torch.tensor([seen + y.shape[0], c], dtype=torch.float64)
         return torch.cat([head, buf, w, a, b]), lp
 
+    def exact_skip(self, post: torch.Tensor, rows: torch.Tensor) -> torch.Tensor | None:
+        """``Model.exact_skip``: the counts are exchangeable, so the posterior stays and the count of rows
+        goes on; None inside the warm-up, whose rows fix the frame."""
+        if int(post[0]) < self.warmup:
+            return None
+        new = post.clone()
+        new[0] += rows.shape[0]
+        return new
+
     def exact_row_log_predictive(self, post: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         """Each row's beta-negative-binomial mixture predictive given ``post``; 0 during the warm-up."""
         if int(post[0]) < self.warmup:

@@ -204,8 +204,8 @@ def test_what_skipping_a_row_keeps():
     """``Model.exact_skip``: ``gaussian`` keeps its posterior (its count goes on); ``trend`` moves its
     time index and keeps the rest; ``ar``'s lag becomes the row's predictive mean, found here apart
     as the maximum of its one-step predictive density (a Student-t: mode and mean); inside a
-    warm-up nothing is skipped; ``poisson`` keeps (a, b) and counts on; a model without it (``negbin``)
-    says None."""
+    warm-up nothing is skipped; ``poisson`` and ``negbin`` keep their posterior and count on; a model
+    without it (``local-trend``) says None."""
     y = torch.as_tensor(np.random.default_rng(0).normal(10, 1, (40, 1)))
     g = build_model("gaussian:warmup=5", 1)
     post = g.exact_update(g.exact_init(), y[:30])[0]
@@ -236,7 +236,12 @@ def test_what_skipping_a_row_keeps():
     skipped = po.exact_skip(post, counts[:2])
     assert skipped[0] == post[0] + 2 and torch.equal(skipped[1:], post[1:])
     assert po.exact_skip(po.exact_update(po.exact_init(), counts[:3])[0], counts[3:4]) is None  # in the warm-up
-    assert build_model("negbin", 1).exact_skip(post, counts[:1]) is None  # no skip: never takes a row out
+    nb = build_model("negbin", 1)
+    post = nb.exact_update(nb.exact_init(), counts)[0]
+    skipped = nb.exact_skip(post, counts[:1])
+    assert skipped[0] == post[0] + 1 and torch.equal(skipped[1:], post[1:])
+    lt = build_model("local-trend", 1)
+    assert lt.exact_skip(lt.exact_update(lt.exact_init(), y[:20])[0], y[20:21]) is None  # no skip: never takes a row out
 
 
 @pytest.fixture(scope="module")
