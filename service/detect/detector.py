@@ -640,7 +640,8 @@ class Detector:
             s.suspects = []
             return None
         b = int(chunk.shape[0])
-        each = inc_rows()[1] if inc_rows is not None else None  # each row's log predictive under the incumbent
+        # the chunk's featurized rows, and each one's log predictive under the incumbent (chunks of several)
+        rows, each = inc_rows() if inc_rows is not None else (model.featurize(chunk.to(torch.float64)), None)
         # a row's log predictive below ``level`` is surprising: ``width`` (OUTLIER_SDS per-row sds)
         # below the running level. The per-row sd is the largest of the level's, ``ROW_LP_SD`` and,
         # in a chunk of ``MIN_CHUNK_SPREAD`` rows or more, that of the chunk's rows less its lowest
@@ -665,14 +666,13 @@ class Detector:
             try:
                 with torch.inference_mode():
                     pre = sus.post if sus.post is not None else load_state(sus.state).post
-                    rows = model.featurize(chunk.to(torch.float64))
                     post, clean = model.exact_update(pre, rows)
                     clean = float(clean)
                     # (a row's log predictive is the update's; the one-step predictives of a chunk's rows)
                     odd = level is not None and len(sus.locations) < MAX_OUTLIERS and (
                         clean if b == 1 else float(model.exact_row_log_predictive(pre, rows).min())) <= level
                     if odd:
-                        joined = self._suspect(chunk, pre, result, start, None, level, sus, incumbent=before.post)
+                        joined = self._suspect(rows, None, pre, result, start, level, sus, incumbent=before.post)
                         kept += [joined] if joined is not None else []
             except (ValueError, RuntimeError, FloatingPointError):
                 continue
@@ -680,7 +680,7 @@ class Detector:
                 kept.append(replace(sus, gain=sus.gain + clean - result.log_predictive, rows=sus.rows + int(rows.shape[0]),
                                     state=_slim(post, model), post=post))
         if surprising:
-            fresh = self._suspect(chunk, before.post, result, start, inc_rows, level, level=(s.level.mean, s.level.var, s.level.count))
+            fresh = self._suspect(rows, each, before.post, result, start, level, level=(s.level.mean, s.level.var, s.level.count))
             kept += [fresh] if fresh is not None else []
         q1 = self.log_prior_odds(1, start - s.offset_n)
 
@@ -704,11 +704,11 @@ class Detector:
             few = few if few <= MAX_OUTLIERS and few < b and float(ranked[few]) - float(ranked[few - 1]) >= width else 0
         return HOLD if few and any(x.locations[-1] >= start and x.gain >= 0.0 for x in s.suspects) else None
 
-    def _suspect(self, chunk: torch.Tensor, post: torch.Tensor, result: ChunkResult, start: int,
-                 inc_rows: Callable[[], RowFits] | None, line: float, joined: Suspect | None = None,
-                 level: tuple[float, float, int] = (0.0, 0.0, 0), incumbent: torch.Tensor | None = None) -> Suspect | None:
-        """A ``Suspect`` (``_watch``) of the chunk's rows whose log predictive is below ``line`` under
-        ``post`` (``inc_rows``' for the first) having skipped the ones before (at least one, the least
+    def _suspect(self, rows: torch.Tensor, each: torch.Tensor | None, post: torch.Tensor, result: ChunkResult, start: int,
+                 line: float, joined: Suspect | None = None, level: tuple[float, float, int] = (0.0, 0.0, 0),
+                 incumbent: torch.Tensor | None = None) -> Suspect | None:
+        """A ``Suspect`` (``_watch``) of the chunk's featurized ``rows`` whose log predictive is below
+        ``line`` under ``post`` (``each``, where given, for the first) having skipped the ones before (at least one, the least
         probable, at most ``MAX_OUTLIERS`` with ``joined``'s): from ``post`` (the incumbent's posterior
         before the chunk, or ``joined``'s, whose rows stay skipped), the chunk's other rows learned,
         those skipped, the rows after the first adding to its gain. A skipped row itself is scored
@@ -722,12 +722,9 @@ class Detector:
         room = MAX_OUTLIERS - (len(joined.locations) if joined is not None else 0)
         try:
             with torch.inference_mode():
-                if inc_rows is not None:
-                    rows, each = inc_rows()
-                else:
-                    rows = model.featurize(chunk.to(torch.float64))
+                if each is None:
                     each = model.exact_row_log_predictive(post, rows)
-                inc = post if incumbent is None else incumbent
+                inc = incumbent  # the incumbent's posterior, where it is not ``post`` (until a row is skipped)
                 total, prev, ks = 0.0, 0, []
                 while prev < rows.shape[0] and len(ks) < room:
                     # the next row surprising to the posterior so far, which skipped the rows before
@@ -741,9 +738,9 @@ class Detector:
                     k = prev + (int(below[0]) if len(below) else int(torch.argmin(each)))
                     if k > prev:
                         post, lp = model.exact_update(post, rows[prev:k])
-                        inc = model.exact_update(inc, rows[prev:k])[0]
+                        inc = None if inc is None else model.exact_update(inc, rows[prev:k])[0]
                         total += float(lp)
-                    inc, own = model.exact_update(inc, rows[k : k + 1])
+                    inc, own = model.exact_update(post if inc is None else inc, rows[k : k + 1])
                     total += float(own)
                     post = model.exact_skip(post, rows[k : k + 1])
                     if post is None:
