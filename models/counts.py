@@ -46,7 +46,7 @@ from dataclasses import dataclass
 import torch
 
 from models.base import ModelError
-from models.timeseries import _check_positive, _check_warmup, _Exact
+from models.timeseries import _check_positive, _check_warmup, _Exact, skip_counted
 
 
 def _stirling_tail(z: torch.Tensor) -> torch.Tensor:
@@ -225,13 +225,8 @@ class NegativeBinomial(_Exact):
         return torch.cat([head, buf, w, a, b]), lp
 
     def exact_skip(self, post: torch.Tensor, rows: torch.Tensor) -> torch.Tensor | None:
-        """``Model.exact_skip``: the counts are exchangeable, so the posterior stays and the count of rows
-        goes on; None inside the warm-up, whose rows fix the frame."""
-        if int(post[0]) < self.warmup:
-            return None
-        new = post.clone()
-        new[0] += rows.shape[0]
-        return new
+        """``Model.exact_skip``: the counts are exchangeable (``skip_counted``)."""
+        return skip_counted(post, rows, self.warmup)
 
     def exact_row_log_predictive(self, post: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         """Each row's beta-negative-binomial mixture predictive given ``post``; 0 during the warm-up."""

@@ -18,7 +18,7 @@ import torch
 from models._random import standard_gamma
 from models.base import LOG_2PI, Model, ModelError, RunGradient
 from models.native import kernels
-from models.timeseries import _check_finite, _warmup_frame
+from models.timeseries import _check_finite, _warmup_frame, skip_counted
 
 
 def _positive(name: str, value: float) -> None:
@@ -1442,13 +1442,7 @@ class Gaussian(Model):
     def exact_skip(self, post: torch.Tensor, rows: torch.Tensor) -> torch.Tensor | None:
         """``Model.exact_skip``: the rows are exchangeable, so the posterior stays (with a warm-up, its
         count of rows goes on); None inside the warm-up, whose rows fix the frame."""
-        if not self.warmup:
-            return post
-        if int(post[0]) < self.warmup:
-            return None
-        new = post.clone()
-        new[0] += rows.shape[0]
-        return new
+        return skip_counted(post, rows, self.warmup) if self.warmup else post
 
     @staticmethod
     def _nig_step(nig: torch.Tensor, d: int, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

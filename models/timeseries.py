@@ -48,6 +48,17 @@ from models.base import LOG_2PI, Model, ModelError
 from models.native import kernels
 
 
+def skip_counted(post: torch.Tensor, rows: torch.Tensor, warmup: int) -> torch.Tensor | None:
+    """``Model.exact_skip`` of an exchangeable model whose ``post[0]`` counts its rows (for its
+    warm-up): the posterior stays and the count goes on; None inside the warm-up, whose rows fix
+    the frame."""
+    if int(post[0]) < warmup:
+        return None
+    new = post.clone()
+    new[0] += rows.shape[0]
+    return new
+
+
 def _check_warmup(name: str, warmup: int, least: int) -> None:
     if not (isinstance(warmup, int) and least <= warmup <= 10_000):
         raise ModelError(f"{name}: warmup must be an integer in [{least}, 10000], got {warmup!r}")
@@ -756,13 +767,8 @@ class Poisson(_Exact):
         return torch.cat([seen, a + s, b + n]), lp
 
     def exact_skip(self, post: torch.Tensor, rows: torch.Tensor) -> torch.Tensor | None:
-        """``Model.exact_skip``: the counts are exchangeable, so (a, b) stay and the count of rows goes
-        on; None inside the warm-up."""
-        if int(post[0]) < self.warmup:
-            return None
-        new = post.clone()
-        new[0] += rows.shape[0]
-        return new
+        """``Model.exact_skip``: the counts are exchangeable (``skip_counted``)."""
+        return skip_counted(post, rows, self.warmup)
 
     def exact_restart(self, post: torch.Tensor) -> torch.Tensor:
         """A restart at a change point: one pseudo-observation at the incumbent's mean rate (the
