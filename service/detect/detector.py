@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import functools
+from types import SimpleNamespace
 import math
 from dataclasses import replace
-from typing import Callable, NamedTuple
+from typing import Callable, NamedTuple, Sequence
 
 import torch
 
@@ -231,6 +232,9 @@ class Detector:
         log BF L2 without that row's term, with an outlier as likely a priori as a change. With
         L the log BF against no change and q its prior log odds, P(change) = 1 / (1 + e^-(L+q) +
         e^-L2). A real change shows in the rows after its first, so L2 follows L a row later.
+        Point by point the j most telling rows, j = 1 .. ``MAX_OUTLIERS``, each as likely a
+        priori as a change (two readings a few rows apart: with one, the other's term kept a
+        restart before them at a confidence of 1.0).
 
         In chunks of several rows the most telling row is found row by row (``Challenger.top_row``:
         the largest difference of the two one-step predictives in a compared chunk, ``_feed``). It
@@ -265,27 +269,44 @@ class Detector:
         P >= 1/2."""
         q = self.restart_log_prior_odds(c.first_rows, since)
         change, other = [c.log_bf + q], [0.0]  # log weights against no change
-        if c.compared and not (c.first_rows != 1 and c.top_row <= 0.0):
-            top = max(c.diffs[len(c.diffs) - c.compared:]) if c.first_rows == 1 else c.top_row
-            other.append(top + q)  # e^-L2 of change's: L2 = L - top
+        if c.compared and c.first_rows == 1:
+            # point by point: the j most telling rows outliers, j = 1 .. MAX_OUTLIERS, each as likely a priori as a change
+            top = 0.0
+            for j, d in enumerate(sorted(c.diffs[len(c.diffs) - c.compared:], reverse=True)[:MAX_OUTLIERS]):
+                if j and d <= 0.0:
+                    break
+                top += d
+                other.append(top + (j + 1) * q)  # e^-L2 of change's: L2 = L - top
+        elif c.compared and c.top_row > 0.0:
+            other.append(c.top_row + q)
         if s is not None and self.exact and _logsumexp(change) >= _logsumexp(other):
             split = self._outlier_log_bf(s, c)
             if split is not None:
-                a, b, _ = split
-                change.append(a + c.log_bf - b + 2.0 * q)
-                other.append(a + b + q)
+                a, b, _, wild = split
+                m = len(wild)  # outlier chunks, each as likely a priori as a change
+                change.append(a + c.log_bf - b + (m + 1) * q)
+                other.append(a + b + m * q)
         return _logsumexp(change) - _logsumexp(other) - c.log_bf
 
-    def _outlier_log_bf(self, s: DetectorState, c: Challenger) -> tuple[float, float, int] | None:
-        """(A, B, the end of that chunk) of ``_log_odds``: the log Bayes factor of "the most surprising chunk of this regime
-        before ``c`` starts (its log predictive per row at least ``surprise`` robust sds below the
-        median of the regime's chunks before ``c``) was an outlier" against the incumbent, on the chunks between it and ``c``'s start (A) and on those
-        from that start (B): the incumbent's posterior from before that chunk, updated with the
-        chunks after it but not with it, against the incumbent's log predictives of those chunks.
-        None where no chunk is that surprising, or no state before it is kept (``Recent.state``,
-        ``DetectorState.dropped``'s anchor). For an autoregression or a trend
-        the rows after it meet one lag or time step off: an approximation of a hypothesis that is
-        itself one of several."""
+    def _outlier_log_bf(self, s: DetectorState, c: Challenger, ahead: bool = False,
+                        strict: bool = False) -> tuple[float, float, int, list[int]] | None:
+        """(A, B, the end of the last such chunk, their stream indices) of ``_log_odds``: the log
+        Bayes factor of "the most surprising chunks of this regime before ``c`` starts (each one's
+        log predictive per row at least ``surprise`` robust sds below the median of the regime's
+        chunks before ``c``; up to ``MAX_OUTLIERS``, the least probable) were outliers" against the
+        incumbent, on the chunks between the first of them and ``c``'s start (A) and on those from
+        that start (B): the incumbent's posterior from before the first, updated with the chunks
+        after it but not with them (``Model.exact_skip``: time and lags go on past them, where the
+        model can), against the incumbent's log predictives of those chunks. Several: two wild
+        readings a few rows apart, each of which alone leaves the other in the posterior (point by
+        point, 2,500 at 500 and 503 among 250 +- 20, +10 sd from 506: the change was placed at 500,
+        where a restart explains both readings). None where no chunk is that surprising, or no state
+        before the first is kept (``Recent.state``, ``DetectorState.dropped``'s anchor). ``ahead``: A
+        is the largest of its running sums chunk by chunk where every one of them is as far below
+        the median as ``_watch``'s suspects (the outliers' model was ahead at some chunk before
+        ``c``'s start: a change that began before ``c`` after the readings, as at 506 above, takes A
+        below 0 again; with ordinary surprising rows a running sum above 0 by chance put a +1.5 sd
+        shift 14 rows late); ``strict``: None unless every one is that far below."""
         rows = [*s.dropped, *s.recent]
         if any(r.rows is None for r in rows):
             return None
@@ -299,9 +320,20 @@ class Detector:
         x = sorted(v for _, v in cands)
         med = x[len(x) // 2]
         mad = 1.4826 * sorted(abs(v - med) for v in x)[len(x) // 2]
-        j, low = min(cands, key=lambda kv: kv[1])
-        if not mad > 0.0 or (low - med) / mad > -self.config.surprise or j + 1 >= len(rows):
+        if not mad > 0.0:
             return None
+        low = sorted((kv for kv in cands if (kv[1] - med) / mad <= -self.config.surprise), key=lambda kv: kv[1])
+        # the most surprising, and with it any as far below the median as ``_watch``'s suspects (the
+        # robust sd of a regime's rows is its ordinary rows': a 3-sd row is one in 400)
+        line = med - OUTLIER_SDS * max(mad, ROW_LP_SD)
+        wild = sorted(k for n, (k, v) in enumerate(low[:MAX_OUTLIERS]) if n == 0 or v <= line)
+        far = bool(low) and low[0][1] <= line
+        if strict and not far:
+            return None
+        ahead = ahead and far
+        if not wild or wild[-1] + 1 >= len(rows):
+            return None
+        j = wild[0]
         # the incumbent's posterior before chunk j, from the last saved state at or before it (chunk j
         # is never the one being processed, the only one with ``Recent.before``)
         a = max((k for k in range(j + 1) if rows[k].state is not None), default=None)
@@ -309,16 +341,28 @@ class Detector:
             return None
         model = self.sampler.model
         split = j + 1 + sum(1 for r in rows[j + 1 :] if r.start < c.start)
-        out = []
         post = self._load(rows[a]) if a == j else self._fold(rows[a:j])
+        # the chunks after j in runs, each updated in one go: between the outliers, and at ``split``
+        cuts = sorted({*wild, split, len(rows), *(range(j, split) if ahead else ())})
+        out, top = [0.0, 0.0], -math.inf
         with torch.inference_mode():
-            for part in (rows[j + 1 : split], rows[split:]):
-                if not part:
-                    out.append(0.0)
+            for lo, hi in zip(cuts, cuts[1:]):
+                if lo in wild:
+                    # one outlier: the incumbent from before it goes on, as it did before several were
+                    # weighed (its numbers unchanged); several: each skipped, so time and lags go on
+                    if len(wild) > 1:
+                        post = model.exact_skip(post, model.featurize(rows[lo].rows.to(torch.float64)))
+                        if post is None:
+                            return None
+                    lo += 1
+                if lo >= hi:
                     continue
-                post, clean = model.exact_update(post, model.featurize(torch.cat([r.rows for r in part]).to(torch.float64)))
-                out.append(float(clean) - sum(r.lp for r in part))
-        return out[0], out[1], rows[j].start + int(rows[j].rows.shape[0])
+                post, clean = model.exact_update(post, model.featurize(torch.cat([r.rows for r in rows[lo:hi]]).to(torch.float64)))
+                out[lo >= split] += float(clean) - sum(r.lp for r in rows[lo:hi])
+                if lo < split:
+                    top = max(top, out[0])
+        return (top if ahead else out[0]), out[1], rows[wild[-1]].start + int(rows[wild[-1]].rows.shape[0]), \
+            [rows[k].start for k in wild]
 
     def log_prior_odds(self, rows: int, since: int = 0) -> float:
         """log p/(1-p), p the prior probability of a change within the candidate's first chunk of
@@ -469,8 +513,8 @@ class Detector:
         hold = outlier == HOLD
         outlier = None if hold else outlier
         if outlier is not None:
-            clean, locations, gain, new.level = outlier
-            after = ExactState(post=clean, log_evidence=after.log_evidence + gain, n=after.n, chunks=after.chunks,
+            clean, locations, gain, own, new.level = outlier
+            after = ExactState(post=clean, log_evidence=after.log_evidence + gain + own, n=after.n, chunks=after.chunks,
                                rng=after.rng, layout=exact_layout(self.sampler.model, clean))
             new.challengers, new.recent, new.dropped, new.standing = [], [], [], None
             new.cusum.reset()  # (its excursions point into ``recent``)
@@ -518,10 +562,17 @@ class Detector:
             # predicted without (``_log_odds``): the incumbent's predictives after a wild row are poor
             # wherever the change is put, and a place at the spike itself scored best (a spike at 100,
             # +3 sd at 200, point by point: the change placed at 100)
-            outlier = self._outlier_log_bf(new, best) if self.exact else None
-            floor = outlier[2] if outlier is not None and outlier[0] > 0.0 else None
+            outlier = self._outlier_log_bf(new, best, ahead=True) if self.exact else None
+            if self.exact and b == 1:
+                # point by point, outliers among the winner's own rows too (a shift challenger started
+                # at a wild reading wins once a change follows it: 2,500 at 500 and 503, +10 sd from
+                # 506, ``ar``: placed at 500)
+                inside = self._outlier_log_bf(new, SimpleNamespace(start=start + b), ahead=True, strict=True)
+                if inside is not None and inside[0] > 0.0 and (outlier is None or outlier[0] <= 0.0 or inside[2] > outlier[2]):
+                    outlier = inside
+            floor, wild = (outlier[2], outlier[3]) if outlier is not None and outlier[0] > 0.0 else (None, ())
             refined = (self._refine(new.recent, i, before, best.shift, new.dropped, skip=best.skip if at == 0 else 0,
-                                    floor=floor)
+                                    floor=floor, wild=wild)
                        if where is not None else None)
             if refined is not None:
                 where, location = (new.dropped + new.recent)[refined.chunk], refined.location
@@ -630,18 +681,39 @@ class Detector:
         within that chunk before the suspect had rows after it to show what it was (rows 45-49 of
         their chunk, 3 of 3 data seeds; the shift 200 rows later then never found). The next chunk
         decides. Point by point every surprising row would hold (each row of a new level is one),
-        so chunks of one row never do.
+        so there a chunk holds only while a suspect of several rows (joined) is ahead (gain > 0)
+        and its last row is fewer than ``STALE_ROWS`` rows back: two readings of 2,500 three rows
+        apart were a change at the first and another at the second, decided at the second, before
+        the pair's model had rows after it to show what they were. The rows of a new level join
+        a suspect at no gain (each scored as the incumbent scored it) and never hold.
+
+        A chunk that ends a warm-up is watched from its first row after the warm-up.
 
         Returns (the posterior without the rows, their stream indices, gain, the running level
         before them) when they were outliers, ``HOLD``, or None; ``s.suspects`` are brought up to
         date."""
         model, cfg = self.sampler.model, self.config
-        if result.conditioned:
-            s.suspects = []
-            return None
         b = int(chunk.shape[0])
-        # the chunk's featurized rows, and each one's log predictive under the incumbent (chunks of several)
-        rows, each = inc_rows() if inc_rows is not None else (model.featurize(chunk.to(torch.float64)), None)
+        if result.conditioned:
+            # a chunk that ends a warm-up (a stream's first): its rows after the warm-up are watched,
+            # from the incumbent conditioned on the warm-up's (seen: a reading 20 rows into a stream
+            # posted in chunks of 50 stayed in the model, and a +5 sd shift at 400 was never found)
+            k = int(result.conditioned)
+            s.suspects = []
+            if k >= b:
+                return None
+            try:
+                with torch.inference_mode():
+                    post = model.exact_update(before.post, model.featurize(chunk[:k].to(torch.float64)))[0]
+                    rows = model.featurize(chunk[k:].to(torch.float64))
+                    each = model.exact_row_log_predictive(post, rows) if b - k > 1 else None
+            except (ValueError, RuntimeError, FloatingPointError):
+                return None
+            before = replace(before, post=post)
+            chunk, b, start = chunk[k:], b - k, start + k
+        else:
+            # the chunk's featurized rows, and each one's log predictive under the incumbent (chunks of several)
+            rows, each = inc_rows() if inc_rows is not None else (model.featurize(chunk.to(torch.float64)), None)
         # a row's log predictive below ``level`` is surprising: ``width`` (OUTLIER_SDS per-row sds)
         # below the running level. The per-row sd is the largest of the level's, ``ROW_LP_SD`` and,
         # in a chunk of ``MIN_CHUNK_SPREAD`` rows or more, that of the chunk's rows less its lowest
@@ -660,6 +732,7 @@ class Detector:
         low = result.log_predictive if each is None else float(each.min())
         surprising = level is not None and low <= level
         kept: list[Suspect] = []
+        q1 = self.log_prior_odds(1, start - s.offset_n)
         for sus in s.suspects:
             # the suspect's incumbent (without its rows) takes the chunk; a row surprising to it too
             # may be another outlier: the suspect with it skipped as well
@@ -672,7 +745,7 @@ class Detector:
                     odd = level is not None and len(sus.locations) < MAX_OUTLIERS and (
                         clean if b == 1 else float(model.exact_row_log_predictive(pre, rows).min())) <= level
                     if odd:
-                        joined = self._suspect(rows, None, pre, result, start, level, sus, incumbent=before.post)
+                        joined = self._suspect(rows, None, pre, result, start, level, q1, sus, incumbent=before.post)
                         kept += [joined] if joined is not None else []
             except (ValueError, RuntimeError, FloatingPointError):
                 continue
@@ -680,9 +753,9 @@ class Detector:
                 kept.append(replace(sus, gain=sus.gain + clean - result.log_predictive, rows=sus.rows + int(rows.shape[0]),
                                     state=_slim(post, model), post=post))
         if surprising:
-            fresh = self._suspect(rows, each, before.post, result, start, level, level=(s.level.mean, s.level.var, s.level.count))
+            fresh = self._suspect(rows, each, before.post, result, start, level, q1,
+                                  level=(s.level.mean, s.level.var, s.level.count))
             kept += [fresh] if fresh is not None else []
-        q1 = self.log_prior_odds(1, start - s.offset_n)
 
         def score(x: Suspect) -> float:
             return x.gain + len(x.locations) * q1
@@ -691,7 +764,7 @@ class Detector:
         if kept and score(kept[0]) >= math.log(cfg.threshold) - math.log1p(-cfg.threshold):
             s.suspects = []
             mean, var, count = kept[0].level
-            return kept[0].post, kept[0].locations, kept[0].gain, RunningLevel(count, mean, var)
+            return kept[0].post, kept[0].locations, kept[0].gain, kept[0].own, RunningLevel(count, mean, var)
         age = max(self.max_age, 8 * b)  # (a challenger's limit too)
         s.suspects = [x for x in kept if x.gain > cfg.retire_log_bf and x.rows <= age
                       and not (x.gain <= 0.0 and x.rows >= STALE_ROWS)][:MAX_SUSPECTS]
@@ -702,10 +775,15 @@ class Detector:
             ranked = torch.sort(each).values
             few = int((ranked <= level).sum())
             few = few if few <= MAX_OUTLIERS and few < b and float(ranked[few]) - float(ranked[few - 1]) >= width else 0
-        return HOLD if few and any(x.locations[-1] >= start and x.gain >= 0.0 for x in s.suspects) else None
+        if few and any(x.locations[-1] >= start and x.gain >= 0.0 for x in s.suspects):
+            return HOLD
+        # point by point: wild rows a few rows apart, the model that skipped them ahead so far
+        if b == 1 and any(len(x.locations) > 1 and x.gain > 0.0 and start - x.locations[-1] < STALE_ROWS for x in s.suspects):
+            return HOLD
+        return None
 
     def _suspect(self, rows: torch.Tensor, each: torch.Tensor | None, post: torch.Tensor, result: ChunkResult, start: int,
-                 line: float, joined: Suspect | None = None, level: tuple[float, float, int] = (0.0, 0.0, 0),
+                 line: float, q1: float, joined: Suspect | None = None, level: tuple[float, float, int] = (0.0, 0.0, 0),
                  incumbent: torch.Tensor | None = None) -> Suspect | None:
         """A ``Suspect`` (``_watch``) of the chunk's featurized ``rows`` whose log predictive is below
         ``line`` under ``post`` (``each``, where given, for the first) having skipped the ones before (at least one, the least
@@ -717,7 +795,16 @@ class Detector:
         earlier wild row a second one cost tens of nats more than under the incumbent that had
         learned the first (a joined suspect began below ``retire_log_bf``, and two wild readings
         were never taken out together). None where the model cannot skip a row (or ``joined``
-        cannot take the chunk)."""
+        cannot take the chunk).
+
+        ``Suspect.own``: what each skipped row adds to the evidence once taken out, read as an
+        outlier of a contaminated model: its likelihood (1 - rho) p(y | incumbent) + rho p(y |
+        a restart) (rho: the prior probability of an outlier at a row, a change's, ``q1`` its log
+        odds; a restart's predictive, from the prior in the model's frame, stands for a broad
+        density) against p(y | incumbent). Without it the wild row's own term, thousands of nats
+        under a tight incumbent, stayed in the evidence, and a model that took it out kept a
+        posterior probability of 1e-142 beside ``student-t`` (a new user's trial: 2,500 among 250
+        +- 20 ms, the default portfolio; the stream then followed ``student-t``'s changes)."""
         model = self.sampler.model
         room = MAX_OUTLIERS - (len(joined.locations) if joined is not None else 0)
         try:
@@ -725,7 +812,7 @@ class Detector:
                 if each is None:
                     each = model.exact_row_log_predictive(post, rows)
                 inc = incumbent  # the incumbent's posterior, where it is not ``post`` (until a row is skipped)
-                total, prev, ks = 0.0, 0, []
+                total, prev, ks, odd = 0.0, 0, [], 0.0
                 while prev < rows.shape[0] and len(ks) < room:
                     # the next row surprising to the posterior so far, which skipped the rows before
                     # (an autoregression's row after a wild one reads its predicted value as the lag:
@@ -742,6 +829,7 @@ class Detector:
                         total += float(lp)
                     inc, own = model.exact_update(post if inc is None else inc, rows[k : k + 1])
                     total += float(own)
+                    odd += _as_outlier(model, post, rows[k : k + 1], float(own), q1)
                     post = model.exact_skip(post, rows[k : k + 1])
                     if post is None:
                         return None
@@ -759,8 +847,8 @@ class Detector:
         found = [start + k for k in ks]
         if joined is not None:
             return Suspect(locations=joined.locations + found, gain=joined.gain + gain, rows=after, state=_slim(post, model),
-                           level=joined.level, post=post)
-        return Suspect(locations=found, gain=gain, rows=after, state=_slim(post, model), level=level, post=post)
+                           level=joined.level, post=post, own=joined.own + odd)
+        return Suspect(locations=found, gain=gain, rows=after, state=_slim(post, model), level=level, post=post, own=odd)
 
     def _standing(self, location: int, confidence: float, no_change: SGAISState) -> Standing | None:
         """A change reported at ``location`` with ``confidence``, to be weighed on (``_stand``)
@@ -842,7 +930,8 @@ class Detector:
         return sorted(places.items())
 
     def _refine(self, recent: list[Recent], i: int, frame, shift: bool = False,
-                dropped: list[Recent] | None = None, skip: int = 0, floor: int | None = None) -> "Refined | None":
+                dropped: list[Recent] | None = None, skip: int = 0, floor: int | None = None,
+                wild: Sequence[int] = ()) -> "Refined | None":
         """Where the change began, for the exact method: the row j that maximises log p(rows
         before j | incumbent) + log p(rows from j to now | a restart at j), the change's most
         probable place (the prior of a change is the same for every row); with what a restart
@@ -864,7 +953,8 @@ class Detector:
         anchor). Returns ``Refined.chunk`` as an index into ``dropped + recent``. None: nothing to
         refine (another method, a single row, no saved state). ``skip``: the winner started that
         many rows into chunk i (``_split``), the place the support set is anchored to. ``floor``: no
-        row before it is a place (an outlier's chunk ends there, ``update``)."""
+        row before it is a place (the last outlier's chunk ends there, ``update``); ``wild``: the
+        outliers' first rows (``_outlier_log_bf``)."""
         recent = (dropped or []) + recent
         i += len(dropped or [])
         if not self.exact or any(r.rows is None for r in recent):
@@ -904,6 +994,8 @@ class Detector:
             # after an outlier (``floor``, point by point): the places after it are scored with the
             # incumbent that did not learn from it (``_log_odds``), its row explained alike by all
             f = floor - recent[lo].start if floor is not None and pointwise else -1
+            odd = {w - recent[lo].start for w in wild} if f >= 0 else set()
+            first = min((w for w in odd if w >= 0), default=f - 1)
             clean, cbefore = None, 0.0
             for j in range(span):
                 if j:
@@ -913,12 +1005,16 @@ class Detector:
                         post, lp = model.exact_update(post, rows[j - 1 : j])
                     before += lp
                     if clean is not None:
-                        if j - 1 == f - 1:
+                        if j - 1 == f - 1 or j - 1 in odd:
                             cbefore += lp
+                            if len(odd) > 1:  # (one outlier: not skipped, as before several were weighed)
+                                clean = model.exact_skip(clean, rows[j - 1 : j])
+                                if clean is None:
+                                    return None
                         else:
                             clean, clp = model.exact_update(clean, rows[j - 1 : j])
                             cbefore += clp
-                if j == f - 1 and f >= 1:
+                if j == first and first >= 0:
                     clean, cbefore = post, before
                 use = clean if clean is not None and j >= f else post
                 posts.append(use)
@@ -1363,6 +1459,22 @@ class Detector:
         w = weight(self.config.smoothing, s.level.count)
         s.steps.update(steps, w, first=s.level.count == 0)
         s.level.update(x, b, w)
+
+
+def _as_outlier(model, post: torch.Tensor, row: torch.Tensor, own: float, q1: float) -> float:
+    """What a row (featurized ``row [1, W]``, log predictive ``own`` under the incumbent) adds to the
+    evidence as an outlier of a contaminated model (``Detector._suspect``): log((1 - rho) e^own + rho
+    p(row | a restart from ``post``'s frame)) - own, rho = sigmoid(``q1``); 0 where the restart's
+    predictive cannot be had."""
+    try:
+        broad = float(model.exact_row_log_predictive(model.exact_restart(post), row)[0])
+    except (ValueError, RuntimeError, FloatingPointError, IndexError):
+        return 0.0
+    log_rho, log_keep = -math.log1p(math.exp(-q1)), -math.log1p(math.exp(q1))
+    if not (math.isfinite(broad) and math.isfinite(own)):
+        return 0.0
+    top = max(log_rho + broad, log_keep + own)
+    return top + math.log(math.exp(log_rho + broad - top) + math.exp(log_keep + own - top)) - own
 
 
 def _top_excess(advantage: torch.Tensor) -> float:

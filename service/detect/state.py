@@ -140,6 +140,7 @@ class Suspect:
     state: bytes
     level: tuple[float, float, int] = (0.0, 0.0, 0)
     post: torch.Tensor | None = field(default=None, compare=False, repr=False)  # ``state``'s posterior, decoded; not saved
+    own: float = 0.0  # what the rows add to the evidence as outliers once taken out (``Detector._suspect``)
 
 
 @dataclass
@@ -198,7 +199,7 @@ class DetectorState:
             **({"standing": [self.standing.location, self.standing.log_odds.hex(), self.standing.rows,
                              base64.b64encode(self.standing.state).decode()]} if self.standing is not None else {}),
             **({"suspects": [[x.locations, x.gain.hex(), x.rows, base64.b64encode(x.state).decode(),
-                              [x.level[0].hex(), x.level[1].hex(), x.level[2]]] for x in self.suspects]}
+                              [x.level[0].hex(), x.level[1].hex(), x.level[2]], x.own.hex()] for x in self.suspects]}
                if self.suspects else {}),
             **{f"{name}_standing": [None if r.standing is None else [r.standing[0], r.standing[1].hex()] for r in rows]
                for name, rows in (("recent", self.recent), ("dropped", self.dropped))
@@ -266,7 +267,8 @@ def _decode_v1(h: dict) -> DetectorState:
             location=int(h["standing"][0]), log_odds=f(h["standing"][1]), rows=int(h["standing"][2]),
             state=base64.b64decode(h["standing"][3])),
         suspects=[Suspect(locations=[int(v) for v in x[0]], gain=f(x[1]), rows=int(x[2]), state=base64.b64decode(x[3]),
-                          level=(f(x[4][0]), f(x[4][1]), int(x[4][2]))) for x in h.get("suspects", ())])
+                          level=(f(x[4][0]), f(x[4][1]), int(x[4][2])), own=f(x[5]) if len(x) > 5 else 0.0)
+                  for x in h.get("suspects", ())])
     for name, rows in (("recent", out.recent), ("dropped", out.dropped)):
         for r, st in zip(rows, h.get(f"{name}_standing", ())):
             r.standing = None if st is None else (int(st[0]), f(st[1]))
