@@ -306,7 +306,7 @@ def test_readings_a_few_rows_apart_point_by_point(wild, seed):
     the first and another a few rows later ((150, 153): [150, 154, 400]): a restart that began
     before them scored the second as well as the first, and only one row was weighed as an
     outlier. Now the j most telling rows (up to ``MAX_OUTLIERS``) are, and while a suspect of
-    several rows is ahead no challenger wins. Measured on data seeds 0-4: taken out together, the
+    several rows is ahead no challenger wins. Measured on data seeds 0-2: taken out together, the
     shift found at 400 (detected at 402-403)."""
     y = latencies(seed)
     for at in wild:
