@@ -10,6 +10,7 @@ from typing import Callable, NamedTuple, Sequence
 
 import torch
 
+from models.base import Model
 from service.detect.config import AUTO, AUTO_ALPHA, AUTO_R0, DEFAULT_RUN_LENGTH, DetectorConfig
 from service.detect.decision import decide, posterior
 from service.detect.signals import RunningLevel, Windows, weight
@@ -161,6 +162,8 @@ class Detector:
                               if getattr(model, "checks_modes", False) and not self.config.train
                               and getattr(self.restarts.config, "jumps", 0) > 0 else self.train)
         self.exact = getattr(sampler, "method", "sgais") == "exact"
+        # whether the model can skip a row at all (``Model.exact_skip``; models that cannot keep one outlier chunk in ``_outlier_log_bf``)
+        self._skips = type(sampler.model).exact_skip is not Model.exact_skip
         # window shifts (``signals.Windows``): 4, 8 and 16 training samples, within the rows kept
         # (``max_age``). Exact models only: their restarts cost a few arithmetic operations a row
         # and their log predictives carry no sampling noise; a sampled model's restart is a
@@ -328,6 +331,8 @@ class Detector:
         line = med - OUTLIER_SDS * max(mad, ROW_LP_SD)
         wild = sorted(k for n, (k, v) in enumerate(low[:MAX_OUTLIERS]) if n == 0 or v <= line)
         far = bool(low) and low[0][1] <= line
+        if not self._skips:  # a model that cannot skip a row: its one most surprising chunk, as before
+            wild, far = ([low[0][0]] if low else []), False
         if strict and not far:
             return None
         ahead = ahead and far
@@ -350,10 +355,9 @@ class Detector:
                 if lo in wild:
                     # one outlier: the incumbent from before it goes on, as it did before several were
                     # weighed (its numbers unchanged); several: each skipped, so time and lags go on
-                    if len(wild) > 1:
-                        post = model.exact_skip(post, model.featurize(rows[lo].rows.to(torch.float64)))
-                        if post is None:
-                            return None
+                    if len(wild) > 1:  # (a model that cannot skip a row: left out, as one is)
+                        skipped = model.exact_skip(post, model.featurize(rows[lo].rows.to(torch.float64)))
+                        post = post if skipped is None else skipped
                     lo += 1
                 if lo >= hi:
                     continue
@@ -1007,10 +1011,9 @@ class Detector:
                     if clean is not None:
                         if j - 1 == f - 1 or j - 1 in odd:
                             cbefore += lp
-                            if len(odd) > 1:  # (one outlier: not skipped, as before several were weighed)
-                                clean = model.exact_skip(clean, rows[j - 1 : j])
-                                if clean is None:
-                                    return None
+                            if len(odd) > 1:  # (one outlier, or a model that cannot skip: left out, as before)
+                                skipped = model.exact_skip(clean, rows[j - 1 : j])
+                                clean = clean if skipped is None else skipped
                         else:
                             clean, clp = model.exact_update(clean, rows[j - 1 : j])
                             cbefore += clp
