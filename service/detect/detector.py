@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-from types import SimpleNamespace
 import math
 from dataclasses import replace
 from typing import Callable, NamedTuple, Sequence
@@ -283,7 +282,7 @@ class Detector:
         elif c.compared and c.top_row > 0.0:
             other.append(c.top_row + q)
         if s is not None and self.exact and _logsumexp(change) >= _logsumexp(other):
-            split = self._outlier_log_bf(s, c)
+            split = self._outlier_log_bf(s, c.start)
             if split is not None:
                 a, b, _, wild = split
                 m = len(wild)  # outlier chunks, each as likely a priori as a change
@@ -291,13 +290,13 @@ class Detector:
                 other.append(a + b + m * q)
         return _logsumexp(change) - _logsumexp(other) - c.log_bf
 
-    def _outlier_log_bf(self, s: DetectorState, c: Challenger, ahead: bool = False,
+    def _outlier_log_bf(self, s: DetectorState, until: int, ahead: bool = False,
                         strict: bool = False) -> tuple[float, float, int, list[int]] | None:
         """(A, B, the end of the last such chunk, their stream indices) of ``_log_odds``: the log
-        Bayes factor of "the most surprising chunks of this regime before ``c`` starts (each one's
+        Bayes factor of "the most surprising chunks of this regime before ``until`` (a restart's start; each one's
         log predictive per row at least ``surprise`` robust sds below the median of the regime's
-        chunks before ``c``; up to ``MAX_OUTLIERS``, the least probable) were outliers" against the
-        incumbent, on the chunks between the first of them and ``c``'s start (A) and on those from
+        chunks before it; up to ``MAX_OUTLIERS``, the least probable) were outliers" against the
+        incumbent, on the chunks between the first of them and ``until`` (A) and on those from
         that start (B): the incumbent's posterior from before the first, updated with the chunks
         after it but not with them (``Model.exact_skip``: time and lags go on past them, where the
         model can), against the incumbent's log predictives of those chunks. Several: two wild
@@ -307,7 +306,7 @@ class Detector:
         before the first is kept (``Recent.state``, ``DetectorState.dropped``'s anchor). ``ahead``: A
         is the largest of its running sums chunk by chunk where every one of them is as far below
         the median as ``_watch``'s suspects (the outliers' model was ahead at some chunk before
-        ``c``'s start: a change that began before ``c`` after the readings, as at 506 above, takes A
+        ``until``: a change that began before it after the readings, as at 506 above, takes A
         below 0 again; with ordinary surprising rows a running sum above 0 by chance put a +1.5 sd
         shift 14 rows late); ``strict``: None unless every one is that far below."""
         rows = [*s.dropped, *s.recent]
@@ -317,7 +316,7 @@ class Detector:
         # deviations (what the state keeps for every chunk, ``dropped``'s included: the same after a
         # restore)
         cands = [(k, r.lp / int(r.rows.shape[0])) for k, r in enumerate(rows)
-                 if r.start >= s.offset_n and r.start + int(r.rows.shape[0]) <= c.start]
+                 if r.start >= s.offset_n and r.start + int(r.rows.shape[0]) <= until]
         if len(cands) < 5:
             return None
         x = sorted(v for _, v in cands)
@@ -345,7 +344,7 @@ class Detector:
         if a is None:
             return None
         model = self.sampler.model
-        split = j + 1 + sum(1 for r in rows[j + 1 :] if r.start < c.start)
+        split = j + 1 + sum(1 for r in rows[j + 1 :] if r.start < until)
         post = self._load(rows[a]) if a == j else self._fold(rows[a:j])
         # the chunks after j in runs, each updated in one go: between the outliers, and at ``split``
         cuts = sorted({*wild, split, len(rows), *(range(j, split) if ahead else ())})
@@ -566,12 +565,12 @@ class Detector:
             # predicted without (``_log_odds``): the incumbent's predictives after a wild row are poor
             # wherever the change is put, and a place at the spike itself scored best (a spike at 100,
             # +3 sd at 200, point by point: the change placed at 100)
-            outlier = self._outlier_log_bf(new, best, ahead=True) if self.exact else None
+            outlier = self._outlier_log_bf(new, best.start, ahead=True) if self.exact else None
             if self.exact and b == 1:
                 # point by point, outliers among the winner's own rows too (a shift challenger started
                 # at a wild reading wins once a change follows it: 2,500 at 500 and 503, +10 sd from
                 # 506, ``ar``: placed at 500)
-                inside = self._outlier_log_bf(new, SimpleNamespace(start=start + b), ahead=True, strict=True)
+                inside = self._outlier_log_bf(new, start + b, ahead=True, strict=True)
                 if inside is not None and inside[0] > 0.0 and (outlier is None or outlier[0] <= 0.0 or inside[2] > outlier[2]):
                     outlier = inside
             floor, wild = (outlier[2], outlier[3]) if outlier is not None and outlier[0] > 0.0 else (None, ())
@@ -816,7 +815,7 @@ class Detector:
                 if each is None:
                     each = model.exact_row_log_predictive(post, rows)
                 inc = incumbent  # the incumbent's posterior, where it is not ``post`` (until a row is skipped)
-                total, prev, ks, odd = 0.0, 0, [], 0.0
+                total, prev, ks, as_outliers = 0.0, 0, [], 0.0
                 while prev < rows.shape[0] and len(ks) < room:
                     # the next row surprising to the posterior so far, which skipped the rows before
                     # (an autoregression's row after a wild one reads its predicted value as the lag:
@@ -833,7 +832,7 @@ class Detector:
                         total += float(lp)
                     inc, own = model.exact_update(post if inc is None else inc, rows[k : k + 1])
                     total += float(own)
-                    odd += _as_outlier(model, post, rows[k : k + 1], float(own), q1)
+                    as_outliers += _as_outlier(model, post, rows[k : k + 1], float(own), q1)
                     post = model.exact_skip(post, rows[k : k + 1])
                     if post is None:
                         return None
@@ -851,8 +850,8 @@ class Detector:
         found = [start + k for k in ks]
         if joined is not None:
             return Suspect(locations=joined.locations + found, gain=joined.gain + gain, rows=after, state=_slim(post, model),
-                           level=joined.level, post=post, own=joined.own + odd)
-        return Suspect(locations=found, gain=gain, rows=after, state=_slim(post, model), level=level, post=post, own=odd)
+                           level=joined.level, post=post, own=joined.own + as_outliers)
+        return Suspect(locations=found, gain=gain, rows=after, state=_slim(post, model), level=level, post=post, own=as_outliers)
 
     def _standing(self, location: int, confidence: float, no_change: SGAISState) -> Standing | None:
         """A change reported at ``location`` with ``confidence``, to be weighed on (``_stand``)
@@ -1476,8 +1475,7 @@ def _as_outlier(model, post: torch.Tensor, row: torch.Tensor, own: float, q1: fl
     log_rho, log_keep = -math.log1p(math.exp(-q1)), -math.log1p(math.exp(q1))
     if not (math.isfinite(broad) and math.isfinite(own)):
         return 0.0
-    top = max(log_rho + broad, log_keep + own)
-    return top + math.log(math.exp(log_rho + broad - top) + math.exp(log_keep + own - top)) - own
+    return _logsumexp([log_rho + broad, log_keep + own]) - own
 
 
 def _top_excess(advantage: torch.Tensor) -> float:
