@@ -99,6 +99,9 @@ def test_the_codes_name_the_series_and_the_request_not_a_stream(live, body, code
     ({"values": [1.0, 2.0], "columns": ["a", "b"]}, 422, "columns names 2 columns but the rows have 1 values"),
     ({"values": [1.0, 2.0], "chunk_size": 501}, 422, "exceeds CUSP_MAX_CHUNK_ROWS=500"),
     ({"values": [1.0] * 3000, "chunk_size": 1}, 422, "make 3,000 chunks; the limit is 2,000: use chunk_size >= 2"),
+    # one chunk holds no change (was cut to the series, answered with none: the trial of 2026-12-06)
+    ({"values": [1.0] * 30, "chunk_size": 50}, 422, "chunk_size 50 is not below the series' 30 rows: in one chunk no change"),
+    ({"values": [1.0] * 30, "chunk_size": 30}, 422, "chunk_size 30 is not below"),
     ({"values": [1.0] * 100_001}, 413, "at most 100,000"),
     ({"values": [-1.0, 2.0], "models": ["poisson"]}, 422, "model 'poisson'"),
     ({"values": [1.0, 2.0], "sampler": {"overrides": {"particles": 0}}}, 422, "sampler"),
@@ -137,6 +140,7 @@ def test_a_nan_in_values_is_named_by_its_place(live, text, message):
     r = live.client.post("/v1/detect", content=text, headers={"Content-Type": "application/json"})
     assert r.status_code == 422 and message in r.json()["detail"], r.text
     assert len(r.json()["errors"]) == 1, r.json()
+    assert r.json()["code"] == "invalid_series", r.json()  # as an empty or ragged series (was 'invalid_request')
 
 
 def test_a_duration_run_length_counts_the_times_interval(live):

@@ -237,3 +237,5 @@ def test_bad_sampler_settings(kwargs, message):
         SGAISConfig.from_dict({"partciles": 3})
     with pytest.raises(ConfigError, match="preset"):
         SGAISConfig.preset("fastest")
+    with pytest.raises(ConfigError, match="sghmc_steps must be at least 1"):  # the user's way in: a preset
+        SGAISConfig.preset("paper", sghmc_steps=0)

@@ -245,6 +245,8 @@ def test_unknown_stream_model_and_bad_settings(live):
         ({"name": name(), "columns": ["a"], "models": ["gaussian", "gaussian"]}, "used twice"),
         ({"name": name(), "columns": ["a"], "models": ["gaussian"], "sampler": {"overrides": {"particles": 1}}}, "particles"),
         ({"name": name(), "columns": ["a"], "models": ["gaussian"], "sampler": {"overrides": {"nope": 1}}}, "unknown sampler setting"),
+        ({"name": name(), "columns": ["a"], "models": ["gmm:components=2"], "sampler": {"overrides": {"sghmc_steps": 0}}},
+         "sghmc_steps must be at least 1"),
     ]
     for body, message in cases:
         r = live.client.post("/v1/streams", json=body)
@@ -252,6 +254,16 @@ def test_unknown_stream_model_and_bad_settings(live):
         assert message in json.dumps(r.json()), (message, r.text)
     dup = live.client.post("/v1/streams", json={"name": s, "columns": ["a"], "models": ["gaussian"]})
     assert dup.status_code == 409
+
+
+def test_an_empty_body_is_empty_body_everywhere(live):
+    """No body on a JSON endpoint is what no body on a chunk is: 400 'empty_body' (creating a
+    stream answered 422 'body: Field required', the trial of 2026-12-06)."""
+    s, _ = make_stream(live, models=("gaussian",))
+    for path in ("/v1/streams", "/v1/detect", f"/v1/streams/{s}/chunks"):
+        r = live.client.post(path, content=b"", headers={"Content-Type": "application/json"})
+        assert r.status_code == 400 and r.json()["code"] == "empty_body", (path, r.text)
+    assert live.client.get(f"/v1/streams/{s}").json()["next_seq"] == 0
 
 
 def test_ndjson_and_csv_bodies(live, redis_url):

@@ -162,6 +162,12 @@ async def invalid_request(request: Request, exc: RequestValidationError) -> JSON
     code = "malformed_body" if malformed else "invalid_request"
     if errs and all(e["loc"] == ["query", "seq"] for e in errs):
         code = "invalid_seq"  # ?seq=-1 on a CSV chunk is what "seq": -1 in a JSON one is (a new user's finding)
+    elif len(errs) == 1 and errs[0]["loc"] == ["body"] and errs[0]["type"] == "missing":
+        # no body at all, as on a chunk (was 422 'body: Field required' here and 400 'empty_body' there)
+        return problem(400, "empty_body", "empty body: send a JSON object", request.url.path)
+    elif errs and all(e["loc"][:2] in (["body", "values"], ["body", "times"], ["body", "series"]) for e in errs) \
+            and request.url.path.rstrip("/").endswith("/v1/detect"):
+        code = "invalid_series"  # a NaN in 'values' is what an empty or ragged series is (the trial of 2026-12-06)
     return problem(400 if malformed else 422, code, detail, request.url.path, errors=errs)
 
 

@@ -119,7 +119,14 @@ class SGAISConfig:
         """'paper' (the paper's defaults with resampling) or 'accurate' (see PRESETS)."""
         if name not in PRESETS:
             raise ConfigError(f"unknown sampler preset {name!r}; known: {', '.join(PRESETS)}")
-        return cls.from_dict({**PRESETS[name], **overrides})
+        config = cls.from_dict({**PRESETS[name], **overrides})
+        if config.sghmc_steps == 0:
+            # (allowed in the class, where a test isolates the mode jumps with 1,000 particles; a
+            # stream with it kept 10 particles where the prior drew them: a mixture's log-evidence
+            # fell 1,800 nats in one chunk, then was restated, the trial of 2026-12-06)
+            raise ConfigError("sghmc_steps must be at least 1: with 0 the particles never move, and the annealing only "
+                              "reweights and resamples the prior's draws (the log-evidence is then far too low)")
+        return config
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> "SGAISConfig":

@@ -125,6 +125,11 @@ def chunk_size(asked: int | None, rows: int, settings: Settings) -> int:
     chunk = asked or math.ceil(rows / DETECT_DEFAULT_CHUNKS)
     if chunk > settings.max_chunk_rows:
         raise ApiError(422, "invalid_request", f"chunk_size {chunk} exceeds CUSP_MAX_CHUNK_ROWS={settings.max_chunk_rows}")
+    if asked is not None and 1 < asked >= rows:
+        # (cut to the series before: one chunk, and an answer without change points that looked like "none")
+        raise ApiError(422, "invalid_request", f"chunk_size {asked} is not below the series' {rows:,} rows: in one chunk no "
+                                               "change can be found (a change needs chunks on both sides of it); use a "
+                                               f"smaller chunk_size, or leave it out (ceil(rows / {DETECT_DEFAULT_CHUNKS}))")
     if math.ceil(rows / chunk) > MAX_DETECT_CHUNKS:
         raise ApiError(422, "invalid_request", f"{rows:,} rows in chunks of {chunk} make {math.ceil(rows / chunk):,} chunks; the limit is "
                                  f"{MAX_DETECT_CHUNKS:,}: use chunk_size >= {math.ceil(rows / MAX_DETECT_CHUNKS)}")
