@@ -276,6 +276,36 @@ def test_class_balance_changes_placed_at_their_chunk_on_ten_data_seeds():
     assert all(_class_balance_locations(s) == [1000, 2000] for s in range(10))
 
 
+def _clusters_drop_out(seed: int, before: int = 20_000, after: int = 5_000):
+    """The demo's clusters: ``before`` rows from all 7, then ``after`` rows from the first 3."""
+    import numpy as np
+
+    from service.demo import distribution_shift_data
+
+    seven = distribution_shift_data(before + 2, seed, changes=(1, 2))[0].numpy()[2:]
+    three = distribution_shift_data(after, seed + 100, changes=(10**9, 10**9 + 1))[0].numpy()
+    return np.concatenate([seven, three])
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_clusters_that_drop_out_are_found_at_their_chunk(seed):
+    """7 clusters, then 3 of them from row 20,000, chunks of 500 (the demo's rounds begin so). The
+    rows lose log(7/3) to the weights and gain about as much in entropy: the incumbent's log
+    predictive per observation stayed within its noise, nothing nominated the change chunk, and
+    ``_moved`` refused a restart 300-600 nats ahead. The components' shares of the chunk show it
+    (``signals.shares_moved``). Before: data seeds 0-2 at 20,000 + 1,500-3,000 (21,500-23,000 on
+    held-out seeds 3-5); now 20,000 on 0-2, and 20,000 or 20,500 on 3-5. The demo's 20 first rounds
+    (``cusp replay``, its stream's models and seed): a round's first change (7 -> 3 clusters) at its
+    row in 18 of 19 rounds (was 0; the other at 500), the second (3 -> 5, 1,000 rows on) within a
+    chunk in 18 (was 3), the third (5 -> 7) in all, as before."""
+    from service.detect import detect_stream
+
+    for k in (7, 5):
+        spec = f"gmm:components={k}"
+        events, _ = detect_stream(_clusters_drop_out(seed), [spec], chunk_size=500, seed=seed)
+        assert [e.location for e in events[spec]] == [20_000], (spec, [e.location for e in events[spec]])
+
+
 def _new_cluster(seed: int, n: int = 3000, at: int = 1500):
     """Latency (ms) and bytes: two clusters, a third from row ``at`` (raw units, a third each)."""
     import numpy as np

@@ -7,7 +7,12 @@ observation is far from its running level (|z| >= ``surprise``, both directions:
 variance drop makes data *more* likely) or whose annealing-step count spikes; for models with
 a closed form also the first chunk of a window of the last 4, 8 or 16 training samples whose
 mean log predictive lies ``surprise`` standard errors off the level before it (``signals.
-Windows``: a fall in volatility point by point, too small a row for the others). A candidate
+Windows``: a fall in volatility point by point, too small a row for the others); for a mixture
+also a chunk its components take in other shares than an evenly spaced sample of the regime's
+earlier rows (``signals.shares_moved``, a chi-square test at ``surprise``; at most one a
+training sample): clusters that drop out of the data (7, then 3 of them) leave the log
+predictive per observation where it was, the rows losing to the weights what they gain in
+entropy. A candidate
 starts a **challenger**: a fresh SGAIS instance of the same model, from the prior, fed the
 same chunks from t on. After a short training sample (``train`` observations, so that the
 comparison does not hinge on how vague the prior is: a partial / intrinsic Bayes factor),
@@ -72,8 +77,10 @@ reservoir, which the worker and ``OfflineRun`` pass in): a poor mode fits those 
 change does not.
 
 A winning restart of a sampled model must also show that the incumbent's own predictive moved
-off its running level (``level_shift`` standard errors, ``_moved``): a restart beats particles
-stuck in a poor mode without any change. The exact method on a unimodal model skips this
+off its running level (``level_shift`` standard errors, ``_moved``), or for a mixture that its
+components took other shares of the restart's rows than of the regime's rows before them (the
+same test at ``level_shift``): a restart beats particles stuck in a poor mode without any
+change. The exact method on a unimodal model skips this
 (``_eligible``): no particles, so a restart that wins wins on the data, while an incumbent that
 follows the new regime part way (an AR model's intercept after a level shift) brings its
 predictive back to its level as the restart's lead grows.

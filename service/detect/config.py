@@ -43,7 +43,8 @@ class DetectorConfig:
     z-scores (drift 0.5) that nominates the chunk where its excursion began (small
     sustained shifts, point-by-point data); level_shift: a change is reported only if the
     incumbent's mean log predictive per observation since the candidate is this many standard
-    errors off its level before it (0: off; it keeps a restart that merely escapes a poor
+    errors off its level before it, or for a mixture its components' shares of those rows that far
+    off their shares of the regime's rows before (``signals.shares_moved``) (0: off; it keeps a restart that merely escapes a poor
     posterior mode from counting as a change; sampled models only, ``Detector._eligible``); step_spike: annealing steps above running mean + this many
     sd that nominate one; train: observations a challenger sees before it is compared (at
     least its first chunk; 0 = max(10, 2 x parameters)); retire_log_bf: a challenger whose
