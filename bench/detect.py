@@ -7,7 +7,7 @@ What it measures (issue 4), everything in the same process, one thread, one afte
 - **Data.** A labelled synthetic suite (``suite()``: seeded generators; each gives the data
   ``[T, C]`` float64, the true change locations, cusp's model spec and the chunk size),
   the paper's 3 -> 5 -> 7 clusters (``bench.data.distribution_shift_data``) in order and
-  shuffled, stationary stretches for the false-alarm rate, the Nile river flow from
+  shuffled, the demo stream's rounds (``clusters_drop``: 7 clusters, then 3, 5 and 7 of them), stationary stretches for the false-alarm rate, the Nile river flow from
   statsmodels with the TCPD annotations, and any TCPD-format directory (``read_tcpd``).
 - **Metrics** exactly as van den Burg & Williams, "An Evaluation of Change Point Detection
   Algorithms" (2020) define them (``f_measure``, ``covering``; their conventions: index 0
@@ -256,6 +256,19 @@ def clusters(n: int = 100_000, shuffle: bool = False, seed: int = 0):
     return x.numpy(), changes
 
 
+def clusters_drop(before: int = 90_000, seed: int = 1):
+    """The demo stream's rounds (``cusp serve --demo``): ``before`` rows of the paper's 7 clusters
+    (a round's last 90,000), then a new round, 3 of them (1,000 rows), 5 (9,000), all 7 again
+    (20,000). Clusters that drop out of the data leave a mixture's log predictive per observation
+    where it was (the rows lose to the weights what they gain in entropy): changes at ``before``,
+    + 1,000 and + 10,000."""
+    from bench import data as D
+
+    seven = D.distribution_shift_data(before + 2, seed, changes=(1, 2))[0].numpy()[2:]
+    new_round = D.distribution_shift_data(30_000, seed + 1)[0].numpy()
+    return np.concatenate([seven, new_round]), [before, before + 1_000, before + 10_000]
+
+
 def _labelled(key: str, group: str, title: str, made, seed: int, kind: str = "labelled", chunk: int | None = None,
               data_key: str | None = None, note: str = "") -> Series:
     data, changes, spec, default_chunk = made
@@ -309,6 +322,12 @@ def suite(quick: bool = False, seeds: int | None = None, cluster_components: Seq
             what = "the same rows shuffled (no change)" if shuffle else "3 -> 5 -> 7 clusters (changes at 1,000 and 10,000)"
             out.append(_labelled(f"{name}/K={k}", f"{name}/K={k}", f"paper: {what}, n = {n:,}, chunks of 500, GMM K = {k}",
                                  (x, changes, f"gmm:components={k}", 500), 0, data_key=f"{name}#s0"))
+    x, changes = clusters_drop(5_000 if quick else 90_000)
+    for k in ks:
+        out.append(_labelled(f"clusters-drop/K={k}", f"clusters-drop/K={k}",
+                             f"the demo's rounds: 7 clusters, then 3, 5 and 7 of them again (changes at {changes[0]:,}, "
+                             f"{changes[1]:,}, {changes[2]:,}; n = {x.shape[0]:,}), chunks of 500, GMM K = {k}",
+                             (x, changes, f"gmm:components={k}", 500), 1, data_key="clusters-drop#s1"))
     return out
 
 

@@ -199,6 +199,7 @@ def test_suite_generators():
     by = {s.key: s for s in items}
     assert by["clusters/K=5"].changes == (1000, 10000) and by["clusters/K=5"].chunk == 500
     assert by["clusters-shuffled/K=5"].kind == "stationary" and by["stationary-5d"].data.shape[1] == 5
+    assert by["clusters-drop/K=5"].changes == (5000, 6000, 15000) and by["clusters-drop/K=5"].data.shape == (35_000, 2)
     assert by["mean-2/pointwise"].chunk == 1 and by["mean-2/pointwise"].data_key == by["mean-2"].data_key
 
 

@@ -154,8 +154,9 @@ class Detector:
         self.log_hazard = -math.log(DEFAULT_RUN_LENGTH if self.run_length_seconds is not None or self.scale_free
                                     else float(self.config.expected_run_length))
         self.multimodal = bool(getattr(model, "multimodal", False))
-        # a mixture's components' shares of a chunk against their weights (``signals.shares_moved``):
-        # clusters that drop out of the data leave its log predictive per observation where it was
+        # a mixture's components' shares of a chunk against their shares of the regime's earlier rows
+        # (``signals.shares_moved``): clusters that drop out of the data leave its log predictive per
+        # observation where it was
         self.shares = self.multimodal and callable(getattr(model, "component_shares", None))
         # rows a restart from the prior learns on before it is compared: for a model whose sampler
         # checks its modes (the mixture), at least to its first check (``engine.FIRST_MODE_CHECK``).
@@ -1271,7 +1272,7 @@ class Detector:
         a mixture: its components take other shares of the challenger's rows under ``incumbent``
         than of the regime's rows before them (``history()``, as ``_data_moved``'s). Clusters that
         dropped out of the data (the demo's 7 clusters, then 3 of them) left the incumbent's log
-        predictive per observation within 1 standard error of its level while a restart stood
+        predictive per observation 0.5-1.3 standard errors off its level while a restart stood
         300-600 nats ahead."""
         if (self.exact and not self.multimodal) or self._moved(c):
             return True
