@@ -25,7 +25,9 @@ indices (tests/test_signals.py).
   rows lose log(7/3) to the weights and gain as much in entropy. Their shares show it.
 
 The detector's state holds one of each of the first three and saves their fields
-(``DetectorState.to_bytes``); ``Windows`` keeps nothing (it reads the detector's recent chunks).
+(``DetectorState.to_bytes``); ``Windows`` keeps nothing (it reads the detector's recent chunks),
+nor does ``shares_moved`` (the detector gives it the incumbent's shares of the chunk and of a
+sample of its reservoir).
 """
 
 from __future__ import annotations

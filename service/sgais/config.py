@@ -122,10 +122,11 @@ class SGAISConfig:
         config = cls.from_dict({**PRESETS[name], **overrides})
         if config.sghmc_steps == 0:
             # (allowed in the class, where a test isolates the mode jumps with 1,000 particles; a
-            # stream with it kept 10 particles where the prior drew them: a mixture's log-evidence
-            # fell 1,800 nats in one chunk, then was restated, the trial of 2026-12-06)
-            raise ConfigError("sghmc_steps must be at least 1: with 0 the particles never move, and the annealing only "
-                              "reweights and resamples the prior's draws (the log-evidence is then far too low)")
+            # stream's 10 particles then moved by a mixture's occasional mode jump alone: its
+            # log-evidence fell 1,800 nats in one chunk, then was restated, the trial of 2026-12-06)
+            raise ConfigError("sghmc_steps must be at least 1: with 0 nothing but a mixture's occasional mode jump moves "
+                              "the particles, the annealing only reweights and resamples them, and the log-evidence is "
+                              "then far too low")
         return config
 
     @classmethod

@@ -125,7 +125,7 @@ def chunk_size(asked: int | None, rows: int, settings: Settings) -> int:
     chunk = asked or math.ceil(rows / DETECT_DEFAULT_CHUNKS)
     if chunk > settings.max_chunk_rows:
         raise ApiError(422, "invalid_request", f"chunk_size {chunk} exceeds CUSP_MAX_CHUNK_ROWS={settings.max_chunk_rows}")
-    if asked is not None and 1 < asked >= rows:
+    if asked is not None and asked > 1 and asked >= rows:
         # (cut to the series before: one chunk, and an answer without change points that looked like "none")
         raise ApiError(422, "invalid_request", f"chunk_size {asked} is not below the series' {rows:,} rows: in one chunk no "
                                                "change can be found (a change needs chunks on both sides of it); use a "
