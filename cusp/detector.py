@@ -56,7 +56,7 @@ class Detector:
     default portfolio for the data's width (``models.registry.default_portfolio``).
     chunk_size: None: every ``update`` is one chunk, as every POST is for the service; k: rows
     are buffered and processed k at a time (``flush()`` processes a partial chunk).
-    seed: the stream's seed (model i gets ``service.runtime.seed_for(seed, i)``, as a stream's
+    seed: the stream's seed (model i gets ``service.seeding.seed_for(seed, i)``, as a stream's
     models do). columns: the data's width, or its columns' names (default: from the first ``update``;
     a 1-D input is then a one-column series' values, so give it to update row by row). target: the
     target column's index for regression models. priors: spec -> prior weight of the model.

@@ -20,7 +20,7 @@ from service import times as T
 from service.data import TIME_COLUMNS, DataError, log_model_probabilities, read_series, resolve_target
 from service.detect import DetectorConfig, OfflineRun, StreamAnswer, stream_window
 from service.detect.config import DETECT_DEFAULT_CHUNKS
-from service.runtime import seed_for
+from service.seeding import seed_for
 from service.sgais import WARNINGS, ConfigError, EngineError, SGAISConfig, build_sampler
 
 

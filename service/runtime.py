@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from models import Model, build_model
+from service.seeding import seed_for
 from service.sgais import SGAISConfig, Sampler, build_sampler
 from service.store import ModelEntry, StreamConfig
 
@@ -27,12 +28,6 @@ def sampler_config(cfg: StreamConfig) -> SGAISConfig:
 
 def build(cfg: StreamConfig, entry: ModelEntry) -> Sampler:
     return build_sampler(build_model(entry.spec, len(cfg.columns), entry.target), sampler_config(cfg))
-
-
-def seed_for(seed: int, index: int) -> int:
-    """The generator seed of the ``index``-th model (from 0) of a stream seeded ``seed``: each model
-    gets its own. ``cusp replay --seed S`` uses it too, so it reproduces the service's numbers."""
-    return (int(seed) * 1_000_003 + int(index)) % (2**63)
 
 
 def model_seed(cfg: StreamConfig, entry: ModelEntry) -> int:

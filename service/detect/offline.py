@@ -76,12 +76,12 @@ def detect_stream(data, model_specs: Sequence[str] | None = None, chunk_size: in
                   config: DetectorConfig | None = None, sampler_config: SGAISConfig | None = None,
                   target: int | None = None) -> tuple[dict[str, list[Event]], list["StreamChange"]]:
     """A stream's models with their detectors over ``data [T, C]`` offline, seeded as the service
-    seeds a stream's models (model i: ``service.runtime.seed_for(seed, i)``), and the stream's answer:
+    seeds a stream's models (model i: ``service.seeding.seed_for(seed, i)``), and the stream's answer:
     (each model's events, the model-averaged change points). ``model_specs`` None: the default
     portfolio for the data's width (``models.registry.default_portfolio``)."""
     from models import build_model
     from models.registry import default_portfolio
-    from service.runtime import seed_for
+    from service.seeding import seed_for
 
     x = torch.as_tensor(data, dtype=torch.float64)
     if x.dim() == 1:
