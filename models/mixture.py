@@ -236,11 +236,12 @@ class GaussianMixture(Model):
 
         return grad
 
-    def component_shares(self, theta: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    def component_shares(self, theta: torch.Tensor, rows: torch.Tensor, blocks: int = 1) -> torch.Tensor:
         """Each component's share of the featurized ``rows``, its mean responsibility, per particle:
-        ``[M, K]``. The change detector's view of what the mixture's weights describe
-        (``signals.shares_moved``). The rows and means are centred on the rows' mean first (the
-        responsibilities do not depend on the centre), so the quadratic form's raw moments, one
+        ``[M, K]``; with ``blocks`` > 1, of each of that many equal runs of the rows (their number a
+        multiple of it): ``[M, blocks, K]``. The change detector's view of what the mixture's weights
+        describe (``signals.shares_moved``). The rows and means are centred on the rows' mean first
+        (the responsibilities do not depend on the centre), so the quadratic form's raw moments, one
         matrix product, keep their digits at large offsets."""
         z, mu, s = self._split(theta)
         m, k, d = mu.shape
@@ -252,7 +253,10 @@ class GaussianMixture(Model):
         coef = torch.cat([mu * prec, -0.5 * prec], dim=2).reshape(m * k, 2 * d)
         const = torch.log_softmax(z, -1) - 0.5 * (s.sum(-1) + (mu * mu * prec).sum(-1))  # [M, K]
         quad = (coef @ torch.cat([y, y * y], dim=1).T).view(m, k, -1)  # [M, K, B]
-        return torch.softmax(quad.add_(const[:, :, None]), dim=1).mean(-1)
+        resp = torch.softmax(quad.add_(const[:, :, None]), dim=1)
+        if blocks <= 1:
+            return resp.mean(-1)
+        return resp.view(m, k, blocks, -1).mean(-1).transpose(1, 2)  # [M, blocks, K]
 
     # --- a check of the particles against the dominant mode -------------------------------------
     checks_modes = True

@@ -323,3 +323,9 @@ def test_gmm_component_shares_are_mean_responsibilities_at_any_offset():
     moved = theta.clone()
     moved[:, 4:12] = (mu + off).reshape(6, -1)
     assert torch.allclose(model.component_shares(moved, model.featurize(y + off)), direct, rtol=0, atol=1e-10)
+    # runs of rows: each run's shares, as for the run alone (3 runs of 100)
+    runs = model.component_shares(theta, model.featurize(y), blocks=3)
+    assert runs.shape == (6, 3, 4)
+    for j in range(3):
+        assert torch.allclose(runs[:, j], model.component_shares(theta, model.featurize(y[100 * j:100 * (j + 1)])),
+                              rtol=0, atol=1e-14)

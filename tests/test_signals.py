@@ -13,7 +13,8 @@ import torch
 
 from service.detect import MAGIC, DetectorState
 from service.detect.decision import decide, posterior
-from service.detect.signals import Cusum, RunningLevel, StepSpike, Windows, chi2_quantile, shares_moved, weight
+from service.detect.signals import (Cusum, RunningLevel, StepSpike, Windows, chi2_quantile, shares_dispersion, shares_moved,
+                                    weight)
 
 
 def test_running_level_is_a_plain_mean_first_then_exponential():
@@ -145,6 +146,23 @@ def test_shares_moved_is_a_two_sample_g_test_per_particle():
     assert shares_moved(torch.ones(1, 1, dtype=torch.float64), 100, torch.ones(1, 1, dtype=torch.float64), 100, one, 3.0) \
         == (False, 0.0)
     assert shares_moved(new, 0, old, 100, one, 3.0) == (False, 0.0)
+
+
+def test_shares_dispersion_is_the_runs_g_per_degree_of_freedom_at_least_one():
+    """By hand: one particle, two runs of 50 rows with shares (0.9, 0.1) and (0.5, 0.5): pooled
+    (0.7, 0.3), G = 2 * 50 * (0.9 log(0.9/0.7) + 0.1 log(0.1/0.3) + 0.5 log(0.5/0.7) + 0.5 log(0.5/0.3)),
+    over (2 - 1)(2 - 1) degrees of freedom. Runs alike give 1 (never below); one run, 1; and the
+    statistic ``shares_moved`` compares is divided by it."""
+    one = torch.ones(1, dtype=torch.float64)
+    runs = torch.tensor([[[0.9, 0.1], [0.5, 0.5]]], dtype=torch.float64)
+    g = 100 * (0.9 * math.log(0.9 / 0.7) + 0.1 * math.log(0.1 / 0.3) + 0.5 * math.log(0.5 / 0.7) + 0.5 * math.log(0.5 / 0.3))
+    assert shares_dispersion(runs, 50, one) == pytest.approx(g, rel=1e-12)
+    assert shares_dispersion(torch.full((1, 4, 3), 1 / 3, dtype=torch.float64), 50, one) == 1.0
+    assert shares_dispersion(runs[:, :1], 50, one) == 1.0
+    new, old = runs[:, 0], runs[:, 1]
+    plain = shares_moved(new, 100, old, 100, one, 3.0)[1]
+    assert shares_moved(new, 100, old, 100, one, 3.0, dispersion=4.0)[1] == pytest.approx(plain / 4, rel=1e-12)
+    assert shares_moved(new, 100, old, 100, one, 3.0, dispersion=0.5)[1] == plain  # never below 1
 
 
 def test_decide_takes_the_most_probable_eligible_challenger():

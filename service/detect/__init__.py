@@ -9,8 +9,9 @@ a closed form also the first chunk of a window of the last 4, 8 or 16 training s
 mean log predictive lies ``surprise`` standard errors off the level before it (``signals.
 Windows``: a fall in volatility point by point, too small a row for the others); for a mixture
 also a chunk its components take in other shares than an evenly spaced sample of the regime's
-earlier rows (``signals.shares_moved``, a chi-square test at ``surprise``; at most one a
-training sample): clusters that drop out of the data (7, then 3 of them) leave the log
+earlier rows (``signals.shares_moved``, a chi-square test at ``surprise``, its statistic
+divided by the dispersion of shares between runs of the regime's recent rows, ``signals.
+shares_dispersion``: rows that come in bursts; at most one a training sample): clusters that drop out of the data (7, then 3 of them) leave the log
 predictive per observation where it was, the rows losing to the weights what they gain in
 entropy. A candidate
 starts a **challenger**: a fresh SGAIS instance of the same model, from the prior, fed the

@@ -12,7 +12,7 @@ import torch
 from models.base import Model
 from service.detect.config import AUTO, AUTO_ALPHA, AUTO_R0, DEFAULT_RUN_LENGTH, DetectorConfig
 from service.detect.decision import decide, posterior
-from service.detect.signals import RunningLevel, Windows, shares_moved, weight
+from service.detect.signals import RunningLevel, Windows, shares_dispersion, shares_moved, weight
 from service.detect.state import Challenger, DetectorState, Event, Recent, Refined, Standing, Step, Suspect
 from service.sgais.engine import FIRST_MODE_CHECK
 from service.sgais.exact import exact_layout
@@ -88,6 +88,9 @@ HISTORY_SAMPLE = 2000
 #: 7 components in 2-D; three mixtures on 200,000 rows of the paper's 7 clusters in chunks of 500 took
 #: 13 % longer than without the test with 2,000 rows, 6 % with 1,000)
 SHARES_SAMPLE = 1000
+#: the most runs of a chunk's size among the regime's recent rows whose shares give the stream's own
+#: dispersion of shares (``signals.shares_dispersion``, ``Detector._dispersion``)
+SHARES_BLOCKS = 32
 
 #: a reported change is weighed on (``Detector._stand``) until its log odds against no change
 #: are this far from 0 either way (P(change) within 1e-9 of 1 or of 0), or ``max_age`` rows later
@@ -489,7 +492,7 @@ class Detector:
             if self.shares and not any(start - c.start < self.restart_train for c in new.challengers) \
                     and self._shares_moved(before, self.sampler.model.featurize(chunk[b - scored:]),
                                            self._history(reservoir, before.n, new.memory_rows, before.n, SHARES_SAMPLE),
-                                           cfg.surprise):
+                                           cfg.surprise, self._dispersion(before, new, scored, start)):
                 starts.append(len(new.recent) - 1)
             taken = {c.start - c.skip for c in new.challengers}  # the chunks they start in
             for i in sorted(set(starts)):
@@ -542,7 +545,8 @@ class Detector:
                                   cfg.threshold,
                                   eligible=lambda c: self._eligible(
                                       c, after, lambda: self._history(reservoir, before.n, new.memory_rows,
-                                                                      c.start - c.memory_rows - new.offset_n)),
+                                                                      c.start - c.memory_rows - new.offset_n),
+                                      lambda: self._dispersion(after, new, c.first_rows, c.start)),
                                   data_moved=lambda c, others: self._data_moved(
                                       c, after, new.recent, others,
                                       lambda: self._history(reservoir, before.n, new.memory_rows,
@@ -1263,14 +1267,16 @@ class Detector:
         return 0.5 * d * (1.0 / max(n_restart, 1) + 1.0 / max(n_incumbent, 1))
 
     def _eligible(self, c: Challenger, incumbent: SGAISState | None = None,
-                  history: Callable[[], torch.Tensor | None] | None = None) -> bool:
+                  history: Callable[[], torch.Tensor | None] | None = None,
+                  dispersion: Callable[[], float] | None = None) -> bool:
         """May this challenger's win be a change? Always for the exact method on a unimodal model:
         its evidence has no particles to get stuck, so a restart that wins wins on the data, and
         an incumbent that follows the new regime (an AR model's intercept after a level shift)
         brings its predictive back to its level while the restart's lead keeps growing (an AR(1)
         latency series, +3 sd: restarts 15 nats ahead were refused). Otherwise ``_moved``, or for
         a mixture: its components take other shares of the challenger's rows under ``incumbent``
-        than of the regime's rows before them (``history()``, as ``_data_moved``'s). Clusters that
+        than of the regime's rows before them (``history()``, as ``_data_moved``'s; beyond the
+        stream's own ``dispersion()`` of shares between runs of rows, ``_dispersion``). Clusters that
         dropped out of the data (the demo's 7 clusters, then 3 of them) left the incumbent's log
         predictive per observation 0.5-1.3 standard errors off its level while a restart stood
         300-600 nats ahead."""
@@ -1280,10 +1286,10 @@ class Detector:
                 or c.state.n > c.reservoir.size:
             return False
         return self._shares_moved(incumbent, c.reservoir.data[c.memory_rows:c.state.n], history(),
-                                  self.config.level_shift)
+                                  self.config.level_shift, dispersion() if dispersion is not None else 1.0)
 
     def _shares_moved(self, incumbent: SGAISState, rows: torch.Tensor, old: torch.Tensor | None,
-                      threshold: float) -> bool:
+                      threshold: float, dispersion: float = 1.0) -> bool:
         """Do the incumbent's components take other shares of the featurized ``rows`` than of the
         ``old`` ones (``signals.shares_moved``; no old rows: no)?"""
         if old is None or old.shape[0] == 0 or rows.shape[0] == 0:
@@ -1292,7 +1298,25 @@ class Detector:
         with torch.inference_mode():
             return shares_moved(model.component_shares(incumbent.theta, rows), int(rows.shape[0]),
                                 model.component_shares(incumbent.theta, old), int(old.shape[0]),
-                                incumbent.log_weights.exp(), threshold)[0]
+                                incumbent.log_weights.exp(), threshold, dispersion)[0]
+
+    def _dispersion(self, incumbent: SGAISState, s: DetectorState, rows: int, end: int) -> float:
+        """The stream's own dispersion of the incumbent's components' shares between runs of
+        ``rows`` consecutive rows (``signals.shares_dispersion``): the last runs of the regime's
+        recent chunks that end by stream index ``end`` (up to ``SHARES_BLOCKS``; 1 with fewer
+        than 2). Rows that come in bursts vary more from run to run than independent rows."""
+        rows = max(int(rows), 1)
+        lo = s.offset_n + s.memory_rows
+        parts = [r.rows for r in s.recent if r.rows is not None and r.start >= lo and r.start + r.rows.shape[0] <= end]
+        have = sum(int(p.shape[0]) for p in parts)
+        j = min(SHARES_BLOCKS, have // rows)
+        if j < 2:
+            return 1.0
+        model = self.sampler.model
+        x = model.featurize(torch.cat(parts)[-j * rows:].to(torch.float64))
+        with torch.inference_mode():
+            return shares_dispersion(model.component_shares(incumbent.theta, x, blocks=j), rows,
+                                     incumbent.log_weights.exp())
 
     def _moved(self, c: Challenger) -> bool:
         """Did the incumbent's own predictive move since the challenger started? A restart can
