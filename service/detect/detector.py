@@ -492,7 +492,7 @@ class Detector:
             if self.shares and not any(start - c.start < self.restart_train for c in new.challengers) \
                     and self._shares_moved(before, self.sampler.model.featurize(chunk[b - scored:]),
                                            self._history(reservoir, before.n, new.memory_rows, before.n, SHARES_SAMPLE),
-                                           cfg.surprise, self._dispersion(before, new, scored, start)):
+                                           cfg.surprise, lambda: self._dispersion(before, new, scored, start)):
                 starts.append(len(new.recent) - 1)
             taken = {c.start - c.skip for c in new.challengers}  # the chunks they start in
             for i in sorted(set(starts)):
@@ -541,16 +541,15 @@ class Detector:
             new.challengers, new.recent, new.dropped, new.standing = [], [], [], None
             new.cusum.reset()  # (its excursions point into ``recent``)
             result = replace(result, outliers=result.outliers + tuple((at, gain) for at in locations))
+        # the incumbent's own rows before a challenger's: drawn once, for both of a mixture's judges
+        history_of = functools.cache(lambda c: self._history(reservoir, before.n, new.memory_rows,
+                                                             c.start - c.memory_rows - new.offset_n))
         best, confidence = (None, 0.0) if outlier is not None or hold else decide(new.challengers, lambda c: self._log_odds(c, c.start - new.offset_n, new),
                                   cfg.threshold,
-                                  eligible=lambda c: self._eligible(
-                                      c, after, lambda: self._history(reservoir, before.n, new.memory_rows,
-                                                                      c.start - c.memory_rows - new.offset_n),
-                                      lambda: self._dispersion(after, new, c.first_rows, c.start)),
-                                  data_moved=lambda c, others: self._data_moved(
-                                      c, after, new.recent, others,
-                                      lambda: self._history(reservoir, before.n, new.memory_rows,
-                                                            c.start - c.memory_rows - new.offset_n)))
+                                  eligible=lambda c: self._eligible(c, after, lambda: history_of(c),
+                                                                    lambda: self._dispersion(after, new, c.first_rows, c.start)),
+                                  data_moved=lambda c, others: self._data_moved(c, after, new.recent, others,
+                                                                                lambda: history_of(c)))
         step = Step(state=new, result=result, events=events)
         if outlier is not None:
             step.promoted = after
@@ -1286,19 +1285,22 @@ class Detector:
                 or c.state.n > c.reservoir.size:
             return False
         return self._shares_moved(incumbent, c.reservoir.data[c.memory_rows:c.state.n], history(),
-                                  self.config.level_shift, dispersion() if dispersion is not None else 1.0)
+                                  self.config.level_shift, dispersion)
 
     def _shares_moved(self, incumbent: SGAISState, rows: torch.Tensor, old: torch.Tensor | None,
-                      threshold: float, dispersion: float = 1.0) -> bool:
+                      threshold: float, dispersion: Callable[[], float] | None = None) -> bool:
         """Do the incumbent's components take other shares of the featurized ``rows`` than of the
-        ``old`` ones (``signals.shares_moved``; no old rows: no)?"""
+        ``old`` ones (``signals.shares_moved``; no old rows: no), beyond ``dispersion()`` (1 without)?
+        The dispersion is at least 1, so it is measured only where the undivided statistic fires (at
+        every chunk of a mixture, most do not)."""
         if old is None or old.shape[0] == 0 or rows.shape[0] == 0:
             return False
         model = self.sampler.model
         with torch.inference_mode():
-            return shares_moved(model.component_shares(incumbent.theta, rows), int(rows.shape[0]),
-                                model.component_shares(incumbent.theta, old), int(old.shape[0]),
-                                incumbent.log_weights.exp(), threshold, dispersion)[0]
+            args = (model.component_shares(incumbent.theta, rows), int(rows.shape[0]),
+                    model.component_shares(incumbent.theta, old), int(old.shape[0]), incumbent.log_weights.exp(), threshold)
+            fires = shares_moved(*args)[0]
+            return fires and (dispersion is None or shares_moved(*args, dispersion())[0])
 
     def _dispersion(self, incumbent: SGAISState, s: DetectorState, rows: int, end: int) -> float:
         """The stream's own dispersion of the incumbent's components' shares between runs of

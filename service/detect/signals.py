@@ -212,11 +212,7 @@ def shares_moved(new, new_rows: int, old, old_rows: int, particle_weights, thres
     if k < 2 or new_rows < 1 or old_rows < 1:
         return False, 0.0
     pool = (new_rows * new + old_rows * old) / (new_rows + old_rows)
-
-    def part(s, rows):
-        return 2.0 * rows * (s * (s.clamp_min(1e-300).log() - pool.clamp_min(1e-300).log())).sum(-1)
-
-    g = float((particle_weights * (part(new, new_rows) + part(old, old_rows))).sum()) / max(dispersion, 1.0)
+    g = float((particle_weights * (_g(new, pool, new_rows) + _g(old, pool, old_rows))).sum()) / max(dispersion, 1.0)
     return g >= chi2_quantile(k - 1, threshold), g
 
 
@@ -230,6 +226,11 @@ def shares_dispersion(blocks, rows: int, particle_weights) -> float:
     m, j, k = blocks.shape
     if j < 2 or k < 2 or rows < 1:
         return 1.0
-    pool = blocks.mean(1, keepdim=True)
-    g = 2.0 * rows * (blocks * (blocks.clamp_min(1e-300).log() - pool.clamp_min(1e-300).log())).sum((1, 2))  # [M]
+    g = _g(blocks, blocks.mean(1, keepdim=True), rows).sum(-1)  # [M]
     return max(1.0, float((particle_weights * g).sum()) / ((j - 1) * (k - 1)))
+
+
+def _g(shares, pool, rows: int):
+    """The G statistic's terms of ``shares`` (``[..., K]``) of ``rows`` rows against ``pool``:
+    2 rows sum_k share_k log(share_k / pool_k), summed over the last axis."""
+    return 2.0 * rows * (shares * (shares.clamp_min(1e-300).log() - pool.clamp_min(1e-300).log())).sum(-1)
