@@ -241,19 +241,14 @@ class GaussianMixture(Model):
         ``[M, K]``; with ``blocks`` > 1, of each of that many equal runs of the rows (their number a
         multiple of it): ``[M, blocks, K]``. The change detector's view of what the mixture's weights
         describe (``signals.shares_moved``). The rows and means are centred on the rows' mean first
-        (the responsibilities do not depend on the centre), so the quadratic form's raw moments, one
+        (the responsibilities do not depend on the centre), so ``_log_joint``'s raw moments, one
         matrix product, keep their digits at large offsets."""
-        z, mu, s = self._split(theta)
-        m, k, d = mu.shape
-        y = rows[:, :d]
-        c = y.mean(0)
-        y = y - c
-        mu = mu - c
-        prec = torch.exp(-s)  # [M, K, d]
-        coef = torch.cat([mu * prec, -0.5 * prec], dim=2).reshape(m * k, 2 * d)
-        const = torch.log_softmax(z, -1) - 0.5 * (s.sum(-1) + (mu * mu * prec).sum(-1))  # [M, K]
-        quad = (coef @ torch.cat([y, y * y], dim=1).T).view(m, k, -1)  # [M, K, B]
-        resp = torch.softmax(quad.add_(const[:, :, None]), dim=1)
+        k, d = self.components, self.n_columns
+        m = theta.shape[0]
+        c = rows[:, :d].mean(0)
+        centred = theta.clone()
+        centred[:, k : k + k * d] -= c.repeat(k)  # every component's mean, column by column
+        resp = torch.softmax(self._log_joint(centred, self.featurize(rows[:, :d] - c))[0], dim=1)
         if blocks <= 1:
             return resp.mean(-1)
         return resp.view(m, k, blocks, -1).mean(-1).transpose(1, 2)  # [M, blocks, K]
