@@ -167,6 +167,7 @@ class SgaisRun:
     error: str = ""
     stuck_last: bool = False  # the last chunk's result carries the ``stuck_mode`` warning
     stuck_any: bool = False  # some chunk's result does
+    conflict_last: bool = False  # the last chunk's result carries ``prior_conflict``
 
 
 def compute_reference(model, x: torch.Tensor, n: int, draws: int) -> RefResult:
@@ -199,6 +200,7 @@ def run_sgais(model, x: torch.Tensor, seed: int, checkpoints: tuple[int, ...], r
             out.capped += int(r.capped)
             out.stuck_last = "stuck_mode" in r.warnings
             out.stuck_any |= out.stuck_last
+            out.conflict_last = "prior_conflict" in r.warnings
             if r.n in checkpoints:
                 out.log_z[r.n] = r.log_evidence
     except Exception as exc:  # EngineError on diverged particles: a result, not a crash
@@ -386,6 +388,15 @@ def _warning_coverage(results: list[CaseResult], groups: tuple[str, ...]) -> str
             f"{some(good)}.")
 
 
+def _conflicts(raw: list[CaseResult]) -> str:
+    """Per raw-units case, how many runs end with the ``prior_conflict`` warning (README, Reliability):
+    the cases without a reference are those where the prior keeps the mixture from the data."""
+    if not raw:
+        return ""
+    cells = [f"{res.case.title} {sum(run.conflict_last for run in res.runs)} of {len(res.runs)}" for res in raw]
+    return "`prior_conflict` at the last chunk: " + "; ".join(cells) + "."
+
+
 def _stuck_summary(results: list[CaseResult]) -> str:
     """How many runs end with their particles far (> 100 nats) below a posterior draw's log joint
     (-D/2 from the mode's), and the median |error| of those runs and of the others."""
@@ -461,6 +472,8 @@ def document(plan: Plan, results: list[CaseResult], elapsed: float) -> str:
         "reference is given (SGAIS's values are shown without an error). Logistic regression is not in this table.",
         "",
         _table(raw) if raw else "not run",
+        "",
+        _conflicts(raw),
         "",
         "### Before and after: the paper's plain sampler in the same run",
         "",

@@ -313,10 +313,16 @@ class GaussianMixture(Model):
             sub = all_rows[torch.randperm(len(all_rows), generator=generator)[:refine_rows]]
         w, mu, var, _ = _em_matrix((sub[:, :d].numpy() - centre) / spread, fit[1], refine, start=fit)
         th = as_theta(w, mu, var)
-        mode = float(self.log_prior(th)[0] + all_scale * self.total_log_likelihood(th, all_rows)[0])
+        fit_prior = float(self.log_prior(th)[0])
+        mode = fit_prior + all_scale * float(self.total_log_likelihood(th, all_rows)[0])
         if joint is None:
             joint = self.log_prior(theta) + all_scale * self.total_log_likelihood(theta, all_rows)
-        return ModeFit(mode - float(joint.max()), th, len(sub))
+        best = int(torch.argmax(joint))
+        best_prior = float(self.log_prior(theta[best : best + 1])[0])
+        # the likelihood the best particle gives up against the fit, and what the prior pays it for that
+        lik_gap = (mode - fit_prior) - (float(joint[best]) - best_prior)
+        loss = min(lik_gap, best_prior - fit_prior)
+        return ModeFit(mode - float(joint[best]), th, len(sub), loss if math.isfinite(loss) and loss > 0 else 0.0)
 
     #: the Student-t degrees of freedom of ``propose_configuration``'s means and log variances, and
     #: the most components whose label orders it sums over (K! of them)
@@ -888,12 +894,18 @@ class GaussianMixture(Model):
 @dataclass(frozen=True)
 class ModeFit:
     """``GaussianMixture.mode_fit``'s answer: the gap (nats of the log joint the best particle sits
-    below the fit), the fit as a parameter vector [1, D] (None without rows) and the rows it was
-    refined on."""
+    below the fit), the fit as a parameter vector [1, D] (None without rows), the rows it was
+    refined on, and ``prior_loss``: the nats of log-likelihood (scaled to n) the best particle sits
+    below the fit that its prior pays for, min(likelihood gap, prior gain), 0 when neither is
+    positive. Large where the prior keeps the posterior from the data (the paper's prior is in data
+    units: means N(0, 4 sigma^2), so clusters far from 0 against their spread end in one widened
+    component, ``engine.WARNINGS['prior_conflict']``); small for posterior draws (about D/2) and for
+    particles stuck in a poor mode (their prior is no better than the fit's)."""
 
     gap: float
     theta: torch.Tensor | None
     rows: int
+    prior_loss: float = 0.0
 
 
 # --- the Laplace law of ``first_draws`` (issue 20) -----------------------------------------------

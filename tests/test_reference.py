@@ -208,3 +208,18 @@ def test_evidence_bench_section(tmp_path):
     assert f"{res.refs[2_000].ref.log_evidence:,.0f}" in text
     # whether the runs beyond 0.2 % carried the stuck-mode warning: the sentence counts this one run
     assert "`stuck_mode`: of the " in text and isinstance(run.stuck_last, bool), text
+
+
+def test_evidence_bench_counts_the_prior_conflicts_in_raw_units(tmp_path):
+    """The raw-units table's line: clusters at 1e4 in steps of 1e-2 end with ``prior_conflict``,
+    the same rows standardised do not (tests/test_mode_check.py measures the check itself)."""
+    from bench import evidence as E
+
+    raw = [E.Case(f"raw{o:g}", f"offset {o:+g}, scale {s:g}", "gmm:components=3",
+                  (lambda o=o, s=s: o + s * D.distribution_shift_data(2_000, 0)[0]), (2_000,), "raw")
+           for o, s in ((0.0, 1.0), (1e4, 1e-2))]
+    plan = E.Plan(quick=True, seeds=1, cases=raw, is_draws=300)
+    results = [E.run_case(c, plan) for c in raw]
+    assert [r.runs[0].conflict_last for r in results] == [False, True]
+    text = E.document(plan, results, 1.0)
+    assert "`prior_conflict` at the last chunk: offset +0, scale 1 0 of 1; offset +10000, scale 0.01 1 of 1." in text

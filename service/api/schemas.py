@@ -223,7 +223,7 @@ class ResultEntry(BaseModel):
     log_evidence_per_observation: float = None
     method: Literal["exact", "sgais"] = Field(None, description="exact (closed form) or sgais")
     warnings: list[str] = Field(None, description="why the result may be unreliable (README, Reliability): "
-                                                  "'capped', 'reference_mismatch', 'stuck_mode', 'evidence_restated', "
+                                                  "'capped', 'reference_mismatch', 'stuck_mode', 'prior_conflict', 'evidence_restated', "
                                                   "'quadrature_edge'; empty when nothing is wrong")
     reliable: bool = Field(None, description="no warnings")
     reference_log_evidence: float | None = Field(

@@ -104,6 +104,11 @@ WARNINGS = {
     "stuck_mode": "the particles sit far below the model's dominant mode (a mixture stuck with merged or empty "
                   "components): the log-evidence is too low, by up to thousands of nats, and its model probability "
                   "with it",
+    "prior_conflict": "the model's prior keeps it from the data: its particles' log-likelihood sits more nats below the "
+                      "best fit its mode check found than the stuck-mode limit, and the prior is what pays for it (a gmm's "
+                      "prior is in the data's units, means N(0, 4 sigma^2): clusters far from 0 against their spread end in "
+                      "one widened component). The log-evidence is that of this model with this prior, and it predicts "
+                      "poorly: send the columns rescaled (standardised), or use gaussian:warmup=5 (a frame from the first rows)",
     "evidence_restated": "a fresh estimate of the evidence so far moved the log-evidence by more than 10 nats (the "
                          "result's 'restated'): the earlier results' log-evidence, and the model probabilities from "
                          "it, were too low by about that much",
@@ -307,6 +312,8 @@ class Sampler(SamplerBase):
             warnings, reference = ["capped"] if capped else [], None
             if new_state.mode_gap > new_state.mode_limit:
                 warnings.append("stuck_mode")
+            if new_state.prior_loss > new_state.mode_limit:
+                warnings.append("prior_conflict")
             if restated > RESTATED_NATS:
                 warnings.append("evidence_restated")
             if new_state.ref_post.numel():
@@ -436,7 +443,7 @@ class Sampler(SamplerBase):
             log_evidence=state.log_evidence + log_pred, n=n_prev + b, chunks=state.chunks + 1,
             rng=g.get_state(), cv_theta=cv_theta, cv_grad=cv_grad, cv_n=cv_n,
             ref_post=state.ref_post, ref_log_evidence=state.ref_log_evidence,
-            mode_gap=state.mode_gap, mode_limit=state.mode_limit,
+            mode_gap=state.mode_gap, mode_limit=state.mode_limit, prior_loss=state.prior_loss,
             jumps_left=self._jumps_left(state.jumps_left, jumping, accepted),
             surprise_n=n_prev + b if jumping == "surprise" and not self._surprise_checks_pending(state) else state.surprise_n,
         )
@@ -733,7 +740,7 @@ class Sampler(SamplerBase):
 
             theta = self._jump(theta, 1.0, rows, reservoir.data, old.n, propose, g, steps=CONFIG_JUMPS)[0]
         jumps_left = max(new.jumps_left, JUMP_FOLLOW) if gap > limit else new.jumps_left
-        new = replace(new, theta=theta, mode_gap=gap, mode_limit=limit, jumps_left=jumps_left)
+        new = replace(new, theta=theta, mode_gap=gap, mode_limit=limit, prior_loss=found.prior_loss, jumps_left=jumps_left)
         if (found.theta is not None and self.config.check_draws and reservoir.size == old.n
                 and hasattr(self.model, "first_draws")):
             # every row is at hand (the reservoir holds the history): a fresh estimate of the

@@ -28,7 +28,9 @@ class SGAISState:
     posterior's parameters and log-evidence kept beside the particles for a conjugate model run
     with SGAIS (empty / 0.0 otherwise), the reference its estimate is checked against;
     mode_gap / mode_limit: the last check of the particles against the model's dominant mode
-    (``Model.mode_gap``, nats) and the gap beyond which they are stuck in a poor mode; jumps_left:
+    (``Model.mode_gap``, nats) and the gap beyond which they are stuck in a poor mode; prior_loss: the
+    log-likelihood that check found the particles give up for their prior (``ModeFit.prior_loss``,
+    nats; the ``prior_conflict`` warning beyond ``mode_limit``); jumps_left:
     chunks that still get mode jumps at every step, or (negative) chunks of a jump cooldown
     (``Sampler._jumps_left``; a state saved before jumps: 0); surprise_n: n after the chunk that
     last began a surprise's extra mode checks (``Sampler._check_modes``; 0: none)."""
@@ -46,6 +48,7 @@ class SGAISState:
     ref_log_evidence: float = 0.0
     mode_gap: float = 0.0
     mode_limit: float = math.inf
+    prior_loss: float = 0.0
     jumps_left: int = 0
     surprise_n: int = 0
 
@@ -70,7 +73,8 @@ class SGAISState:
         header = {"log_evidence": repr(float(self.log_evidence)), "n": int(self.n), "chunks": int(self.chunks),
                   "cv_n": int(self.cv_n), "ref_log_evidence": repr(float(self.ref_log_evidence)),
                   "mode": [repr(float(self.mode_gap)), repr(float(self.mode_limit))], "jumps_left": int(self.jumps_left),
-                  **({"surprise_n": int(self.surprise_n)} if self.surprise_n else {})}
+                  **({"surprise_n": int(self.surprise_n)} if self.surprise_n else {}),
+                  **({"prior_loss": repr(float(self.prior_loss))} if self.prior_loss else {})}
         return encode(MAGIC, header, tensors)
 
     @classmethod
@@ -81,6 +85,7 @@ class SGAISState:
             cv_n=header["cv_n"], ref_log_evidence=float(header.get("ref_log_evidence", "0.0")),
             mode_gap=float(header.get("mode", ["0.0", "inf"])[0]), mode_limit=float(header.get("mode", ["0.0", "inf"])[1]),
             jumps_left=int(header.get("jumps_left", 0)), surprise_n=int(header.get("surprise_n", 0)),
+            prior_loss=float(header.get("prior_loss", "0.0")),
             **tensors,
         )
 
