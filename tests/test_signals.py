@@ -225,16 +225,19 @@ def test_a_challengers_best_row_survives_the_codec():
 
 
 def test_the_most_telling_row_counts_by_how_far_it_stands_out():
-    """``detector._top_excess``: a chunk's largest one-row advantage less its next largest (when
-    positive), ``Detector._log_odds``' single-outlier alternative. One wild row among ordinary ones
-    keeps its advantage; among rows alike (a new cluster: each row scored as if it came first) it
-    keeps only its lead."""
+    """``detector._top_excess``: for j = 1 .. ``MAX_OUTLIERS``, a chunk's j largest one-row advantages
+    less j times its next largest (when positive), ``Detector._log_odds``' alternatives of j outliers.
+    One wild row among ordinary ones keeps its advantage at j = 1, two at j = 2; among rows alike (a
+    new cluster: each row scored as if it came first) they keep only their lead."""
     from service.detect.detector import _top_excess
 
     t = torch.tensor
-    assert _top_excess(t([0.5, 20.0, 0.25], dtype=torch.float64)) == 19.5
-    assert _top_excess(t([1082.0, 3.0, 1000.0], dtype=torch.float64)) == 82.0
-    assert _top_excess(t([20.0, -4.0], dtype=torch.float64)) == 20.0  # a next row behind counts as 0
-    assert _top_excess(t([-1.0, -2.0], dtype=torch.float64)) == -1.0
-    assert _top_excess(t([5.0], dtype=torch.float64)) == 5.0
-    assert _top_excess(t([math.inf, math.inf], dtype=torch.float64)) == math.inf  # not NaN
+    assert _top_excess(t([0.5, 20.0, 0.25], dtype=torch.float64)) == [19.5, 20.0]
+    assert _top_excess(t([1082.0, 3.0, 1000.0], dtype=torch.float64)) == [82.0, 2076.0]
+    # a pair of wild rows: alone each keeps only its lead over the other; together, their advantage
+    assert _top_excess(t([45.0, 0.3, 44.0, -0.5, 0.1], dtype=torch.float64)) == pytest.approx([1.0, 88.4, 89.0, 89.4])
+    assert _top_excess(t([9.0] * 8, dtype=torch.float64)) == [0.0] * 4  # rows alike: nothing at any j
+    assert _top_excess(t([20.0, -4.0], dtype=torch.float64)) == [20.0]  # a next row behind counts as 0
+    assert _top_excess(t([-1.0, -2.0], dtype=torch.float64)) == [-1.0]
+    assert _top_excess(t([5.0], dtype=torch.float64)) == [5.0]
+    assert _top_excess(t([math.inf, math.inf], dtype=torch.float64)) == [math.inf]  # not NaN

@@ -77,6 +77,7 @@ class Challenger:
     old_fit: float = 0.0  # fit of them (mean log predictive per row) when the challenger started
     shift: bool = False  # a level shift (``Detector._kinds``): the incumbent's posterior with a new level
     top_row: float = 0.0  # its largest advantage in one row of a compared chunk of several, over that chunk's next (``Detector._log_odds``)
+    top_more: list[float] = field(default_factory=list)  # and of its 2, 3, .. most telling rows, over the next one's (``_top_excess``)
     skip: int = 0  # rows of its first chunk before ``start`` (a restart inside a chunk, ``Detector._split``)
     reservoir: Reservoir | None = None  # not saved: re-read from the stream's chunks
 
@@ -211,7 +212,8 @@ class DetectorState:
                  "inc": c.incumbent_lp.hex(), "compared": c.compared, "bf": c.log_bf.hex(),
                  "diffs": [d.hex() for d in c.diffs], "memory": [c.memory, c.memory_rows],
                  "old": [c.old_seqs, c.old_fit.hex()], **({"shift": 1} if c.shift else {}),
-                 **({"top": c.top_row.hex()} if c.top_row else {}), **({"skip": c.skip} if c.skip else {}),
+                 **({"top": c.top_row.hex()} if c.top_row else {}), **({"tops": [t.hex() for t in c.top_more]} if c.top_more else {}),
+                 **({"skip": c.skip} if c.skip else {}),
                  "state": base64.b64encode(c.state.to_bytes()).decode()}
                 for c in self.challengers
             ],
@@ -247,7 +249,8 @@ def _decode_v1(h: dict) -> DetectorState:
                    diffs=[f(d) for d in c["diffs"]], memory=c.get("memory", [0, 0])[0],
                    memory_rows=c.get("memory", [0, 0])[1], old_seqs=list(c.get("old", [[], ""])[0]),
                    old_fit=f(c["old"][1]) if "old" in c else 0.0, shift=bool(c.get("shift", 0)),
-                   top_row=f(c["top"]) if "top" in c else 0.0, skip=int(c.get("skip", 0)),
+                   top_row=f(c["top"]) if "top" in c else 0.0, top_more=[f(t) for t in c.get("tops", [])],
+                   skip=int(c.get("skip", 0)),
                    state=load_state(base64.b64decode(c["state"])))
         for c in h["challengers"]
     ]
