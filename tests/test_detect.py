@@ -803,3 +803,18 @@ def test_the_detectors_restarts_run_without_the_importance_draws():
 
     x = D.distribution_shift_data(25_000, 0)[0]
     assert locations(detect_series(x.numpy(), "gmm:components=3", 500, seed=0)) == [1_000, 10_000]
+
+
+def test_challengers_weighing_bursts_restore_bit_for_bit():
+    """Challengers that weighed a chunk's j most telling rows (``Challenger.top_more``) and bursts of
+    them (``top_burst``) carry them in the saved state: three readings 10 sds out at 200, 203 and 206
+    among 250 +- 20 in chunks of 10, ``level``, cut after the chunk that holds them and after the next."""
+    y = np.random.default_rng(1).normal(250, 20, 400)
+    y[[200, 203, 206]] += 200.0
+    x = torch.as_tensor(y[:, None])
+    sampler = build_sampler(build_model("level", 1), SGAISConfig())
+    run = OfflineRun(sampler, 4, DetectorConfig())
+    for i in range(21):
+        run.step(x[10 * i : 10 * i + 10])
+    assert any(max(c.top_burst, default=0.0) > 0.0 for c in run.dstate.challengers), run.dstate.challengers
+    _restores(sampler, DetectorConfig(), x, 10, 40, (21, 22))

@@ -241,3 +241,19 @@ def test_the_most_telling_row_counts_by_how_far_it_stands_out():
     assert _top_excess(t([-1.0, -2.0], dtype=torch.float64)) == [-1.0]
     assert _top_excess(t([5.0], dtype=torch.float64)) == [5.0]
     assert _top_excess(t([math.inf, math.inf], dtype=torch.float64)) == [math.inf]  # not NaN
+
+
+def test_a_burst_is_wild_rows_close_together_with_the_old_regime_between():
+    """``detector._bursts``: whether a chunk's j most telling rows (j as ``_top_excess``) are a burst of
+    outliers (``BURST_LOG_PRIOR`` for each after the first): within ``STALE_ROWS`` rows, and a row
+    between them that the challenger does not predict better. A new level's first rows (all ahead,
+    side by side) never are; two wild rows 20 rows apart are not."""
+    from service.detect.detector import _bursts
+
+    t = torch.tensor
+    assert _bursts(t([45.0, -0.3, 44.0, -0.5, 0.1], dtype=torch.float64)) == [False, True, True, True]
+    assert _bursts(t([9.0, 10.0, 11.0, 12.0, 13.0], dtype=torch.float64)) == [False] * 4
+    far = torch.full((30,), -0.2, dtype=torch.float64)
+    far[0], far[20] = 40.0, 41.0
+    assert _bursts(far) == [False, False, False, False]
+    assert _bursts(t([5.0], dtype=torch.float64)) == [False]

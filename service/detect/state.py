@@ -78,6 +78,7 @@ class Challenger:
     shift: bool = False  # a level shift (``Detector._kinds``): the incumbent's posterior with a new level
     top_row: float = 0.0  # its largest advantage in one row of a compared chunk of several, over that chunk's next (``Detector._log_odds``)
     top_more: list[float] = field(default_factory=list)  # and of its 2, 3, .. most telling rows, over the next one's (``_top_excess``)
+    top_burst: list[float] = field(default_factory=list)  # the same where those rows were a burst (``_bursts``)
     skip: int = 0  # rows of its first chunk before ``start`` (a restart inside a chunk, ``Detector._split``)
     reservoir: Reservoir | None = None  # not saved: re-read from the stream's chunks
 
@@ -213,6 +214,7 @@ class DetectorState:
                  "diffs": [d.hex() for d in c.diffs], "memory": [c.memory, c.memory_rows],
                  "old": [c.old_seqs, c.old_fit.hex()], **({"shift": 1} if c.shift else {}),
                  **({"top": c.top_row.hex()} if c.top_row else {}), **({"tops": [t.hex() for t in c.top_more]} if c.top_more else {}),
+                 **({"bursts": [t.hex() for t in c.top_burst]} if c.top_burst else {}),
                  **({"skip": c.skip} if c.skip else {}),
                  "state": base64.b64encode(c.state.to_bytes()).decode()}
                 for c in self.challengers
@@ -250,6 +252,7 @@ def _decode_v1(h: dict) -> DetectorState:
                    memory_rows=c.get("memory", [0, 0])[1], old_seqs=list(c.get("old", [[], ""])[0]),
                    old_fit=f(c["old"][1]) if "old" in c else 0.0, shift=bool(c.get("shift", 0)),
                    top_row=f(c["top"]) if "top" in c else 0.0, top_more=[f(t) for t in c.get("tops", [])],
+                   top_burst=[f(t) for t in c.get("bursts", [])],
                    skip=int(c.get("skip", 0)),
                    state=load_state(base64.b64decode(c["state"])))
         for c in h["challengers"]
