@@ -319,9 +319,12 @@ class GaussianMixture(Model):
             joint = self.log_prior(theta) + all_scale * self.total_log_likelihood(theta, all_rows)
         best = int(torch.argmax(joint))
         best_prior = float(self.log_prior(theta[best : best + 1])[0])
-        # the likelihood the best particle gives up against the fit, and what the prior pays it for that
+        # the likelihood the best particle gives up against the fit, and what the prior pays it for that;
+        # not measured where the fit put a component on one repeated value (its variance at EM's floor:
+        # a gauge of a few values, a 0/1 column), whose likelihood has no maximum (a 12/13 gauge gave
+        # 1,100-7,900 nats against a limit of 60, standardised or not)
         lik_gap = (mode - fit_prior) - (float(joint[best]) - best_prior)
-        loss = min(lik_gap, best_prior - fit_prior)
+        loss = min(lik_gap, best_prior - fit_prior) if float(var.min()) > 10.0 * EM_VAR_FLOOR else 0.0
         return ModeFit(mode - float(joint[best]), th, len(sub), loss if math.isfinite(loss) and loss > 0 else 0.0)
 
     #: the Student-t degrees of freedom of ``propose_configuration``'s means and log variances, and
@@ -899,8 +902,11 @@ class ModeFit:
     below the fit that its prior pays for, min(likelihood gap, prior gain), 0 when neither is
     positive. Large where the prior keeps the posterior from the data (the paper's prior is in data
     units: means N(0, 4 sigma^2), so clusters far from 0 against their spread end in one widened
-    component, ``engine.WARNINGS['prior_conflict']``); small for posterior draws (about D/2) and for
-    particles stuck in a poor mode (their prior is no better than the fit's)."""
+    component, ``engine.WARNINGS['prior_conflict']``); small for posterior draws (about D/2), and
+    usually for particles stuck in a poor mode (their likelihood gap is large, but what their prior
+    gains over the fit's, an empty component at a draw from it, a merged one's wider variance, is
+    tens of nats a component: with data far from 0 it could pass the limit beside ``stuck_mode``;
+    not measured); 0 where the fit put a component on one repeated value (``EM_VAR_FLOOR``)."""
 
     gap: float
     theta: torch.Tensor | None
@@ -1193,6 +1199,10 @@ def _logsumexp(a: np.ndarray, axis: int) -> np.ndarray:
         return np.squeeze(top, axis) + np.log(np.sum(np.exp(a - top), axis=axis))
 
 
+#: the variances' floor of the EM fits (standardised units: ``_em_matrix``)
+EM_VAR_FLOOR = 1e-6
+
+
 def _em_matrix(y: np.ndarray, means: np.ndarray, iterations: int, start=None, responsibilities: bool = False):
     """``_em`` in matrix form (one product per step, not an [n, K, d] broadcast), on rows ``y [n, d]``
     that should be standardised, from ``means [K, d]`` (hard assignment to the nearest) or from
@@ -1201,7 +1211,7 @@ def _em_matrix(y: np.ndarray, means: np.ndarray, iterations: int, start=None, re
     one ``_em_stats``."""
     n, d = y.shape
     k = means.shape[0]
-    floor = 1e-6
+    floor = EM_VAR_FLOOR
     feats = np.concatenate([np.ones((n, 1)), y, y * y], axis=1)  # [n, 1 + 2d]
 
     def m_step(st: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

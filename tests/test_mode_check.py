@@ -319,3 +319,24 @@ def test_a_prior_that_keeps_the_mixture_from_its_data_is_flagged(offset, scale, 
         assert all("prior_conflict" in r.warnings for s, r in results if s.n > 100), [r.warnings for _, r in results]
         assert state.prior_loss > least * state.mode_limit, (state.prior_loss, state.mode_limit)
         assert not last.reliable
+
+
+@pytest.mark.parametrize("case", ["gauge", "flag"])
+def test_columns_of_a_few_values_are_no_prior_conflict(case):
+    """A reviewer's cases: a gauge of 12 and 13 (13 one row in ten), K = 2, and three clusters beside a
+    0/1 flag column, K = 3, 3,000 rows in chunks of 100. The check's EM fit (maximum likelihood) put a
+    component on one repeated value, its variance at EM's floor and its likelihood without a maximum:
+    ``prior_loss`` 1,100-7,900 against a limit of 60 (the gauge, standardised or not) and about 5,900
+    against 150 (the flag), every result unreliable. Such a fit is no measure of the prior's cost:
+    now 0, and no warning on any chunk."""
+    rng = np.random.default_rng(0)
+    n = 3_000
+    if case == "gauge":
+        x, k = np.where(rng.random(n) < 0.1, 13.0, 12.0)[:, None], 2
+    else:
+        x = np.c_[rng.normal(0, 5, 3)[rng.integers(0, 3, n)] + rng.standard_normal(n), (rng.random(n) < 0.3).astype(float)]
+        k = 3
+    sampler = build_sampler(build_model(f"gmm:components={k}", x.shape[1]), SGAISConfig.preset("paper"))
+    results = [(s, r) for s, r, _ in sampler.run(torch.as_tensor(x), 100, 0)]
+    assert not any("prior_conflict" in r.warnings for _, r in results)
+    assert results[-1][0].prior_loss == 0.0

@@ -245,13 +245,18 @@ def test_the_most_telling_row_counts_by_how_far_it_stands_out():
 
 def test_a_burst_is_wild_rows_close_together_with_the_old_regime_between():
     """``detector._bursts``: whether a chunk's j most telling rows (j as ``_top_excess``) are a burst of
-    outliers (``BURST_LOG_PRIOR`` for each after the first): within ``STALE_ROWS`` rows, and a row
-    between them that the challenger does not predict better. A new level's first rows (all ahead,
-    side by side) never are; two wild rows 20 rows apart are not."""
-    from service.detect.detector import _bursts
+    outliers (``BURST_LOG_PRIOR`` for each after the first): within ``STALE_ROWS`` rows, a row
+    between them that the challenger does not predict better, and each ahead of the next row by what
+    it costs. A new level's first rows (all ahead, side by side) never are, nor with an ordinary row
+    a little ahead among them; two wild rows 20 rows apart are not."""
+    from service.detect.detector import _bursts, _followed
 
     t = torch.tensor
-    assert _bursts(t([45.0, -0.3, 44.0, -0.5, 0.1], dtype=torch.float64)) == [False, True, True, True]
+    assert _bursts(t([45.0, -0.3, 44.0, -0.5, 0.1], dtype=torch.float64)) == [False, True, False, False]
+    assert _bursts(t([-0.2, 1.0, -0.3, -0.1, 30.0, 31.0, 29.0], dtype=torch.float64)) == [False] * 4
+    # ... and whether the old regime goes on after them (a j-row alternative that is no burst)
+    assert _followed(t([45.0, -0.3, 44.0, -0.5, 0.1], dtype=torch.float64)) == [True, True, False, False]
+    assert _followed(t([-0.2, 0.1, -0.3, 30.0, 31.0, 29.0], dtype=torch.float64)) == [False, False, False, False]
     assert _bursts(t([9.0, 10.0, 11.0, 12.0, 13.0], dtype=torch.float64)) == [False] * 4
     far = torch.full((30,), -0.2, dtype=torch.float64)
     far[0], far[20] = 40.0, 41.0

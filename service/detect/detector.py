@@ -30,13 +30,6 @@ PENDING_FLOOR = 1e-3
 #: rows skipped together as outliers at most (``Detector._watch``): more surprising rows than this
 #: in a few dozen are a change, not outliers
 MAX_OUTLIERS = 4
-#: the prior log odds of each further outlier within ``STALE_ROWS`` rows of a first one (``_log_odds``,
-#: point by point): a wild reading makes another among the next ``STALE_ROWS`` rows as likely as not
-#: (bad readings come in bursts: a loose cable, a restarting exporter), log(1/2 / STALE_ROWS). At a
-#: change's prior odds each (about -7.6), a pair of 10-sd readings four rows apart was a change
-#: with confidence 0.993-0.999 at the second (``level``; 3 of 6 data seeds), one prior cheaper than
-#: two outliers and a few rows from paying for it
-BURST_LOG_PRIOR = math.log(0.5 / 10)
 #: suspects weighed at once at most (``Detector._watch``)
 MAX_SUSPECTS = 3
 #: a suspect not ahead this many rows after its last row is dropped (``Detector._watch``): a wild
@@ -44,6 +37,14 @@ MAX_SUSPECTS = 3
 #: row in ten) suspects that never got ahead were held after 94 % of rows, doubling ``level``'s
 #: time point by point
 STALE_ROWS = 10
+#: the log prior probability of each further outlier within ``STALE_ROWS`` rows of a first one
+#: (``_log_odds``; point by point and in a chunk, ``_bursts``), where it is above a change's prior
+#: odds: a wild reading makes another among the next ``STALE_ROWS`` rows as likely as not (bad
+#: readings come in bursts: a loose cable, a restarting exporter), log(1/2 / STALE_ROWS). At a
+#: change's prior odds each (about -7.6), a pair of 10-sd readings four rows apart was a change
+#: with confidence 0.993-0.999 at the second (``level``; 3 of 6 data seeds), one prior cheaper than
+#: two outliers and a few rows from paying for it
+BURST_LOG_PRIOR = math.log(0.5 / STALE_ROWS)
 #: the per-row sd of a row's log predictive ``Detector._watch`` takes at least: a Gaussian
 #: predictive's own (1 / sqrt 2). The running level's, from winsorised chunks, can be far smaller
 #: (0.006-0.09 on a gauge at 12 that reads 13 one row in ten: every 13 was a suspect, and ``level``
@@ -257,7 +258,8 @@ class Detector:
         Point by point the j most telling rows, j = 1 .. ``MAX_OUTLIERS``, each as likely a
         priori as a change (two readings a few rows apart: with one, the other's term kept a
         restart before them at a confidence of 1.0), except that each after the first of a burst
-        (within ``STALE_ROWS`` rows, the old regime back between them) costs ``BURST_LOG_PRIOR``:
+        (within ``STALE_ROWS`` rows, the old regime back between them) costs ``BURST_LOG_PRIOR`` (or a
+        change's prior odds where they are higher, as in large chunks early in a regime):
         at a change's prior each, two 10-sd readings four rows apart were one change's prior
         cheaper than two outliers, and reported at the second. Measured (``cusp bench detect``):
         F1 and covering the same on every data set; the first report after a variance that
@@ -299,14 +301,19 @@ class Detector:
         the spike, tighter, predicts the new level worse). Worked out only where the rest gives
         P >= 1/2.
 
-        And the rows after its start that ``_watch`` weighs as outliers (its ``Suspect``s): their
-        log Bayes factor against no change, gain + own (the rows after them, and their own terms as
-        outliers, which hold their prior odds). The one-step predictives above are given the states
-        before the chunk, so they miss what a restart learns between two wild rows of one chunk:
-        in chunks of 50 a short-memory restart took a pair 4 rows apart (10 sds) for a change with
-        22-29 nats, its second row cheap once it had the first, while the suspect of the pair stood
-        at 64-72. Measured: a 10-sd shift point by point found 1-2 rows later (the first two shifted
-        rows might be a pair of wild readings); ``cusp bench detect`` otherwise as before."""
+        And the rows after its start that ``_watch`` weighs as outliers (its ``Suspect``s), once a row
+        after them has come: their log posterior odds against no change, gain + own (the rows after
+        them, and their own terms as outliers of a contaminated model, whose prior is inside). The
+        one-step predictives above are given the states before the chunk, so they miss what a
+        restart learns between two wild rows of one chunk: in chunks of 50 a short-memory restart
+        took a pair 4 rows apart (10 sds) for a change with 22-29 nats, its second row cheap once it
+        had the first, while the suspect of the pair stood at 64-72. Not in the same currency: a
+        restart's log BF leaves out its training rows, ``own`` does not, so a suspect in them is
+        favoured. Without a row after them (a review, 2026-12-06) a new level's first rows at a
+        chunk's end, a suspect at no gain, put the change a chunk late (+5 sd at 346 in chunks of
+        50: 400), and a 10-sd shift point by point was found at its third or fourth row, not its
+        second. A suspect and a j-row alternative of the same rows are both counted (``other`` is
+        high by at most log 2 then)."""
         q = self.restart_log_prior_odds(c.first_rows, since)
         change, other = [c.log_bf + q], [0.0]  # log weights against no change
         if c.compared and c.first_rows == 1:
@@ -323,17 +330,21 @@ class Detector:
                 # does not predict better), as a new level's first rows never are
                 burst = (j and max(at) - min(at) < STALE_ROWS
                          and any(rows[i] <= 0.0 for i in range(min(at), max(at)) if i not in at))
-                other.append(top + q + j * (BURST_LOG_PRIOR if burst else q))
+                other.append(top + q + j * (max(BURST_LOG_PRIOR, q) if burst else q))
         elif c.compared:  # the j most telling rows of a compared chunk, j = 1 .. MAX_OUTLIERS
             for j, top in enumerate([c.top_row, *c.top_more]):
                 if top > 0.0:
                     other.append(top + (j + 1) * q)
-            other += [top + q + j * BURST_LOG_PRIOR for j, top in enumerate(c.top_burst, 1) if top > 0.0]
+            other += [top + q + j * max(BURST_LOG_PRIOR, q) for j, top in enumerate(c.top_burst, 1) if top > 0.0]
         if s is not None:
             # rows after its start that ``_watch`` weighs as outliers: that hypothesis's log BF
             # against no change (the rows after them, and their own terms as outliers, which hold
             # their prior odds)
-            other += [x.gain + x.own for x in s.suspects if x.locations[0] >= c.start]
+            # their prior odds); once a row after them has shown the old regime go on: a new level's
+            # first rows at a chunk's end join a suspect at no gain, and their own terms alone (11.9
+            # nats for 4 rows of +5 sd in chunks of 50) put the change a chunk late
+            other += [x.gain + x.own for x in s.suspects
+                      if x.locations[0] >= c.start and x.locations[0] + x.rows > x.locations[-1]]
         if s is not None and self.exact and _logsumexp(change) >= _logsumexp(other):
             split = self._outlier_log_bf(s, c.start)
             if split is not None:
@@ -1507,17 +1518,22 @@ class Detector:
         False if it cannot take it. ``incumbent_rows``: when the chunk has several rows, their
         featurized rows and the incumbent's log predictive of each (``_row_fits``, on demand): a
         compared chunk's largest advantage of the challenger in one row (over its next largest) is kept
-        (``Challenger.top_row``, for ``_log_odds``); a compared chunk of one row is that row
+        (``Challenger.top_row``, for ``_log_odds``), and of its j most telling rows (``top_more``, where
+        the old regime goes on after them in the chunk; ``top_burst``, where they are a burst); a
+        compared chunk of one row is that row
         (a stream posted in chunks, then row by row: without it one wild row after chunks of 10
         was a change with confidence 0.999999 for ``trend`` and ``seasonal``, and the stream's)."""
         compared = c.train_log_z is not None
         if incumbent_rows is not None and compared:
             feats, theirs = incumbent_rows()
             advantage = self.sampler.row_fits(c.state, feats) - theirs
-            tops, bursts = _top_excess(advantage), _bursts(advantage)
+            tops, bursts, followed = _top_excess(advantage), _bursts(advantage), _followed(advantage)
             c.top_row = max(c.top_row, tops[0])
-            # j rows at j changes' prior odds, or (a burst) the first at one and each after at BURST_LOG_PRIOR
-            apart = [t if not b else 0.0 for t, b in zip(tops[1:], bursts[1:])]
+            # j rows at j changes' prior odds where the old regime goes on after them in the chunk (a
+            # new level's first rows at its end are not outliers yet: +10 sd in the last 4 rows of a
+            # chunk of 10 stood as 4 outliers, 121 nats against the change's 97, and the change was
+            # placed 20 rows early), or (a burst) the first at one and each after at BURST_LOG_PRIOR
+            apart = [t if not b and f else 0.0 for t, b, f in zip(tops[1:], bursts[1:], followed[1:])]
             burst = [t if b else 0.0 for t, b in zip(tops[1:], bursts[1:])]
             c.top_more = [max(a, b) for a, b in itertools.zip_longest(c.top_more, apart, fillvalue=0.0)]
             c.top_burst = [max(a, b) for a, b in itertools.zip_longest(c.top_burst, burst, fillvalue=0.0)]
@@ -1596,17 +1612,32 @@ def _as_outlier(model, post: torch.Tensor, row: torch.Tensor, own: float, q1: fl
 
 def _bursts(advantage: torch.Tensor) -> list[bool]:
     """For j = 1 .. as ``_top_excess``: whether a chunk's j most telling rows ``[B]`` are a burst (``_log_odds``:
-    j >= 2, within ``STALE_ROWS`` rows, and a row between them the challenger does not predict better, the
-    old regime back, as a new level's first rows never are)."""
+    j >= 2, within ``STALE_ROWS`` rows, a row between them the challenger does not predict better, the
+    old regime back, as a new level's first rows never are, and the j-th ahead of the next by at least
+    what a further outlier of a burst costs, -``BURST_LOG_PRIOR``: an ordinary row a nat ahead made a
+    new level's last three rows of a chunk of 10 and itself a "burst", and the change was placed 20 rows
+    early)."""
     if advantage.numel() < 2:
         return [False]
-    order = torch.topk(advantage, min(MAX_OUTLIERS + 1, advantage.numel())).indices.tolist()
+    top = torch.topk(advantage, min(MAX_OUTLIERS + 1, advantage.numel()))
+    order, value = top.indices.tolist(), top.values.tolist()
     out = []
     for j in range(1, len(order)):
         at = order[:j]
         lo, hi = min(at), max(at)
-        out.append(j > 1 and hi - lo < STALE_ROWS and any(float(advantage[i]) <= 0.0 for i in range(lo, hi) if i not in at))
+        out.append(j > 1 and hi - lo < STALE_ROWS and value[j - 1] - max(value[j], 0.0) >= -BURST_LOG_PRIOR
+                   and any(float(advantage[i]) <= 0.0 for i in range(lo, hi) if i not in at))
     return out
+
+
+def _followed(advantage: torch.Tensor) -> list[bool]:
+    """For j = 1 .. as ``_top_excess``: whether a row after a chunk's j most telling rows ``[B]`` is one the
+    challenger does not predict better (the old regime goes on after them)."""
+    if advantage.numel() < 2:
+        return [False]
+    order = torch.topk(advantage, min(MAX_OUTLIERS + 1, advantage.numel())).indices.tolist()
+    return [any(float(advantage[i]) <= 0.0 for i in range(max(order[:j]) + 1, advantage.numel()))
+            for j in range(1, len(order))]
 
 
 def _top_excess(advantage: torch.Tensor) -> list[float]:
@@ -1616,7 +1647,9 @@ def _top_excess(advantage: torch.Tensor) -> list[float]:
     j = 1; two wild rows in one chunk (200 and 204 in chunks of 10, 10 sds among 250 +- 20) at j = 2,
     where j = 1 leaves each only its excess over the other (8.8 nats of 49: the pair was a change
     with confidence 1.0 for ``level``, ``ar``, ``trend`` and ``seasonal``); rows alike (a new level,
-    a new cluster) almost none at any j."""
+    a new cluster) almost none at any j, unless the new rows are j or fewer, at the chunk's end,
+    where the next is an old-regime row: ``_feed`` then keeps a j-row value only with the old
+    regime after its rows (``_followed``) or for a burst (``_bursts``)."""
     if advantage.numel() < 2:
         return [float(advantage.max())]
     top = torch.topk(advantage, min(MAX_OUTLIERS + 1, advantage.numel())).values.tolist()
@@ -1631,6 +1664,8 @@ def _top_excess(advantage: torch.Tensor) -> list[float]:
 
 def _logsumexp(xs: list[float]) -> float:
     top = max(xs)
+    if math.isinf(top):  # (an alternative infinitely ahead: inf, not inf - inf)
+        return top
     return top + math.log(sum(math.exp(x - top) for x in xs))
 
 

@@ -77,8 +77,8 @@ class Challenger:
     old_fit: float = 0.0  # fit of them (mean log predictive per row) when the challenger started
     shift: bool = False  # a level shift (``Detector._kinds``): the incumbent's posterior with a new level
     top_row: float = 0.0  # its largest advantage in one row of a compared chunk of several, over that chunk's next (``Detector._log_odds``)
-    top_more: list[float] = field(default_factory=list)  # and of its 2, 3, .. most telling rows, over the next one's (``_top_excess``)
-    top_burst: list[float] = field(default_factory=list)  # the same where those rows were a burst (``_bursts``)
+    top_more: list[float] = field(default_factory=list)  # and of its 2, 3, .. most telling rows, over the next one's (``_top_excess``), with the old regime after them (``_followed``)
+    top_burst: list[float] = field(default_factory=list)  # the same where those rows were a burst instead (``_bursts``)
     skip: int = 0  # rows of its first chunk before ``start`` (a restart inside a chunk, ``Detector._split``)
     reservoir: Reservoir | None = None  # not saved: re-read from the stream's chunks
 
