@@ -160,7 +160,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"{label}: log-evidence {final[label]:.3f} nats over {data.shape[0]} observations "
               f"({traces[label][-1]['method']}), posterior probability {probs[label]:.4f}", file=sys.stderr)
         model, state = runs[label].sampler.model, runs[label].state
-        info = model.frame_info(getattr(state, "post", None))
+        info = model.frame_info(getattr(state, "post", state))  # (a sampled model's frame is in its state)
         if info is not None:  # a data-dependent prior: say which (issue 20)
             print(f"{label}: prior on (y - centre) / scale, centre {_g(info['centre'])}, scale {_g(info['scale'])} (from its "
                   f"first {model.warmup} rows; they are conditioned on, not scored)" if info["centre"] is not None else

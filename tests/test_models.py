@@ -271,7 +271,7 @@ def test_bad_specs_say_what_is_wrong(spec, cols, message):
 
 def test_spec_round_trip():
     m = build_model("gmm:components=3", 2)
-    assert parse_spec(m.spec()) == ("gmm", {"components": "3"})
+    assert parse_spec(m.spec()) == ("gmm", {"components": "3", "warmup": "0"})
     assert build_model(m.spec(), 2) == m
 
 

@@ -182,7 +182,8 @@ async def model_frame(store: ApiStore, cfg: StreamConfig, entry) -> ModelFrame |
     if not model.has_frame:  # (no state read for the others)
         return None
     raw = await store.model_state(cfg.name, entry.name)
-    info = model.frame_info(load_state(raw).post if raw else None)
+    state = load_state(raw) if raw else None
+    info = model.frame_info(getattr(state, "post", state))  # (a sampled model's frame is in its state)
     return ModelFrame(**info)
 
 

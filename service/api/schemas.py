@@ -97,7 +97,7 @@ class ModelOut(BaseModel):
     error: str | None
     frame: ModelFrame | None = Field(None, description="metric-series models (level, ar, trend, seasonal, local-trend, local-seasonal, "
                                                        "negbin, student-t; one centre and scale per column for student-t of several "
-                                                       "columns) and gaussian with a warmup (one per column): the frame fixed "
+                                                       "columns) and gaussian or gmm with a warmup (one per column): the frame fixed "
                                                        "from their warm-up, i.e. their effective prior")
 
 

@@ -212,7 +212,7 @@ class Detector:
         raw = rows_of(need) if need else {}
         for c in state.challengers:
             parts = [raw[q][c.skip:] if k == 0 else raw[q] for k, q in enumerate(c.seqs)]  # (a restart inside its first chunk)
-            rows = self.sampler.model.featurize(torch.cat(parts)) if c.seqs else None
+            rows = self.sampler.featurize(c.state, torch.cat(parts)) if c.seqs else None
             c.reservoir = self._reservoir(rows)
             if c.reservoir.size != c.state.n:
                 raise ValueError(f"challenger at {c.start}: {c.reservoir.size} rows for n={c.state.n}")
@@ -542,7 +542,7 @@ class Detector:
             # (one a training sample: in chunks of a few rows the shares stay off for chunk after chunk
             # once clusters change, and each nominated one filled the challengers' places)
             if self.shares and not any(start - c.start < self.restart_train for c in new.challengers) \
-                    and self._shares_moved(before, self.sampler.model.featurize(chunk[b - scored:]),
+                    and self._shares_moved(before, self.sampler.featurize(after, chunk[b - scored:]),
                                            self._history(reservoir, before.n, new.memory_rows, before.n, SHARES_SAMPLE),
                                            cfg.surprise, lambda: self._dispersion(before, new, scored, start)):
                 starts.append(len(new.recent) - 1)
@@ -1212,7 +1212,7 @@ class Detector:
 
     def _fit(self, state: SGAISState, rows: torch.Tensor) -> float:
         """Mean over raw ``rows`` of the log posterior predictive of each row under ``state``."""
-        return self.sampler.log_fit(state, self.sampler.model.featurize(rows.to(torch.float64)))
+        return self.sampler.log_fit(state, self.sampler.featurize(state, rows.to(torch.float64)))
 
     def _rows_before(self, recent: list[Recent], i: int) -> tuple[list[int], torch.Tensor | None]:
         """The chunks just before ``recent[i]``: at least ``train`` rows and as many as its own."""
@@ -1255,7 +1255,7 @@ class Detector:
         rows = {r.seq: r.rows for r in recent}
         if not c.old_seqs or any(q not in rows for q in c.old_seqs):
             return True
-        old = self.sampler.model.featurize(torch.cat([rows[q] for q in c.old_seqs]).to(torch.float64))
+        old = self.sampler.featurize(incumbent, torch.cat([rows[q] for q in c.old_seqs]).to(torch.float64))
         fits = self.sampler.row_fits(incumbent, old)
         now = float(fits.mean())
         old_shift = now - c.old_fit
@@ -1367,7 +1367,7 @@ class Detector:
         if j < 2:
             return 1.0
         model = self.sampler.model
-        x = model.featurize(torch.cat(parts)[-j * rows:].to(torch.float64))
+        x = self.sampler.featurize(incumbent, torch.cat(parts)[-j * rows:].to(torch.float64))
         with torch.inference_mode():
             return shares_dispersion(model.component_shares(incumbent.theta, x, blocks=j), rows,
                                      incumbent.log_weights.exp())
@@ -1509,7 +1509,7 @@ class Detector:
 
     def _row_fits(self, state: SGAISState | ExactState, rows: torch.Tensor) -> RowFits:
         """Raw ``rows`` featurized, and each one's log predictive under ``state``."""
-        feats = self.sampler.model.featurize(rows.to(torch.float64))
+        feats = self.sampler.featurize(state, rows.to(torch.float64))
         return feats, self.sampler.row_fits(state, feats)
 
     def _feed(self, c: Challenger, rows: torch.Tensor, seq: int, incumbent_lp: float,

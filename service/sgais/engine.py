@@ -108,7 +108,8 @@ WARNINGS = {
                       "best fit its mode check found than the stuck-mode limit, and the prior is what pays for it (a gmm's "
                       "prior is in the data's units, means N(0, 4 sigma^2): clusters far from 0 against their spread end in "
                       "one widened component). The log-evidence is that of this model with this prior, and it predicts "
-                      "poorly: send the columns rescaled (standardised), or use gaussian:warmup=5 (a frame from the first rows)",
+                      "poorly: give the gmm a frame from the stream's first rows (gmm:warmup=W, W rows that span its "
+                      "clusters), send the columns rescaled (standardised), or use gaussian:warmup=5",
     "evidence_restated": "a fresh estimate of the evidence so far moved the log-evidence by more than 10 nats (the "
                          "result's 'restated'): the earlier results' log-evidence, and the model probabilities from "
                          "it, were too low by about that much",
@@ -217,6 +218,23 @@ def delayed_log_acceptance(log_ratio: torch.Tensor, log_a1: torch.Tensor, log_a1
     return torch.clamp(log_ratio + log_a1_rev - log_a1, max=0.0)
 
 
+def framed(state, model: Model, chunk: torch.Tensor) -> torch.Tensor:
+    """Raw rows as a sampler ``state`` reads them: (y - centre) / scale per column where the state
+    holds a frame (``gmm:warmup``, ``SGAISState.frame``); as they are otherwise."""
+    fr = getattr(state, "frame", None)
+    if fr is None or not fr.numel():
+        return chunk
+    model.check_width(chunk)
+    return (chunk.to(torch.float64) - fr[0]) / fr[1]
+
+
+def frame_jacobian(state) -> float:
+    """What a row's log density in the data's units adds to its log density in the state's frame:
+    -sum_j log scale_j (0 without a frame)."""
+    fr = getattr(state, "frame", None)
+    return -float(torch.log(fr[1]).sum()) if fr is not None and fr.numel() else 0.0
+
+
 def prepare(model: Model, config: SGAISConfig, n: int, chunk: torch.Tensor, reservoir: Reservoir) -> torch.Tensor:
     """A chunk's featurized rows, checked (non-empty, finite) against a reservoir that must hold
     the sample of the ``n`` earlier observations. Shared by both samplers."""
@@ -240,6 +258,11 @@ class SamplerBase:
 
     def new_reservoir(self) -> Reservoir:
         return Reservoir(self.config.reservoir_capacity, self.model.feature_width)
+
+    def featurize(self, state, chunk: torch.Tensor) -> torch.Tensor:
+        """Raw rows featurized as ``state`` reads them (in its frame, ``framed``): what ``log_fit`` and
+        ``row_fits`` take."""
+        return self.model.featurize(framed(state, self.model, chunk))
 
     # --- convenience ------------------------------------------------------------------------
     def run(self, data: torch.Tensor, chunk_size: int, seed: int, state: SGAISState | None = None,
@@ -282,8 +305,10 @@ class Sampler(SamplerBase):
         )
 
     def restart(self, seed: int, incumbent: SGAISState) -> SGAISState:
-        """A fresh start for a restart at a change point (the detector's challengers): from the prior."""
-        return self.init(seed)
+        """A fresh start for a restart at a change point (the detector's challengers): from the prior,
+        in the incumbent's frame where it has one (scored from its first row, as the metric-series
+        models' restarts are)."""
+        return replace(self.init(seed), frame=incumbent.frame) if incumbent.frame.numel() else self.init(seed)
 
     def log_fit(self, state: SGAISState, rows: torch.Tensor) -> float:
         """Mean over featurized ``rows [B, F]`` of each row's log posterior predictive under ``state``."""
@@ -293,22 +318,96 @@ class Sampler(SamplerBase):
         """Each featurized row's log posterior predictive under ``state``: ``[B]``."""
         with torch.inference_mode():
             ll = self.model.log_likelihood(state.theta, rows)
-            return torch.logsumexp(state.log_weights[:, None] + ll, dim=0)
+            return torch.logsumexp(state.log_weights[:, None] + ll, dim=0) + frame_jacobian(state)
 
     # ------------------------------------------------------------------------------------
     def update(self, state: SGAISState, chunk: torch.Tensor, reservoir: Reservoir) -> tuple[SGAISState, ChunkResult, ReservoirWrites]:
         """Process one chunk of raw rows ``[B, C]``. ``reservoir`` must hold the sample of the
         ``state.n`` earlier observations; it is read, not written. Raises ModelError for data
-        the model cannot take and EngineError when sampling fails; the inputs are unchanged."""
+        the model cannot take and EngineError when sampling fails; the inputs are unchanged.
+
+        A model with a warm-up (``gmm:warmup=W``): its first W rows fix the frame (``Model.frame_of``)
+        and are conditioned on, not scored (``_warm_up``); from then on the particles move in the
+        frame's units and the evidence is given in the data's (``_scored``)."""
+        if getattr(self.model, "warmup", 0) and not state.frame.numel():
+            return self._warm_up(state, chunk, reservoir)
+        return self._scored(state, chunk, reservoir)
+
+    def _warm_up(self, state: SGAISState, chunk: torch.Tensor, reservoir: Reservoir) -> tuple[SGAISState, ChunkResult, ReservoirWrites]:
+        """A chunk that reaches into the warm-up: its rows are kept (``SGAISState.buffer``) until W
+        have come; then the frame is fixed from those W, they are annealed into the posterior from
+        the prior in the frame (their log-evidence kept apart, ``warm_log_z``), and the chunk's rows
+        after them are scored as a chunk of their own would be (the generator's stream passing from
+        one part to the next, so the numbers are those of the two parts sent as chunks of their own,
+        rescaled by hand)."""
+        t0 = time.perf_counter()
+        model, w = self.model, self.model.warmup
+        model.check_width(chunk)
+        raw = chunk.to(torch.float64)
+        if raw.shape[0] == 0:
+            raise ValueError("empty chunk")
+        if not bool(torch.isfinite(raw).all()):
+            raise ValueError("chunk contains NaN or infinite values")
+        if reservoir.size != 0:
+            raise ValueError(f"reservoir holds {reservoir.size} rows, expected 0 during the warm-up")
+        b, have = int(raw.shape[0]), state.pending
+        buf = torch.cat([state.buffer.reshape(have, raw.shape[1]), raw])
+        if buf.shape[0] < w:
+            new = replace(state, buffer=buf, n=state.n + b, chunks=state.chunks + 1)
+            e = state.ess()
+            return new, ChunkResult(n=new.n, rows=b, log_evidence=state.log_evidence, log_predictive=0.0, annealing_steps=0,
+                                    ess_before=e, ess_after=e, ess_min=e, resamples=0, capped=False,
+                                    seconds=time.perf_counter() - t0, conditioned=b), \
+                ReservoirWrites(torch.zeros(0, dtype=torch.int64), torch.zeros(0, model.feature_width, dtype=torch.float64))
+        empty = torch.zeros(0, dtype=torch.float64)
+        start = replace(state, frame=model.frame_of(buf[:w]), buffer=empty, n=0, warm=0, warm_log_z=0.0)
+        first, r1, w1 = self._scored(start, buf[:w], reservoir)
+        # the warm-up's log-evidence in the frame's units, kept apart: the reported evidence starts after it
+        first = replace(first, log_evidence=state.log_evidence, warm=w,
+                        warm_log_z=first.log_evidence - w * frame_jacobian(first), chunks=state.chunks)
+        results = [r1]
+        new, writes = first, w1
+        if buf.shape[0] > w:
+            history = reservoir.copy()
+            history.apply(w1)
+            new, r2, w2 = self._scored(first, buf[w:], history)
+            results.append(r2)
+            keep = ~torch.isin(w1.slots, w2.slots)  # (a later row wins a shared slot)
+            writes = ReservoirWrites(torch.cat([w1.slots[keep], w2.slots]), torch.cat([w1.rows[keep], w2.rows]))
+        new = replace(new, chunks=state.chunks + 1)
+        last = results[-1]
+        warnings = tuple(dict.fromkeys(x for r in results for x in r.warnings))
+        return new, ChunkResult(
+            n=new.n, rows=b, log_evidence=new.log_evidence, log_predictive=last.log_predictive if len(results) > 1 else 0.0,
+            annealing_steps=sum(r.annealing_steps for r in results), ess_before=r1.ess_before, ess_after=last.ess_after,
+            ess_min=min(r.ess_min for r in results), resamples=sum(r.resamples for r in results),
+            capped=any(r.capped for r in results), seconds=time.perf_counter() - t0, warnings=warnings,
+            conditioned=w - have, restated=last.restated if len(results) > 1 else 0.0), writes
+
+    @staticmethod
+    def _own(state: SGAISState, jac: float) -> float:
+        """The log-evidence of every row the particles have seen (the warm-up's included) in the
+        frame's units, from the reported one (``SGAISState.log_evidence``): what the annealing and a
+        fresh estimate (``_check_modes``) work with."""
+        return state.log_evidence - jac * (state.n - state.warm) + state.warm_log_z
+
+    def _scored(self, state: SGAISState, chunk: torch.Tensor, reservoir: Reservoir) -> tuple[SGAISState, ChunkResult, ReservoirWrites]:
         t0 = time.perf_counter()
         with torch.inference_mode():
-            rows = prepare(self.model, self.config, state.n, chunk, reservoir)
+            rows = prepare(self.model, self.config, state.n, framed(state, self.model, chunk), reservoir)
+            jac = frame_jacobian(state)
+            reported = state.log_evidence
+            if state.frame.numel():
+                state = replace(state, log_evidence=self._own(state, jac))
             out = self._update(state, rows, reservoir)
             new_state, steps, lp, ess0, ess_min, resamples, capped, writes = out
             checked = self._check_modes(state, new_state, reservoir, rows)
             # a fresh estimate's step (0: none; never inf - inf)
             restated = checked.log_evidence - new_state.log_evidence if checked.log_evidence != new_state.log_evidence else 0.0
             new_state = checked
+            if state.frame.numel():  # back in the data's units: each row's log density less sum_j log scale_j
+                lp += jac * rows.shape[0]
+                new_state = replace(new_state, log_evidence=reported + lp + restated)
             warnings, reference = ["capped"] if capped else [], None
             if new_state.mode_gap > new_state.mode_limit:
                 warnings.append("stuck_mode")
@@ -446,6 +545,7 @@ class Sampler(SamplerBase):
             mode_gap=state.mode_gap, mode_limit=state.mode_limit, prior_loss=state.prior_loss,
             jumps_left=self._jumps_left(state.jumps_left, jumping, accepted),
             surprise_n=n_prev + b if jumping == "surprise" and not self._surprise_checks_pending(state) else state.surprise_n,
+            frame=state.frame, warm=state.warm, warm_log_z=state.warm_log_z,
         )
         return new_state, steps, log_pred, ess0, ess_min, resamples, capped, writes
 

@@ -33,7 +33,14 @@ class SGAISState:
     nats; the ``prior_conflict`` warning beyond ``mode_limit``); jumps_left:
     chunks that still get mode jumps at every step, or (negative) chunks of a jump cooldown
     (``Sampler._jumps_left``; a state saved before jumps: 0); surprise_n: n after the chunk that
-    last began a surprise's extra mode checks (``Sampler._check_modes``; 0: none)."""
+    last began a surprise's extra mode checks (``Sampler._check_modes``; 0: none).
+
+    A model with a warm-up frame (``gmm:warmup=W``, ``Sampler.update``): frame [2, d] (centre and
+    scale per column; empty until fixed), buffer [k, d] (the warm-up's raw rows while fewer than W
+    have come; empty otherwise), warm (rows conditioned on and not scored: W for the stream's first
+    regime, 0 for a restart, which keeps the frame it started with) and warm_log_z (the warm-up
+    rows' own log-evidence in the frame's units, which ``log_evidence`` leaves out: the particles'
+    fresh estimates of all the rows need it)."""
 
     theta: torch.Tensor
     log_weights: torch.Tensor
@@ -51,6 +58,16 @@ class SGAISState:
     prior_loss: float = 0.0
     jumps_left: int = 0
     surprise_n: int = 0
+    frame: torch.Tensor = torch.zeros(0, dtype=torch.float64)
+    buffer: torch.Tensor = torch.zeros(0, dtype=torch.float64)
+    warm: int = 0
+    warm_log_z: float = 0.0
+
+    @property
+    def pending(self) -> int:
+        """Rows seen but not yet in the history (a warm-up waiting for its frame): the reservoir holds
+        a sample of the other ``n - pending``."""
+        return int(self.buffer.shape[0]) if self.buffer.dim() == 2 else 0
 
     @property
     def particles(self) -> int:
@@ -69,12 +86,16 @@ class SGAISState:
         tensors = {
             "theta": self.theta, "log_weights": self.log_weights, "rng": self.rng,
             "cv_theta": self.cv_theta, "cv_grad": self.cv_grad, "ref_post": self.ref_post,
+            # (a frame's tensors only where there is one: states without stay as they were written)
+            **({"frame": self.frame} if self.frame.numel() else {}),
+            **({"buffer": self.buffer} if self.buffer.numel() else {}),
         }
         header = {"log_evidence": repr(float(self.log_evidence)), "n": int(self.n), "chunks": int(self.chunks),
                   "cv_n": int(self.cv_n), "ref_log_evidence": repr(float(self.ref_log_evidence)),
                   "mode": [repr(float(self.mode_gap)), repr(float(self.mode_limit))], "jumps_left": int(self.jumps_left),
                   **({"surprise_n": int(self.surprise_n)} if self.surprise_n else {}),
-                  **({"prior_loss": repr(float(self.prior_loss))} if self.prior_loss else {})}
+                  **({"prior_loss": repr(float(self.prior_loss))} if self.prior_loss else {}),
+                  **({"warm": [int(self.warm), repr(float(self.warm_log_z))]} if self.warm else {})}
         return encode(MAGIC, header, tensors)
 
     @classmethod
@@ -86,6 +107,7 @@ class SGAISState:
             mode_gap=float(header.get("mode", ["0.0", "inf"])[0]), mode_limit=float(header.get("mode", ["0.0", "inf"])[1]),
             jumps_left=int(header.get("jumps_left", 0)), surprise_n=int(header.get("surprise_n", 0)),
             prior_loss=float(header.get("prior_loss", "0.0")),
+            warm=int(header.get("warm", [0, "0.0"])[0]), warm_log_z=float(header.get("warm", [0, "0.0"])[1]),
             **tensors,
         )
 
