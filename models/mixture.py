@@ -26,6 +26,18 @@ def _positive(name: str, value: float) -> None:
         raise ModelError(f"{name} must be a positive number, got {value!r}")
 
 
+def _check_frame_warmup(model) -> None:
+    """A ``warmup`` (``gaussian``, ``gmm``): 0, or 2 to 10,000 rows whose values (x columns) a state
+    can hold until the frame is fixed; else a ModelError naming the setting."""
+    w, name = model.warmup, model.name
+    if not (isinstance(w, int) and not isinstance(w, bool) and (w == 0 or 2 <= w <= 10_000)):
+        raise ModelError(f"{name}: warmup must be 0 (the prior in the data's units) or an integer in [2, 10000] "
+                         f"(a frame from the first rows), got {w!r}")
+    if w * model.n_columns > model.MAX_WARMUP_VALUES:
+        raise ModelError(f"{name}: warmup x columns must be at most {model.MAX_WARMUP_VALUES:,} (the warm-up rows are "
+                         f"kept until the frame is fixed), got {w} x {model.n_columns}")
+
+
 @dataclass(frozen=True)
 class GaussianMixture(Model):
     """Mixture of ``components`` diagonal Gaussians in d = n_columns dimensions.
@@ -61,13 +73,7 @@ class GaussianMixture(Model):
     def __post_init__(self) -> None:
         if not (isinstance(self.components, int) and 1 <= self.components <= 64):
             raise ModelError("gmm: components must be an integer between 1 and 64")
-        if not (isinstance(self.warmup, int) and not isinstance(self.warmup, bool)
-                and (self.warmup == 0 or 2 <= self.warmup <= 10_000)):
-            raise ModelError(f"gmm: warmup must be 0 (the prior in the data's units) or an integer in [2, 10000] "
-                             f"(a frame from the first rows), got {self.warmup!r}")
-        if self.warmup * self.n_columns > self.MAX_WARMUP_VALUES:
-            raise ModelError(f"gmm: warmup x columns must be at most {self.MAX_WARMUP_VALUES:,} (the warm-up rows are "
-                             f"kept until the frame is fixed), got {self.warmup} x {self.n_columns}")
+        _check_frame_warmup(self)
 
     def frame_of(self, rows: torch.Tensor) -> torch.Tensor:
         """The frame ``[2, d]`` (centre; scale) of the warm-up's raw ``rows [W, d]``: per column their
@@ -1394,13 +1400,7 @@ class Gaussian(Model):
             raise ModelError("gaussian: mu0 must be finite")
         for key in ("kappa0", "alpha0", "beta0"):
             _positive(f"gaussian: {key}", getattr(self, key))
-        if not (isinstance(self.warmup, int) and not isinstance(self.warmup, bool)
-                and (self.warmup == 0 or 2 <= self.warmup <= 10_000)):
-            raise ModelError(f"gaussian: warmup must be 0 (the prior in the data's units) or an integer in [2, 10000] "
-                             f"(a frame from the first rows), got {self.warmup!r}")
-        if self.warmup * self.n_columns > self.MAX_WARMUP_VALUES:
-            raise ModelError(f"gaussian: warmup x columns must be at most {self.MAX_WARMUP_VALUES:,} (the warm-up rows are "
-                             f"kept until the frame is fixed), got {self.warmup} x {self.n_columns}")
+        _check_frame_warmup(self)
         if self.warmup and self.sampler == "sgais":
             raise ModelError("gaussian: warmup (a frame from the first rows) runs with the exact method only "
                              "(no sampler=sgais); set warmup=0 for SGAIS")
