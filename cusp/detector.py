@@ -374,12 +374,13 @@ class Detector:
     @property
     def frames(self) -> dict[str, dict | None]:
         """Each model's frame: for a model whose prior is fixed from the data's first rows (the
-        metric-series models, ``gaussian:warmup=N``), ``warmup_rows``, ``centre`` and ``scale`` (None
-        during the warm-up; per column for ``gaussian`` and a several-column ``student-t``) and, for
+        metric-series models, ``gaussian:warmup=N``, ``gmm:warmup=N``), ``warmup_rows``, ``centre`` and
+        ``scale`` (None during the warm-up; per column for ``gaussian``, ``gmm`` and a several-column
+        ``student-t``) and, for
         ``seasonal`` without a period, the candidate ``periods``' probabilities; None for a model
         whose prior is in the data's units.
         As the service shows it (``GET /v1/streams/{name}``, a model's ``frame``)."""
-        return {m: run.sampler.model.frame_info(getattr(run.state, "post", None)) for m, run in self._runs.items()}
+        return {m: run.sampler.model.frame_info(getattr(run.state, "post", run.state)) for m, run in self._runs.items()}
 
     @property
     def probabilities(self) -> dict[str, float]:

@@ -80,7 +80,9 @@ class GaussianMixture(Model):
         mean and standard deviation (a constant column: the step its values are recorded in,
         ``models.timeseries.flat_unit``)."""
         cols = [_warmup_frame(rows[:, j].to(torch.float64)) for j in range(rows.shape[1])]
-        return torch.tensor([[c for c, _ in cols], [s for _, s in cols]], dtype=torch.float64)
+        # (a scale whose inverse overflows, as a constant warm-up of denormals gives: the data's unit instead)
+        return torch.tensor([[c for c, _ in cols], [s if s > 0 and math.isfinite(1.0 / s) else 1.0 for _, s in cols]],
+                            dtype=torch.float64)
 
     def frame(self, state) -> tuple[list[float], list[float]] | None:
         """(centre, scale) per column of the frame in a sampler ``state`` (``SGAISState.frame``);

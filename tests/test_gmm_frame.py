@@ -119,3 +119,19 @@ def test_a_change_in_raw_units_is_found_with_a_frame():
 def test_bad_warm_ups_are_refused_by_name(spec):
     with pytest.raises(ModelError, match="warmup"):
         build_model(spec, 2)
+
+
+def test_the_library_shows_the_frame_and_a_denormal_warm_up_takes_the_data_unit():
+    """`cusp.Detector.frames` gives a framed mixture's frame as the stream's GET does (a review found
+    None there), and a constant warm-up of denormals (whose unit's inverse overflows) takes 1."""
+    import cusp
+
+    y = 1e4 + 1e-2 * _clusters(300, 0)
+    d = cusp.Detector(["gmm:components=3,warmup=30"], chunk_size=50, columns=2)
+    d.update(y)
+    frame = d.frames["gmm:components=3,warmup=30"]
+    assert frame["warmup_rows"] == 30
+    assert frame["centre"] == pytest.approx(y[:30].mean(0).tolist(), rel=1e-12)
+    assert frame["scale"] == pytest.approx(y[:30].std(0, ddof=1).tolist(), rel=1e-9)
+    model = build_model("gmm:components=3,warmup=4", 1)
+    assert model.frame_of(torch.full((4, 1), 5e-324, dtype=torch.float64))[1].tolist() == [1.0]

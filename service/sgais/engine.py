@@ -329,7 +329,7 @@ class Sampler(SamplerBase):
         A model with a warm-up (``gmm:warmup=W``): its first W rows fix the frame (``Model.frame_of``)
         and are conditioned on, not scored (``_warm_up``); from then on the particles move in the
         frame's units and the evidence is given in the data's (``_scored``)."""
-        if getattr(self.model, "warmup", 0) and not state.frame.numel():
+        if getattr(self.model, "warmup", 0) and hasattr(self.model, "frame_of") and not state.frame.numel():
             return self._warm_up(state, chunk, reservoir)
         return self._scored(state, chunk, reservoir)
 
