@@ -342,14 +342,9 @@ class Sampler(SamplerBase):
         rescaled by hand)."""
         t0 = time.perf_counter()
         model, w = self.model, self.model.warmup
-        model.check_width(chunk)
+        # the checks of every chunk (width, empty, finite), and no history yet: the warm-up's rows join it with the frame
+        prepare(model, self.config, 0, chunk, reservoir)
         raw = chunk.to(torch.float64)
-        if raw.shape[0] == 0:
-            raise ValueError("empty chunk")
-        if not bool(torch.isfinite(raw).all()):
-            raise ValueError("chunk contains NaN or infinite values")
-        if reservoir.size != 0:
-            raise ValueError(f"reservoir holds {reservoir.size} rows, expected 0 during the warm-up")
         b, have = int(raw.shape[0]), state.pending
         buf = torch.cat([state.buffer.reshape(have, raw.shape[1]), raw])
         if buf.shape[0] < w:
