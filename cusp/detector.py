@@ -190,30 +190,50 @@ class Detector:
             self._start(self._stream_config(rows.shape[1]))
         self._check(rows)
         self._warn_rows_as_values(x, rows)
+        if self.chunk_size is None and self.n == 0 and rows.shape[0] > ONE_CHUNK_WARNING:
+            warnings.warn(f"cusp.Detector: update() with {rows.shape[0]:,} rows and no chunk_size is one chunk; a "
+                          "change is found where the chunks after it differ, so a whole series in one update finds "
+                          "none. Give chunk_size (POST /v1/detect and cusp replay use ceil(rows / 250)) or update "
+                          "in the chunks the data arrive in", UserWarning, stacklevel=2)
+        n0, timed0 = self.n, self._timed
         if stamps is not None:
             self._stamps += stamps
         self._timed = stamps is not None
-        if self.chunk_size is None:
-            if self.n == 0 and rows.shape[0] > ONE_CHUNK_WARNING:
-                warnings.warn(f"cusp.Detector: update() with {rows.shape[0]:,} rows and no chunk_size is one chunk; a "
-                              "change is found where the chunks after it differ, so a whole series in one update finds "
-                              "none. Give chunk_size (POST /v1/detect and cusp replay use ceil(rows / 250)) or update "
-                              "in the chunks the data arrive in", UserWarning, stacklevel=2)
-            self._step(rows)
-            return self
-        buf = np.concatenate([self._pending, rows]) if len(self._pending) else rows
-        k = self.chunk_size
-        while buf.shape[0] >= k:
-            self._step(buf[:k])
-            buf = buf[k:]
-        self._pending = buf
+        try:
+            self._take(rows)
+        except InputError as exc:
+            # a chunk a model cannot take (a value that overflows only in a model's frame): no model took it
+            # (``_step_models``); it and the rows after it are dropped, the chunks before it stay taken
+            if self.n == 0:
+                self._timed = timed0
+            dropped = self.pending
+            self._pending = self._pending[:0]
+            del self._stamps[self.n:]
+            if self.chunk_size is None:
+                raise
+            raise type(exc)(f"{exc} (observations {self.n} to {self.n + dropped - 1}, that chunk and the rows after it, "
+                            f"were dropped; {self.n - n0} before them were processed by this update)") from None
         return self
+
+    def _take(self, rows: np.ndarray) -> None:
+        """Process ``rows``: as one chunk, or buffered and processed ``chunk_size`` at a time."""
+        if self.chunk_size is None:
+            self._step(rows)
+            return
+        self._pending = np.concatenate([self._pending, rows]) if len(self._pending) else rows
+        k = self.chunk_size
+        while self._pending.shape[0] >= k:
+            self._step(self._pending[:k])
+            self._pending = self._pending[k:]
 
     def flush(self) -> "Detector":
         """Process the buffered rows (fewer than ``chunk_size``) as one chunk."""
         if len(self._pending):
-            rows, self._pending = self._pending, self._pending[:0]
-            self._step(rows)
+            try:
+                self._step(self._pending)
+            finally:  # taken, or dropped with their times (no model took them, ``update``)
+                self._pending = self._pending[:0]
+                del self._stamps[self.n:]
         return self
 
     def _rows(self, x: Any) -> np.ndarray:
@@ -314,11 +334,15 @@ class Detector:
         # the mean time between rows through this chunk, for an expected_run_length given as a duration
         through = self.n + int(chunk.shape[0])
         interval = seconds_per_row(self._stamps[0], self._stamps[through - 1], through) if self._timed else None
+        # every model takes the chunk, or none does (one that cannot leaves the others as they were)
+        proposals = {}
         for name, run in self._runs.items():
             try:
-                result, new[name] = run.step(t, interval)
-            except EngineError as exc:
-                raise EngineError(f"model {name!r}: {exc}") from None
+                proposals[name] = run.propose(t, interval)
+            except (EngineError, ModelError) as exc:  # (a value the model's frame or statistics cannot hold)
+                raise InputError(f"model {name!r}: {exc}") from None
+        for name, run in self._runs.items():
+            result, new[name] = run.commit(proposals[name])
             if self._timed:  # the time of each event's first new observation, as the service gives it
                 new[name] = [replace(e, location_time=self._stamps[e.location]) for e in new[name]]
             self._results[name].append(result)

@@ -93,3 +93,20 @@ def test_the_deployment_cap_counts_every_stream_and_frees_on_delete(tmp_path):
     finally:
         live.stop()
         redis.close()
+
+
+def test_a_framed_mixtures_warm_up_rows_count_where_they_outweigh_its_reservoir():
+    """``initial_states``' estimate: particles plus the full reservoir, or a ``gmm:warmup``'s raw
+    warm-up rows (kept until they are all in, while the reservoir is empty) where those are more:
+    4,000 rows of 8 columns against a reservoir of 16 rows of 16 features (a row and its squares)."""
+    from service.api.crud import initial_states
+    from service.store import ModelEntry, StreamConfig
+
+    def need(spec, capacity):
+        cfg = StreamConfig(name="s", columns=[f"c{i}" for i in range(8)], models=[ModelEntry(name="m", spec=spec)],
+                           sampler={"preset": "paper", "overrides": {"reservoir_capacity": capacity}})
+        return initial_states(cfg)[1]
+
+    plain, framed = need("gmm", 16), need("gmm:warmup=4000", 16)
+    assert framed - plain == 8 * (4000 * 8 - 16 * 16)
+    assert need("gmm:warmup=4000", 100_000) == need("gmm", 100_000)  # the reservoir is the larger

@@ -34,13 +34,13 @@ def test_the_models_run_on_one_thread_and_the_callers_setting_comes_back(monkeyp
     """As in a worker and ``cusp replay``: one intra-op thread while the models run (their small
     tensors ran about 10x slower on two threads of a busy machine), the caller's setting after."""
     seen = []
-    step = OfflineRun.step
+    propose = OfflineRun.propose
 
     def counting(self, *args, **kwargs):
         seen.append(torch.get_num_threads())
-        return step(self, *args, **kwargs)
+        return propose(self, *args, **kwargs)
 
-    monkeypatch.setattr(OfflineRun, "step", counting)
+    monkeypatch.setattr(OfflineRun, "propose", counting)
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
@@ -168,6 +168,37 @@ def test_bad_data_is_refused_before_any_model_sees_it():
         with pytest.raises(cusp.InputError, match=message):
             det.update(bad)
         assert (det.n, det.pending, det.evidence) == before
+
+
+def test_a_value_too_large_only_in_a_models_frame_is_taken_by_no_model():
+    """1e150 passes the data checks (``MAX_MAGNITUDE``), but after a warm-up with an sd of 1e-5 it
+    overflows in the frame of ``level`` and of ``gmm:warmup`` (whose engine said a bare "chunk
+    contains NaN or infinite values" before; ``level``'s an EngineError). One model failing leaves
+    the others untouched (before, ``level`` failing second left ``gaussian`` a chunk ahead): an
+    InputError names the model and the frame, the detector is as it was, and goes on. In chunks, the chunk with
+    the value is dropped, and the error says which observations."""
+    y = 1.0 + 1e-5 * np.random.default_rng(0).standard_normal(20)
+    det = cusp.Detector(models=["gmm:warmup=5", "student-t", "level"])
+    det.update(y[:18, None])
+    before = (det.n, det.pending, det.evidence, {k: len(v) for k, v in det.results.items()})
+    with pytest.raises(cusp.InputError, match="model 'gmm:warmup=5': a value is too large for this model's frame"):
+        det.update([[1.0], [1e150]])
+    assert (det.n, det.pending, det.evidence, {k: len(v) for k, v in det.results.items()}) == before
+    one = cusp.Detector(models=["gaussian", "level"])  # (``gaussian``'s prior in the data's units takes it)
+    one.update(y[:18, None])
+    with pytest.raises(cusp.InputError, match="model 'level': the chunk's exact update is not finite"):
+        one.update([[1.0], [1e150]])
+    assert len(one.results["gaussian"]) == 1 and one.n == 18
+    det.update(y[18:, None])
+    assert det.n == 20
+    chunked = cusp.Detector(models=["level"], chunk_size=4)
+    chunked.update(y[:18], times=list(range(18)))
+    with pytest.raises(cusp.InputError, match=r"observations 16 to 21, that chunk and the rows after it, were dropped; "
+                                               r"0 before them were processed"):
+        chunked.update([1.0, 1e150, 1.0, 1.0], times=[18, 19, 20, 21])
+    assert (chunked.n, chunked.pending) == (16, 0)
+    chunked.update(y[:4], times=[22, 23, 24, 25])
+    assert (chunked.n, chunked.pending) == (20, 0)
 
 
 # --- service.detect.Detector: what a restart must show before it counts as a change ----------------

@@ -103,7 +103,8 @@ def config_from_request(body: StreamIn) -> StreamConfig:
 
 def initial_states(cfg: StreamConfig, max_bytes: int | None = None) -> tuple[list[bytes], int]:
     """(each model's first state (SGAIS: its prior draws), the bytes of Redis the models may come
-    to need: their states and their reservoirs once full), or 422 if the sampler settings are
+    to need: their states and their reservoirs once full, or a framed mixture's warm-up rows if
+    more), or 422 if the sampler settings are
     invalid, or 413 when that is more than ``max_bytes``, checked before any state is drawn."""
     try:
         samplers = [(e, build(cfg, e)) for e in cfg.models]
@@ -113,7 +114,9 @@ def initial_states(cfg: StreamConfig, max_bytes: int | None = None) -> tuple[lis
             if getattr(sampler, "method", "sgais") == "sgais" and values > MAX_PARTICLE_VALUES:
                 raise ApiError(422, "invalid_model", f"model {e.name!r}: {sampler.config.particles} particles x {sampler.model.dim} parameters "
                                          f"exceeds {MAX_PARTICLE_VALUES:,} values")
-            need += 8 * (values + sampler.config.reservoir_capacity * sampler.model.feature_width)
+            # (a framed mixture keeps its warm-up's raw rows until they are all in, before its reservoir fills)
+            buffered = getattr(sampler.model, "warmup", 0) * len(cfg.columns) if hasattr(sampler.model, "frame_of") else 0
+            need += 8 * (values + max(sampler.config.reservoir_capacity * sampler.model.feature_width, buffered))
         if max_bytes is not None and need > max_bytes:
             raise ApiError(413, "stream_too_large", f"the stream's models would need about {need / 2**20:,.0f} MiB of Redis (particles and "
                                      f"reservoirs of {samplers[0][1].config.reservoir_capacity:,} rows), more than "

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -32,24 +33,48 @@ class OfflineRun:
     def step(self, chunk: torch.Tensor, seconds_per_row: float | None = None) -> tuple[ChunkResult, list[Event]]:
         """One chunk; ``seconds_per_row``: the series' mean time between rows through it (for an
         expected_run_length given as a duration: ``Detector.use_interval``)."""
+        return self.commit(self.propose(chunk, seconds_per_row))
+
+    def propose(self, chunk: torch.Tensor, seconds_per_row: float | None = None) -> "Proposal":
+        """``step``'s work without its effect: this run is as it was until ``commit`` (so a stream's
+        models take a chunk together or not at all, ``cusp.Detector``). Raises what the sampler
+        or the detector raise."""
         new, result, writes = self.sampler.update(self.state, chunk, self.reservoir)
-        events: list[Event] = []
-        promoted = None
-        if self.detector is not None:  # (the reservoir as the worker passes it: before the chunk)
-            step = self.detector.update(self.dstate, self.chunks, chunk, self.state, new, result, seconds_per_row,
-                                        self.reservoir)
-            self.dstate, result, events, self.pending = step.state, step.result, step.events, step.pending
-            self.standing = step.standing
-            promoted = step.promoted
-            if promoted is not None:
-                new = promoted
-        if promoted is not None and step.reservoir is not None:
-            self.reservoir = step.reservoir.copy()
+        if self.detector is None:
+            return Proposal(new, result, writes, [], None, self.dstate, self.pending, self.standing)
+        # (the reservoir as the worker passes it: before the chunk)
+        step = self.detector.update(self.dstate, self.chunks, chunk, self.state, new, result, seconds_per_row,
+                                    self.reservoir)
+        if step.promoted is not None:
+            new = step.promoted
+        reservoir = step.reservoir if step.promoted is not None else None
+        return Proposal(new, step.result, writes, step.events, reservoir, step.state, step.pending, step.standing)
+
+    def commit(self, p: "Proposal") -> tuple[ChunkResult, list[Event]]:
+        """Take ``propose``'s chunk: (its ChunkResult, its events)."""
+        if p.reservoir is not None:
+            self.reservoir = p.reservoir.copy()
         else:  # (an outlier taken out keeps the history)
-            self.reservoir.apply(writes)
-        self.state = new
+            self.reservoir.apply(p.writes)
+        self.state, self.dstate, self.pending, self.standing = p.state, p.dstate, p.pending, p.standing
         self.chunks += 1
-        return result, events
+        return p.result, p.events
+
+
+@dataclass
+class Proposal:
+    """A chunk ``OfflineRun.propose`` processed and ``commit`` takes: the sampler's state after it,
+    the result, the history's writes (or a promoted challenger's whole history), the events and
+    the detector's state, open challengers and standing change after it."""
+
+    state: object
+    result: ChunkResult
+    writes: object
+    events: list[Event]
+    reservoir: object
+    dstate: object
+    pending: list[tuple[int, float]]
+    standing: tuple[int, float] | None
 
 
 def detect_series(data, model_spec: str, chunk_size: int = 500, seed: int = 0, config: DetectorConfig | None = None,

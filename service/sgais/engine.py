@@ -389,7 +389,17 @@ class Sampler(SamplerBase):
     def _scored(self, state: SGAISState, chunk: torch.Tensor, reservoir: Reservoir) -> tuple[SGAISState, ChunkResult, ReservoirWrites]:
         t0 = time.perf_counter()
         with torch.inference_mode():
-            rows = prepare(self.model, self.config, state.n, framed(state, self.model, chunk), reservoir)
+            try:
+                rows = prepare(self.model, self.config, state.n, framed(state, self.model, chunk), reservoir)
+            except ValueError:
+                fr = state.frame
+                if not fr.numel():
+                    raise
+                prepare(self.model, self.config, state.n, chunk, reservoir)  # (what is wrong in the data's units too)
+                # finite in the data's units, not in the frame's: a value far out against a narrow warm-up
+                raise EngineError(f"a value is too large for this model's frame (centre {fr[0].tolist()}, scale "
+                                  f"{fr[1].tolist()}, from the stream's first {self.model.warmup} rows): up to "
+                                  f"{float(chunk.abs().max()):.6g} overflows float64 there") from None
             jac = frame_jacobian(state)
             reported = state.log_evidence
             if state.frame.numel():
