@@ -54,6 +54,9 @@ class Model:
     #: ``exact_update`` is costly: the evidence of every suffix of some rows is then one pass over
     #: them backwards (``service.detect.Detector._refine``)
     exchangeable: ClassVar[bool] = False
+    #: whether the detector takes rows out as outliers with ``exact_skip`` (``Detector._watch``,
+    #: ``_outlier_log_bf``); False where a model can skip a row but the detector does better without
+    skips_outliers: ClassVar[bool] = True
     #: number of raw columns the model reads (set by the factory from the stream's columns)
     n_columns: int = field(default=1, kw_only=True)
     #: how the evidence is computed: 'exact' (closed form; conjugate models only), 'sgais', or

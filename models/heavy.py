@@ -628,6 +628,18 @@ class StudentT(_Exact):
         post[0] = seen + y.shape[0]
         return post, lp
 
+    def exact_skip(self, post: torch.Tensor, rows: torch.Tensor) -> torch.Tensor | None:
+        """``Model.exact_skip``: the rows are i.i.d. given (mu, sigma, nu), so the posterior (grids,
+        kept rows) stays as it is and only the count of rows seen goes on (in every column). A
+        heavy tail already discounts one wild reading, but a burst of them, or one far enough out,
+        still moves the scale, and the model that skipped them predicts the rows after better.
+        None inside the warm-up (no frame yet)."""
+        if int(post[0]) < self.warmup:
+            return None
+        new = post.clone()
+        self._columns(new)[:, 0] += int(rows.shape[0])
+        return new
+
     def _store(self, post: torch.Tensor, boxes: torch.Tensor, logjs: torch.Tensor) -> None:
         b, l = self._grids(post)
         b.copy_(boxes)

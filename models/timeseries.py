@@ -818,6 +818,15 @@ class LocalTrend(_Framed):
     warm-up buffer [warmup], log weights [K], then per component m [2], C [3]: c00, c01, c11, a, b)."""
 
     name = "local-trend"
+    #: ``exact_skip`` is exact, but the detector does not take rows out with it: measured on readings
+    #: 10 sd out in bursts (200/204, 200/203/206, 208/212, 200/201) before a +5 sd shift at 300,
+    #: chunks of 1-50, data seeds 0-5 (120 runs), skipping cut the false changes 80 -> 33 and lost
+    #: the shift in 9 more runs (109 -> 100; chunks of 50: 1 -> 11 missed); ``local-seasonal``
+    #: (which inherits this) 43 -> 18 false changes, the shift lost in 13 more. A level that adapts
+    #: forgets a wild reading within about 1 / (1 - discount) rows, so the evidence that it was an
+    #: outlier grows slowly (6 nats after 95 rows, against 18 needed for a pair), the suspect holds
+    #: the challengers meanwhile, and the shift then retires it and is placed at the readings.
+    skips_outliers = False
     discount: float = 0.0  # 0: average over AUTO_DISCOUNTS
     warmup: int = 5
     coef_scale: float = 10.0
@@ -921,6 +930,22 @@ class LocalTrend(_Framed):
                 out.append(w + self._log_t(e, q, a, b) - math.log(scale))
             each.append(out)
         return torch.logsumexp(torch.tensor(each, dtype=torch.float64), 0)
+
+    def exact_skip(self, post: torch.Tensor, rows: torch.Tensor) -> torch.Tensor | None:
+        """``Model.exact_skip``: each row a missing observation (West and Harrison 1997, section
+        10.5): every component's state moves one step (its mean by G, its covariance by G and the
+        discount), nothing is learned from the value; the noise's a, b and the weights stay. Exact:
+        the rows after it are scored as the model scores them with the row left out. None inside
+        the warm-up (no frame yet)."""
+        if int(post[0]) < self.warmup:
+            return None
+        logw, states = self._states(post)
+        for st, d in zip(states, self.discounts):
+            for _ in range(int(rows.shape[0])):
+                m0, m1, c00, c01, c11, a, b = st
+                st[:5] = [m0 + m1, m1, (c00 + 2.0 * c01 + c11) / d, (c01 + c11) / d, c11 / d]
+        return self._join([float(post[0]) + int(rows.shape[0]), float(post[1]), float(post[2])],
+                          post[3 : 3 + self.warmup].tolist(), logw, states)
 
     def exact_restart(self, post: torch.Tensor) -> torch.Tensor:
         """A restart at a change point keeps the incumbent's frame (no warm-up of its own) and
@@ -1159,6 +1184,24 @@ class LocalSeasonal(LocalTrend):
             out.append(_log_sum_exp(logw + self._log_t_batch(e, q, a, b)) - math.log(scale))
             last = z
         return torch.tensor(out, dtype=torch.float64)
+
+    def exact_skip(self, post: torch.Tensor, rows: torch.Tensor) -> torch.Tensor | None:
+        """``Model.exact_skip``: each row a missing observation, as in ``LocalTrend.exact_skip``: every
+        component's state moves one step (a, R), nothing is learned from the value. The AR term's
+        next regressor, the row's own value, becomes its predictive mean (mixed over the components
+        by their weights), as ``ar``'s lags do: exact for ``order=0``; with the AR term the rows
+        after it read the value it would have had were it ordinary. None inside the warm-up."""
+        if int(post[0]) < self.warmup:
+            return None
+        last, logw, m, cov, a, b = self._unpack(post)
+        g, f, d = self._system()
+        w = np.exp(logw)
+        for _ in range(int(rows.shape[0])):
+            m, cov, _, _ = self._ahead(m, cov, last, g, f, d)
+            cov = 0.5 * (cov + cov.transpose(0, 2, 1))
+            last = float((w * np.einsum("ki,ki->k", f, m)).sum())
+        return self._pack([float(post[0]) + int(rows.shape[0]), float(post[1]), float(post[2])],
+                          post[3 : 3 + self.warmup].tolist(), last, logw, m, cov, a, b)
 
     def exact_restart(self, post: torch.Tensor) -> torch.Tensor:
         """A restart at a change point keeps the incumbent's frame and the last value (the AR term's

@@ -395,13 +395,15 @@ def test_a_slope_change_restart_is_the_exact_model_with_a_kink(spec, jump):
     assert build_model("level", 1).exact_kink(early) is None  # no slope
 
 
-def local_trend_reference(z, d: float, m, tau: int | None = None) -> mpmath.mpf:
+def local_trend_reference(z, d: float, m, tau: int | None = None, drop: tuple[int, ...] = ()) -> mpmath.mpf:
     """log p(z) under ``local-trend`` with discount d, dense (60 digits): given s2, the model is a
     Gaussian process. The filter's scale-free covariances (C, R = G C G^T / d) do not depend on
     the values, so W_t = G C_{t-1} G^T (1 / d - 1) is a fixed sequence; each state is a linear map
     of independent sources (the prior state, each W_t's innovation, with ``tau`` the level jump
     of variance coef_scale^2 added before row tau, as ``exact_shift`` does), z_t its level plus
-    unit noise, and p(z) the multivariate t of that covariance times s2 ~ IG(alpha0, beta0)."""
+    unit noise, and p(z) the multivariate t of that covariance times s2 ~ IG(alpha0, beta0).
+    ``drop``: rows not observed (missing): the process runs through them, its covariances as
+    without the row's update, and p(z) is of the other rows."""
     with mpmath.workdps(60):
         n, c = len(z), mpmath.mpf(m.coef_scale)
         c2, dd = c * c, mpmath.mpf(d)
@@ -425,10 +427,15 @@ def local_trend_reference(z, d: float, m, tau: int | None = None) -> mpmath.mpf:
                 theta[1][2 + 2 * t] += l10
                 theta[1][3 + 2 * t] += l11
             r = [[gc[i][j] / dd for j in range(2)] for i in range(2)]
+            if t in drop:  # missing: no update
+                cov = r
+                continue
             q = r[0][0] + 1
             k0, k1 = r[0][0] / q, r[1][0] / q
             cov = [[r[0][0] - k0 * r[0][0], r[0][1] - k0 * r[0][1]], [r[1][0] - k1 * r[0][0], r[1][1] - k1 * r[0][1]]]
             level.append(list(theta[0]))
+        z = [v for t, v in enumerate(z) if t not in drop]
+        n = len(z)
         big = mpmath.matrix(n, n)
         for i in range(n):
             for j in range(i + 1):
@@ -483,6 +490,42 @@ def filter_matches_reference(m, y: np.ndarray, ref, shift: bool):
     want = ref(17)
     assert abs(before + since - want) <= 1e-9 * abs(want), (before + since, want)
     return head
+
+
+@pytest.mark.parametrize("spec", ["local-trend:discount=0.95", "local-trend", "local-seasonal:period=12,discount=0.95,order=0",
+                                  "local-seasonal:period=7,harmonics=2,discount=0.9,season_discount=0.98,order=0"])
+def test_a_skipped_row_is_a_missing_observation(spec):
+    """``exact_skip`` (the detector's outliers, ``Detector._watch``): the rows after skipped rows 14
+    and 20-21 are scored as the dense reference scores the series without those rows (the state
+    runs through them, nothing learned from them), for one discount, the default mixture of
+    discounts (the weights stay), and ``local-seasonal`` without its AR term; 1e-9 relative as
+    above. Inside the warm-up nothing is skipped."""
+    y = series(30)
+    y[14], y[20], y[21] = 900.0, -400.0, 1200.0  # wild: had they been learned, far from the reference
+    m, k, scale, z = standardised(spec, y)
+    drop = (14, 20, 21)
+    if m.name == "local-trend":
+        parts = [local_trend_reference(z, d, m, drop=drop) - local_trend_reference(z[:k], d, m) for d in m.discounts]
+    else:
+        parts = [local_seasonal_reference(z, p, h, d, m.season_discount, m.order, m, drop=drop)
+                 - local_seasonal_reference(z[:k], p, h, d, m.season_discount, m.order, m) for p, h, d in m.components]
+    top = max(parts)
+    want = float(top + mpmath.log(mpmath.fsum(mpmath.exp(p - top) for p in parts) / len(parts))) - (len(y) - k - 3) * math.log(scale)
+    rows = torch.from_numpy(y[:, None])
+    post, got = m.exact_init(), 0.0
+    for lo, hi in [(0, 14), (14, 15), (15, 20), (20, 22), (22, 30)]:
+        if lo in drop:
+            post = m.exact_skip(post, rows[lo:hi])
+        else:
+            post, lp = m.exact_update(post, rows[lo:hi])
+            got += lp
+    assert abs(got - want) <= 1e-9 * abs(want), (got, want)
+    assert int(post[0]) == 30
+    # the last rows after the wild ones learned: worse (the skip is not the same update)
+    learned = m.exact_update(m.exact_update(m.exact_init(), rows[:22])[0], rows[22:])[1]
+    assert learned < lp - 1.0, (learned, lp)
+    assert m.exact_skip(m.exact_init(), rows[:1]) is None
+    assert m.exact_skip(m.exact_update(m.exact_init(), rows[: k - 1])[0], rows[k - 1 : k]) is None
 
 
 def test_local_trend_follows_a_curved_rise_and_finds_a_jump_in_it():
@@ -787,7 +830,7 @@ def test_a_restart_inside_a_chunk_is_saved_and_restored_bit_for_bit():
 
 
 def local_seasonal_reference(z: np.ndarray, period: float, harmonics: int, d: float, sd: float, order: int, m,
-                             tau: int | None = None) -> float:
+                             tau: int | None = None, drop: tuple[int, ...] = ()) -> float:
     """log p(z) under one component of ``local-seasonal`` (trend discount d, season discount sd),
     dense: each state is a linear map of independent unit sources (the prior state, each W_t's
     innovation, with ``tau`` the level jump of variance coef_scale^2 added before row tau), z_t =
@@ -795,7 +838,9 @@ def local_seasonal_reference(z: np.ndarray, period: float, harmonics: int, d: fl
     are known one step ahead, so the prediction-error decomposition is the dense Gaussian with F_t
     fixed at the observed values); given s2 a Gaussian, so p(z) is the multivariate t of that
     covariance times s2 ~ IG(alpha0, beta0). W_t = blockdiag((1/d - 1) P_trend, (1/sd - 1) P_season)
-    with P = G C_{t-1} G^T from the scale-free filter covariances, run here on their own."""
+    with P = G C_{t-1} G^T from the scale-free filter covariances, run here on their own. ``drop``:
+    rows not observed (``order`` 0 only: with the AR term a missing row is a missing regressor)."""
+    assert not (drop and order)
     n, c2 = len(z), float(m.coef_scale) ** 2
     p = 2 + 2 * harmonics + order
     g = np.zeros((p, p))
@@ -828,10 +873,15 @@ def local_seasonal_reference(z: np.ndarray, period: float, harmonics: int, d: fl
             ev, vec = np.linalg.eigh(wt)
             a[:, p + p * t : p + p * (t + 1)] = vec * np.sqrt(np.maximum(ev, 0.0))
         r = pm + wt
+        if t in drop:  # missing: no update
+            cov = r
+            continue
         q = f @ r @ f + 1.0
         k = r @ f / q
         cov = r - np.outer(k, k) * q
         rows.append(f @ a)
+    z = np.delete(z, list(drop))
+    n = len(z)
     lmat = np.array(rows)
     big = lmat @ lmat.T + np.eye(n)
     chol = np.linalg.cholesky(big)

@@ -183,7 +183,7 @@ class Detector:
                               and getattr(self.restarts.config, "jumps", 0) > 0 else self.train)
         self.exact = getattr(sampler, "method", "sgais") == "exact"
         # whether the model can skip a row at all (``Model.exact_skip``; models that cannot keep one outlier chunk in ``_outlier_log_bf``)
-        self._skips = type(sampler.model).exact_skip is not Model.exact_skip
+        self._skips = type(sampler.model).exact_skip is not Model.exact_skip and sampler.model.skips_outliers
         # window shifts (``signals.Windows``): 4, 8 and 16 training samples, within the rows kept
         # (``max_age``). Exact models only: their restarts cost a few arithmetic operations a row
         # and their log predictives carry no sampling noise; a sampled model's restart is a
@@ -769,6 +769,8 @@ class Detector:
         before them) when they were outliers, ``HOLD``, or None; ``s.suspects`` are brought up to
         date."""
         model, cfg = self.sampler.model, self.config
+        if not self._skips:  # (its suspects would all be None)
+            return None
         b = int(chunk.shape[0])
         if result.conditioned:
             # a chunk that ends a warm-up (a stream's first): its rows after the warm-up are watched,
