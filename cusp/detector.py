@@ -35,7 +35,7 @@ from models.registry import build_model, default_portfolio, parse_spec, spec_pro
 from service.data import MAX_COLUMNS, MAX_MAGNITUDE, log_model_probabilities, too_large
 from service.detect import DetectorConfig, Event, OfflineRun, StreamAnswer, StreamChange, stream_window
 from service.runtime import build, model_seed, sampler_config
-from service.sgais import ChunkResult, ConfigError, EngineError
+from service.sgais import ChunkResult, ConfigError, EngineError, TooLarge
 from service.store import ModelEntry, StreamConfig
 from service.times import seconds_per_row
 
@@ -65,8 +65,10 @@ class Detector:
     detection"): ``threshold=0.999``, ``expected_run_length=5000``, ``enabled=False``...
 
     Bad arguments or data raise ``cusp.InputError`` naming the problem, before anything is
-    processed. Settings are public attributes; what was learned is private and rebuilt by
-    ``reset()``.
+    processed; a chunk that a model cannot hold (a value that overflows only in its frame) is
+    taken by no model and raises ``cusp.InputError`` too, and with ``chunk_size`` that chunk and the
+    rows buffered after it are dropped, the chunks before it kept (the message says which).
+    Settings are public attributes; what was learned is private and rebuilt by ``reset()``.
     """
 
     def __init__(self, models: Sequence[str] | str | None = None, chunk_size: int | None = None, seed: int = 0, *,
@@ -202,18 +204,31 @@ class Detector:
         try:
             self._take(rows)
         except InputError as exc:
-            # a chunk a model cannot take (a value that overflows only in a model's frame): no model took it
-            # (``_step_models``); it and the rows after it are dropped, the chunks before it stay taken
-            if self.n == 0:
+            raise self._dropped(exc, n0) from None
+        except Exception:  # (a sampler's failure: the rows neither taken nor buffered lose their times)
+            del self._stamps[self.n + self.pending:]
+            if self.n + self.pending == 0:
                 self._timed = timed0
-            dropped = self.pending
-            self._pending = self._pending[:0]
-            del self._stamps[self.n:]
-            if self.chunk_size is None:
-                raise
-            raise type(exc)(f"{exc} (observations {self.n} to {self.n + dropped - 1}, that chunk and the rows after it, "
-                            f"were dropped; {self.n - n0} before them were processed by this update)") from None
+            raise
         return self
+
+    def _dropped(self, exc: InputError, n0: int) -> InputError:
+        """After a chunk that no model took (a value it cannot hold, ``_step_models``): that chunk and
+        the rows buffered after it are dropped with their times, the chunks before it stay taken.
+        The error to raise: ``exc`` with, in chunks, which observations were dropped; ``reason``
+        holds ``exc``'s own message (``POST /v1/detect`` answers with it: there nothing is kept)."""
+        dropped = self.pending
+        self._pending = self._pending[:0]
+        del self._stamps[self.n:]
+        if self.n == 0:
+            self._timed = None  # (no row kept: the next update may come with times or without)
+        if self.chunk_size is None:
+            exc.reason = str(exc)
+            return exc
+        new = type(exc)(f"{exc} (observations {self.n} to {self.n + dropped - 1}: that chunk and the rows buffered after "
+                        f"it were dropped; {self.n - n0} rows before them were processed by this call)")
+        new.reason = str(exc)
+        return new
 
     def _take(self, rows: np.ndarray) -> None:
         """Process ``rows``: as one chunk, or buffered and processed ``chunk_size`` at a time."""
@@ -231,9 +246,9 @@ class Detector:
         if len(self._pending):
             try:
                 self._step(self._pending)
-            finally:  # taken, or dropped with their times (no model took them, ``update``)
-                self._pending = self._pending[:0]
-                del self._stamps[self.n:]
+            except InputError as exc:  # dropped with their times (no model took them, ``update``)
+                raise self._dropped(exc, self.n) from None
+            self._pending = self._pending[:0]
         return self
 
     def _rows(self, x: Any) -> np.ndarray:
@@ -339,8 +354,10 @@ class Detector:
         for name, run in self._runs.items():
             try:
                 proposals[name] = run.propose(t, interval)
-            except (EngineError, ModelError) as exc:  # (a value the model's frame or statistics cannot hold)
+            except (TooLarge, ModelError) as exc:  # (a value the model's frame or statistics cannot hold)
                 raise InputError(f"model {name!r}: {exc}") from None
+            except EngineError as exc:  # (the sampler's failure: diverged particles)
+                raise EngineError(f"model {name!r}: {exc}") from None
         for name, run in self._runs.items():
             result, new[name] = run.commit(proposals[name])
             if self._timed:  # the time of each event's first new observation, as the service gives it

@@ -14,7 +14,8 @@ class CuspError(Exception):
 
 
 class InputError(CuspError, ValueError):
-    """A bad argument (a model spec, a setting, a value): nothing was sent, stored or computed."""
+    """A bad argument (a model spec, a setting, a value): nothing was sent, stored or computed with
+    it (``cusp.Detector`` with ``chunk_size``: chunks of the same update before a bad one were)."""
 
 
 class APIError(CuspError):

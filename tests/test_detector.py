@@ -193,12 +193,23 @@ def test_a_value_too_large_only_in_a_models_frame_is_taken_by_no_model():
     assert det.n == 20
     chunked = cusp.Detector(models=["level"], chunk_size=4)
     chunked.update(y[:18], times=list(range(18)))
-    with pytest.raises(cusp.InputError, match=r"observations 16 to 21, that chunk and the rows after it, were dropped; "
-                                               r"0 before them were processed"):
+    with pytest.raises(cusp.InputError, match=r"observations 16 to 21: that chunk and the rows buffered after it were "
+                                               r"dropped; 0 rows before them were processed by this call"):
         chunked.update([1.0, 1e150, 1.0, 1.0], times=[18, 19, 20, 21])
-    assert (chunked.n, chunked.pending) == (16, 0)
+    assert (chunked.n, chunked.pending, len(chunked._stamps)) == (16, 0, 16)
     chunked.update(y[:4], times=[22, 23, 24, 25])
     assert (chunked.n, chunked.pending) == (20, 0)
+    chunked.update([1.0, 1e150], times=[26, 27])  # buffered; flush() finds it
+    with pytest.raises(cusp.InputError, match=r"observations 20 to 21: that chunk"):
+        chunked.flush()
+    assert (chunked.n, chunked.pending, len(chunked._stamps)) == (20, 0, 20)
+    # nothing kept: the next update may come without times
+    fresh = cusp.Detector(models=["level"], chunk_size=8)
+    fresh.update(y[:5], times=list(range(5)))
+    with pytest.raises(cusp.InputError):
+        fresh.update([1e150, 1.0, 1.0, 1.0], times=[5, 6, 7, 8])
+    fresh.update(y[:3])
+    assert (fresh.n, fresh.pending) == (0, 3)
 
 
 # --- service.detect.Detector: what a restart must show before it counts as a change ----------------

@@ -119,7 +119,7 @@ def initial_states(cfg: StreamConfig, max_bytes: int | None = None) -> tuple[lis
             need += 8 * (values + max(sampler.config.reservoir_capacity * sampler.model.feature_width, buffered))
         if max_bytes is not None and need > max_bytes:
             raise ApiError(413, "stream_too_large", f"the stream's models would need about {need / 2**20:,.0f} MiB of Redis (particles and "
-                                     f"reservoirs of {samplers[0][1].config.reservoir_capacity:,} rows), more than "
+                                     f"reservoirs of {samplers[0][1].config.reservoir_capacity:,} rows, or a mixture's warm-up rows), more than "
                                      f"CUSP_MAX_STREAM_BYTES={max_bytes / 2**20:,.0f} MiB; use fewer or smaller models, "
                                      "fewer particles or a smaller reservoir_capacity")
         return [sampler.init(model_seed(cfg, e)).to_bytes() for e, sampler in samplers], need

@@ -182,7 +182,8 @@ class Detector:
                               if getattr(model, "checks_modes", False) and not self.config.train
                               and getattr(self.restarts.config, "jumps", 0) > 0 else self.train)
         self.exact = getattr(sampler, "method", "sgais") == "exact"
-        # whether the model can skip a row at all (``Model.exact_skip``; models that cannot keep one outlier chunk in ``_outlier_log_bf``)
+        # whether the detector skips rows with the model (``Model.exact_skip``, and ``Model.skips_outliers``: not
+        # ``local-trend``'s); models that do not keep one outlier chunk in ``_outlier_log_bf``, and ``_watch`` is off
         self._skips = type(sampler.model).exact_skip is not Model.exact_skip and sampler.model.skips_outliers
         # window shifts (``signals.Windows``): 4, 8 and 16 training samples, within the rows kept
         # (``max_age``). Exact models only: their restarts cost a few arithmetic operations a row

@@ -34,6 +34,12 @@ class EngineError(RuntimeError):
     """The sampler cannot process a chunk (non-finite likelihoods, diverged particles)."""
 
 
+class TooLarge(EngineError):
+    """A value in the chunk that the model cannot hold in float64: it overflows in the model's frame
+    (a value far out against a narrow warm-up) or in its sufficient statistics. The data's fault,
+    not the sampler's (``cusp.Detector`` says so with ``cusp.InputError``)."""
+
+
 @dataclass(frozen=True)
 class ChunkResult:
     """What one chunk did. n: observations seen after it; rows: its size; log_evidence: running
@@ -397,9 +403,12 @@ class Sampler(SamplerBase):
                     raise
                 prepare(self.model, self.config, state.n, chunk, reservoir)  # (what is wrong in the data's units too)
                 # finite in the data's units, not in the frame's: a value far out against a narrow warm-up
-                raise EngineError(f"a value is too large for this model's frame (centre {fr[0].tolist()}, scale "
-                                  f"{fr[1].tolist()}, from the stream's first {self.model.warmup} rows): up to "
-                                  f"{float(chunk.abs().max()):.6g} overflows float64 there") from None
+                z = ((chunk.to(torch.float64) - fr[0]) / fr[1]).abs().nan_to_num(posinf=math.inf)
+                r, c = divmod(int(torch.argmax(torch.where(torch.isfinite(z * z), z, math.inf)).item()), z.shape[1])
+                raise TooLarge(f"a value is too large for this model's frame: row {r}, column {c} is "
+                               f"{float(chunk[r, c]):.6g}, which the frame (centre {float(fr[0, c]):.6g}, scale "
+                               f"{float(fr[1, c]):.6g}, from the stream's first {self.model.warmup} rows) takes beyond "
+                               "float64") from None
             jac = frame_jacobian(state)
             reported = state.log_evidence
             if state.frame.numel():

@@ -21,7 +21,7 @@ import torch
 
 from models.base import Model
 from service.sgais.config import SGAISConfig
-from service.sgais.engine import WARNINGS, ChunkResult, EngineError, SamplerBase, prepare
+from service.sgais.engine import WARNINGS, ChunkResult, SamplerBase, TooLarge, prepare
 from service.sgais.reservoir import Reservoir, ReservoirWrites, algorithm_r
 from service.sgais.state import decode, encode
 
@@ -142,8 +142,11 @@ class ExactSampler(SamplerBase):
         if not math.isfinite(lp) or not all(bool(np.isfinite(t.numpy()).all()) for t in _tensors(post)):
             # a value so far out that the statistics overflow float64 (e.g. 1e160 squared): refused,
             # state unchanged (the worker retries, then dead-letters it), never a -inf or NaN evidence
-            raise EngineError(f"the chunk's exact update is not finite (log predictive {lp}): a value in it is too "
-                              f"large for this model's sufficient statistics in float64")
+            fr = self.model.frame_info(state.post)
+            where = (f" (in its frame: centre {fr['centre']}, scale {fr['scale']}, from the stream's first "
+                     f"{fr['warmup_rows']} rows)") if fr and fr.get("scale") is not None else ""
+            raise TooLarge(f"the chunk's exact update is not finite (log predictive {lp}): a value in it is too "
+                           f"large for this model's sufficient statistics in float64{where}")
         b = int(rows.shape[0])
         new = ExactState(post=post, log_evidence=state.log_evidence + lp, n=state.n + b, chunks=state.chunks + 1,
                          rng=g.get_state(), layout=exact_layout(self.model, post))

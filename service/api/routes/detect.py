@@ -142,8 +142,8 @@ def run(cfg, data: np.ndarray, chunk: int, times: list | None = None) -> Detecto
     det = Detector.for_stream(cfg, chunk)
     try:
         det.update(data, times).flush()
-    except (InputError, ModelError, EngineError) as exc:
-        raise ApiError(422, "invalid_model", str(exc)) from None
+    except (InputError, ModelError, EngineError) as exc:  # (nothing is kept: the reason without cusp.Detector's note)
+        raise ApiError(422, "invalid_model", getattr(exc, "reason", str(exc))) from None
     return det
 
 
