@@ -74,7 +74,7 @@ import torch
 
 from models.base import ModelError
 from models.native import kernels
-from models.timeseries import _check_finite, _check_frame_prior, _check_warmup, _Exact, flat_unit
+from models.timeseries import _check_finite, _check_frame_prior, _check_warmup, _clean_warmup, _Exact, flat_unit
 
 #: Chebyshev points per coordinate of each nu's grid
 NODES = 48
@@ -548,6 +548,7 @@ class StudentT(_Exact):
             first = min(k - seen, y.shape[0])
             wbuf[seen : seen + first] = y[:first]
             if seen + first == k:
+                wbuf.copy_(_clean_warmup(wbuf))  # (a wild reading replaced, as the other models do)
                 centre, scale = robust_frame(wbuf)
                 post[1], post[2] = centre, scale
                 z = (wbuf - centre) / scale

@@ -18,7 +18,7 @@ import torch
 from models._random import standard_gamma
 from models.base import LOG_2PI, Model, ModelError, RunGradient
 from models.native import kernels
-from models.timeseries import _check_finite, _warmup_frame, skip_counted
+from models.timeseries import _check_finite, _clean_warmup, _warmup_frame, skip_counted
 
 
 def _positive(name: str, value: float) -> None:
@@ -1552,6 +1552,7 @@ class Gaussian(Model):
             first = min(w - seen, y.shape[0])
             buf[seen : seen + first] = y[:first]
             if seen + first == w:
+                buf = torch.stack([_clean_warmup(buf[:, j]) for j in range(d)], 1)  # (each column's wild readings replaced)
                 frames = [_warmup_frame(buf[:, j]) for j in range(d)]
                 centre = torch.tensor([c for c, _ in frames], dtype=torch.float64)
                 scale = torch.tensor([sc for _, sc in frames], dtype=torch.float64)
