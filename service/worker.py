@@ -59,7 +59,7 @@ from service import metrics as M
 from service import times as T
 from service.detect import Detector, DetectorConfig, DetectorState, Event, StreamChange, detector_seed
 from service.runtime import build, model_seed, rows_from_bytes, stream_answer
-from service.sgais import WARNINGS, EngineError, Reservoir, Sampler, SGAISState, load_state
+from service.sgais import WARNINGS, EngineError, Reservoir, Sampler, SGAISState, TooLarge, load_state
 from service.store import StreamConfig
 from service.store.keys import tally_field
 from service.store.worker import WorkerStore
@@ -861,7 +861,9 @@ class Worker:
         s, m = hot.stream, hot.model
         n = self.store.count_failure(s, m, seq)
         err = f"{type(exc).__name__}: {exc}"
-        if n < self.max_attempts:
+        # (a value the model cannot hold fails the same way every time: dead-lettered at once, not
+        # after CUSP_MAX_ATTEMPTS tries that held the model's later chunks back for tens of seconds)
+        if n < self.max_attempts and not isinstance(exc, TooLarge):
             M.REDELIVERIES.labels(s, m).inc()
             log.warning("stream %s model %s seq %d failed (attempt %d/%d): %s", s, m, seq, n, self.max_attempts, err)
             return "retry"

@@ -474,3 +474,31 @@ def test_a_new_level_in_a_chunks_last_rows_is_no_burst_of_outliers(sd, chunk, se
     y[at:] += sd * 20.0
     events, _, _ = run(y, "level", chunk)
     assert [(e.location, e.detected_at) for e in events] == [(at, chunk * (at // chunk + 1))], events
+
+
+def test_a_value_beyond_a_models_frame_is_dead_lettered_at_once(live, redis_url):
+    """1e150 passes the API's checks (within +-1e150) but overflows ``level``'s frame from a warm-up
+    with an sd of 1e-5 (``TooLarge``): the worker dead-letters the chunk on its first failure, not
+    after CUSP_MAX_ATTEMPTS tries; the error names the frame; the next chunk is applied."""
+    import uuid
+
+    from service import metrics as M
+    from service.worker import Worker
+
+    s = "o" + uuid.uuid4().hex[:10]
+    y = 1.0 + 1e-5 * np.random.default_rng(0).standard_normal(20)
+    assert live.client.post("/v1/streams", json={"name": s, "columns": ["v"], "models": ["level"]}).status_code == 201
+    for seq, rows in enumerate([y[:10], [1.0, 1e150], y[10:]]):
+        r = live.client.post(f"/v1/streams/{s}/chunks", json={"seq": seq, "rows": [[float(v)] for v in rows]})
+        assert r.status_code == 202, r.text
+    w = Worker(redis_url)
+    try:
+        w.run_until_idle()
+    finally:
+        w.release_all()
+    dead = live.client.get(f"/v1/streams/{s}/dead-letters").json()["dead_letters"]
+    assert [(d["model"], d["seq"]) for d in dead] == [("level", 1)], dead
+    assert "TooLarge" in dead[0]["error"] and "in its frame: centre" in dead[0]["error"], dead[0]["error"]
+    assert (M.REGISTRY.get_sample_value("cusp_redeliveries_total", {"stream": s, "model": "level"}) or 0.0) == 0.0
+    page = live.client.get(f"/v1/streams/{s}/evidence", params={"model": "level", "kind": "result"}).json()["results"]
+    assert [r["seq"] for r in page] == [0, 2] and page[-1]["n"] == 20
