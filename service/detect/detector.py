@@ -53,6 +53,9 @@ ROW_LP_SD = 1.0 / math.sqrt(2.0)
 #: a chunk of at least this many rows, before the running level counts, takes its other rows' spread
 #: as the measure of a surprising row (``Detector._watch``)
 MIN_CHUNK_SPREAD = 8
+#: a regime's first chunk before the running level counts is watched from this many rows, on the
+#: median of its other rows (``Detector._watch``)
+MIN_FIRST_ROWS = 4
 #: ``Detector._watch``'s answer when no challenger may win at this chunk
 HOLD = "hold"
 #: a row is a suspected outlier when its log predictive lies this many per-row standard deviations
@@ -806,6 +809,13 @@ class Detector:
         elif rest is not None:
             width = OUTLIER_SDS * max(float(rest.std()), ROW_LP_SD)
             level = float(rest.mean()) - width
+        elif each is not None and b >= MIN_FIRST_ROWS:
+            # a regime's first chunks of a few rows (rows 5-9 of a stream posted in chunks of 10, after
+            # the warm-up): the median of the chunk's rows but its least probable, and their sd, with
+            # the floor above (a reading at 7 stayed in the models, a change reported 30-40 rows on)
+            rest = torch.sort(each).values[1:]
+            width = OUTLIER_SDS * max(float(rest.std()), ROW_LP_SD)
+            level = float(rest.median()) - width
         else:
             level = width = None
         low = result.log_predictive if each is None else float(each.min())
