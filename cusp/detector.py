@@ -227,7 +227,7 @@ class Detector:
             return exc
         new = type(exc)(f"{exc} (observations {self.n} to {self.n + dropped - 1}: that chunk and the rows buffered after "
                         f"it were dropped; {self.n - n0} rows before them were processed by this call)")
-        new.reason = str(exc)
+        new.reason, new.too_large = str(exc), getattr(exc, "too_large", False)
         return new
 
     def _take(self, rows: np.ndarray) -> None:
@@ -355,7 +355,9 @@ class Detector:
             try:
                 proposals[name] = run.propose(t, interval)
             except (TooLarge, ModelError) as exc:  # (a value the model's frame or statistics cannot hold)
-                raise InputError(f"model {name!r}: {exc}") from None
+                err = InputError(f"model {name!r}: {exc}")
+                err.too_large = isinstance(exc, TooLarge)  # (POST /v1/detect: the series' fault)
+                raise err from None
             except EngineError as exc:  # (the sampler's failure: diverged particles)
                 raise EngineError(f"model {name!r}: {exc}") from None
         for name, run in self._runs.items():

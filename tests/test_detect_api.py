@@ -118,13 +118,17 @@ def test_the_codes_name_the_series_and_the_request_not_a_stream(live, body, code
     ({"values": [1.0, 2.0], "models": [{"spec": "level", "prior": 0}]}, 422, "^body.models.0.object.prior: Input should be greater than 0$"),
     # within +-1e150, but beyond float64 in a mixture's frame from a warm-up with an sd of 1e-5 (was a 500: a bare ValueError)
     ({"values": [1.0 + 1e-5 * (i % 3) for i in range(20)] + [1e150, 1.0], "models": ["gmm:warmup=5"], "chunk_size": 4}, 422,
-     "model 'gmm_warmup5': a value is too large for this model's frame"),
+     "^model 'gmm_warmup5': a value is too large for this model's frame: row 0, column 0 is 1e\\+150, which the frame"),
+    ({"values": [1.0 + 1e-5 * (i % 3) for i in range(20)] + [1.0, 1e150], "models": ["level"], "chunk_size": 4}, 422,
+     "^model 'level': the chunk's exact update is not finite .* \\(row 1, 1e\\+150, overflows in its frame: centre"),
 ])
 def test_bad_input_answers_4xx_naming_it_and_stores_nothing(live, redis_url, body, status, message):
     before = connect(redis_url).dbsize()
     r = live.client.post("/v1/detect", json=body)
     assert r.status_code == status, r.text
     assert re.search(message, r.json()["detail"]), r.json()["detail"]
+    if "1e\\+150" in message:  # a value the models cannot hold: the series' fault, not the spec's
+        assert r.json()["code"] == "invalid_series", r.json()
     assert connect(redis_url).dbsize() == before
 
 

@@ -813,9 +813,12 @@ class Detector:
             # a regime's first chunks of a few rows (rows 5-9 of a stream posted in chunks of 10, after
             # the warm-up): the median of the chunk's rows but its least probable, and their sd, with
             # the floor above (a reading at 7 stayed in the models, a change reported 30-40 rows on)
+            # (robust spread: an autoregression's row after a wild one is poor too, and that row's
+            # sd hid the reading from ``seasonal``; a new user's trial)
             rest = torch.sort(each).values[1:]
-            width = OUTLIER_SDS * max(float(rest.std()), ROW_LP_SD)
-            level = float(rest.median()) - width
+            med = float(rest.median())
+            width = OUTLIER_SDS * max(1.4826 * float((rest - med).abs().median()), ROW_LP_SD)
+            level = med - width
         else:
             level = width = None
         low = result.log_predictive if each is None else float(each.min())

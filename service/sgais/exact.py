@@ -143,8 +143,15 @@ class ExactSampler(SamplerBase):
             # a value so far out that the statistics overflow float64 (e.g. 1e160 squared): refused,
             # state unchanged (the worker retries, then dead-letters it), never a -inf or NaN evidence
             fr = self.model.frame_info(state.post)
-            where = (f" (in its frame: centre {fr['centre']}, scale {fr['scale']}, from the stream's first "
-                     f"{fr['warmup_rows']} rows)") if fr and fr.get("scale") is not None else ""
+            where = ""
+            if fr and fr.get("scale") is not None:
+                # the row whose value, in the frame, squares beyond float64 (the first such)
+                z = (chunk.to(torch.float64) - torch.as_tensor(fr["centre"], dtype=torch.float64)) \
+                    / torch.as_tensor(fr["scale"], dtype=torch.float64)
+                bad = torch.nonzero(~torch.isfinite(z * z))
+                row = f"row {int(bad[0, 0])}, {float(chunk[bad[0, 0], bad[0, 1]]):.6g}, overflows " if len(bad) else ""
+                where = (f" ({row}in its frame: centre {fr['centre']}, scale {fr['scale']}, from the stream's first "
+                         f"{fr['warmup_rows']} rows)")
             raise TooLarge(f"the chunk's exact update is not finite (log predictive {lp}): a value in it is too "
                            f"large for this model's sufficient statistics in float64{where}")
         b = int(rows.shape[0])

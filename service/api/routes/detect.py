@@ -25,7 +25,7 @@ from service.api.schemas import (DETECT_DEFAULT_CHUNKS, MAX_DETECT_CHUNKS, MAX_D
 from service.data import MAX_COLUMNS, MAX_MAGNITUDE, too_large
 from service.detect import DetectorConfig
 from service.settings import Settings
-from service.sgais import EngineError
+from service.sgais import EngineError, TooLarge
 
 router = APIRouter(prefix="/v1", tags=["detect"], strict_content_type=False)  # no Content-Type: JSON (``Json``)
 
@@ -143,7 +143,10 @@ def run(cfg, data: np.ndarray, chunk: int, times: list | None = None) -> Detecto
     try:
         det.update(data, times).flush()
     except (InputError, ModelError, EngineError) as exc:  # (nothing is kept: the reason without cusp.Detector's note)
-        raise ApiError(422, "invalid_model", getattr(exc, "reason", str(exc))) from None
+        reason = getattr(exc, "reason", str(exc))
+        # a value the models cannot hold is the series' fault, not the model spec's
+        code = "invalid_series" if getattr(exc, "too_large", False) or isinstance(exc, TooLarge) else "invalid_model"
+        raise ApiError(422, code, reason) from None
     return det
 
 
