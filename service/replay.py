@@ -172,6 +172,9 @@ def run(args: argparse.Namespace) -> int:
         warned = Counter(w for t in traces[label] for w in t["warnings"])
         for w, count in sorted(warned.items()):
             print(f"{label}: WARNING {count} of {len(traces[label])} chunks: {w}: {WARNINGS[w]}", file=sys.stderr)
+    if not args.detect:  # (a new user's trial read the evidence alone as "no change found")
+        print("change points: not looked for; add --detect (then chunks of ceil(rows / 250), at most 500, unless "
+              "--chunk-size)", file=sys.stderr)
     if args.plot:
         plot_traces(traces, args.plot, {label: [e.location for e in evs] for label, evs in found.items()} if args.detect else None,
                     data=data.numpy(), columns=names, stream=stream_found if args.detect else None, stamps=stamps)

@@ -104,7 +104,11 @@ def test_replay_detect_prints_marks_and_traces_change_points(tmp_path):
     cps = [d for d in map(json.loads, out.read_text().splitlines()) if d.get("kind") == "changepoint"]
     assert len(cps) == 1 and abs(cps[0]["location"] - 300) <= 10 and cps[0]["confidence"] >= 0.99, cps
     assert f"gaussian: change point at observation {cps[0]['location']}" in r.stderr
+    assert "not looked for" not in r.stderr
     assert png.read_bytes()[:4] == b"\x89PNG"
+    # without --detect: the evidence alone, and a line that says change points were not looked for
+    r = cusp(str(p), "--model", "gaussian", "--out", str(out))
+    assert r.returncode == 0 and "change points: not looked for; add --detect" in r.stderr, r.stderr
     # two models: each model's events and the stream's model-averaged change
     r = cusp(str(p), "--model", "gaussian", "--model", "gaussian:kappa0=0.1", "--chunk-size", "10", "--detect", "--out", str(out))
     assert r.returncode == 0, r.stderr
