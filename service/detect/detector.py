@@ -54,7 +54,7 @@ ROW_LP_SD = 1.0 / math.sqrt(2.0)
 #: as the measure of a surprising row (``Detector._watch``)
 MIN_CHUNK_SPREAD = 8
 #: a regime's first chunk before the running level counts is watched from this many rows, on the
-#: median of its other rows (``Detector._watch``)
+#: median and median absolute deviation of its other rows (``Detector._watch``)
 MIN_FIRST_ROWS = 4
 #: ``Detector._watch``'s answer when no challenger may win at this chunk
 HOLD = "hold"
@@ -811,10 +811,10 @@ class Detector:
             level = float(rest.mean()) - width
         elif each is not None and b >= MIN_FIRST_ROWS:
             # a regime's first chunks of a few rows (rows 5-9 of a stream posted in chunks of 10, after
-            # the warm-up): the median of the chunk's rows but its least probable, and their sd, with
-            # the floor above (a reading at 7 stayed in the models, a change reported 30-40 rows on)
-            # (robust spread: an autoregression's row after a wild one is poor too, and that row's
-            # sd hid the reading from ``seasonal``; a new user's trial)
+            # the warm-up): the median of the chunk's rows but its least probable, and 1.4826 x their
+            # median absolute deviation, with the floor above (a reading at 7 stayed in the models, a
+            # change reported 30-40 rows on). Robust: an autoregression's row after a wild one is
+            # poor too, and with the sd that row hid the reading from ``seasonal`` (a new user's trial)
             rest = torch.sort(each).values[1:]
             med = float(rest.median())
             width = OUTLIER_SDS * max(1.4826 * float((rest - med).abs().median()), ROW_LP_SD)

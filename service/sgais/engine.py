@@ -234,6 +234,14 @@ def framed(state, model: Model, chunk: torch.Tensor) -> torch.Tensor:
     return (chunk.to(torch.float64) - fr[0]) / fr[1]
 
 
+def overflowing(chunk: torch.Tensor, centre, scale) -> tuple[int, int] | None:
+    """(row, column) of the first value of raw ``chunk [B, C]`` whose square in a frame, ((y - centre)
+    / scale)^2, overflows float64 (``TooLarge``'s messages); None where none does."""
+    z = (chunk.to(torch.float64) - torch.as_tensor(centre, dtype=torch.float64)) / torch.as_tensor(scale, dtype=torch.float64)
+    bad = torch.nonzero(~torch.isfinite(z * z))
+    return (int(bad[0, 0]), int(bad[0, 1])) if len(bad) else None
+
+
 def frame_jacobian(state) -> float:
     """What a row's log density in the data's units adds to its log density in the state's frame:
     -sum_j log scale_j (0 without a frame)."""
@@ -403,8 +411,10 @@ class Sampler(SamplerBase):
                     raise
                 prepare(self.model, self.config, state.n, chunk, reservoir)  # (what is wrong in the data's units too)
                 # finite in the data's units, not in the frame's: a value far out against a narrow warm-up
-                z = ((chunk.to(torch.float64) - fr[0]) / fr[1]).abs().nan_to_num(posinf=math.inf)
-                r, c = divmod(int(torch.argmax(torch.where(torch.isfinite(z * z), z, math.inf)).item()), z.shape[1])
+                at = overflowing(chunk, fr[0], fr[1])
+                if at is None:
+                    raise
+                r, c = at
                 raise TooLarge(f"a value is too large for this model's frame: row {r}, column {c} is "
                                f"{float(chunk[r, c]):.6g}, which the frame (centre {float(fr[0, c]):.6g}, scale "
                                f"{float(fr[1, c]):.6g}, from the stream's first {self.model.warmup} rows) takes beyond "

@@ -21,7 +21,7 @@ import torch
 
 from models.base import Model
 from service.sgais.config import SGAISConfig
-from service.sgais.engine import WARNINGS, ChunkResult, SamplerBase, TooLarge, prepare
+from service.sgais.engine import WARNINGS, ChunkResult, SamplerBase, TooLarge, overflowing, prepare
 from service.sgais.reservoir import Reservoir, ReservoirWrites, algorithm_r
 from service.sgais.state import decode, encode
 
@@ -141,15 +141,12 @@ class ExactSampler(SamplerBase):
             writes = algorithm_r(g, state.n, rows, self.config.reservoir_capacity)
         if not math.isfinite(lp) or not all(bool(np.isfinite(t.numpy()).all()) for t in _tensors(post)):
             # a value so far out that the statistics overflow float64 (e.g. 1e160 squared): refused,
-            # state unchanged (the worker retries, then dead-letters it), never a -inf or NaN evidence
+            # state unchanged (the worker dead-letters it at once), never a -inf or NaN evidence
             fr = self.model.frame_info(state.post)
             where = ""
             if fr and fr.get("scale") is not None:
-                # the row whose value, in the frame, squares beyond float64 (the first such)
-                z = (chunk.to(torch.float64) - torch.as_tensor(fr["centre"], dtype=torch.float64)) \
-                    / torch.as_tensor(fr["scale"], dtype=torch.float64)
-                bad = torch.nonzero(~torch.isfinite(z * z))
-                row = f"row {int(bad[0, 0])}, {float(chunk[bad[0, 0], bad[0, 1]]):.6g}, overflows " if len(bad) else ""
+                at = overflowing(chunk, fr["centre"], fr["scale"])
+                row = f"row {at[0]}, {float(chunk[at]):.6g}, overflows " if at is not None else ""
                 where = (f" ({row}in its frame: centre {fr['centre']}, scale {fr['scale']}, from the stream's first "
                          f"{fr['warmup_rows']} rows)")
             raise TooLarge(f"the chunk's exact update is not finite (log predictive {lp}): a value in it is too "
