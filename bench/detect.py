@@ -283,6 +283,8 @@ def suite(quick: bool = False, seeds: int | None = None, cluster_components: Seq
     stationary stretches included; the paper's clusters once (their own seed 0) for each GMM
     size in ``cluster_components`` (default 3, 5, 7). Quick: one seed, shorter stationary
     stretches and the clusters cut to 20,000 rows (both changes inside) with K = 5 only."""
+    from bench import data as D
+
     nseeds = seeds or (1 if quick else 3)
     out: list[Series] = []
     for s in range(nseeds):
@@ -304,6 +306,19 @@ def suite(quick: bool = False, seeds: int | None = None, cluster_components: Seq
         out.append(_labelled("class-balance", "class-balance",
                              "logistic regression, class balance ~25% -> 75% -> 40% (n = 3,000), chunks of 50",
                              class_balance_change(s), s))
+        # changes off the chunk grid: a sampled model's change placed at a row, not at its chunk's
+        # first one (``Detector._within``; drawn here, not tuned: tag 0x0FF)
+        r = _rng(s, 0x0FF)
+        c = (int(r.integers(801, 1200)), int(r.integers(1801, 2200)))
+        out.append(_labelled("class-balance/off-grid", "class-balance/off-grid",
+                             "logistic regression, class balance ~25% -> 75% -> 40% at rows drawn in 801-1,199 and "
+                             "1,801-2,199 (n = 3,000), chunks of 50", class_balance_change(s, changes=c), s))
+        if not quick:
+            c = (int(r.integers(801, 1800)), int(r.integers(3001, 4500)))
+            x, c = D.distribution_shift_data(6_000, s, changes=c)
+            out.append(_labelled("clusters-off-grid/K=5", "clusters-off-grid/K=5",
+                                 "the paper's 3 -> 5 -> 7 clusters at rows drawn in 801-1,799 and 3,001-4,499 (n = 6,000), "
+                                 "chunks of 500, GMM K = 5", (x.numpy(), c, "gmm:components=5", 500), s))
         n1 = 20_000 if quick else 100_000
         out.append(_labelled("stationary-1d", "stationary-1d", f"N(0, 1), no change (n = {n1:,}), chunks of 100",
                              stationary(s, n1), s))

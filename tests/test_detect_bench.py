@@ -201,6 +201,8 @@ def test_suite_generators():
     assert by["clusters-shuffled/K=5"].kind == "stationary" and by["stationary-5d"].data.shape[1] == 5
     assert by["clusters-drop/K=5"].changes == (5000, 6000, 15000) and by["clusters-drop/K=5"].data.shape == (35_000, 2)
     assert by["mean-2/pointwise"].chunk == 1 and by["mean-2/pointwise"].data_key == by["mean-2"].data_key
+    off = by["class-balance/off-grid"].changes  # drawn per seed, off the chunk grid of 50 (``Detector._within``)
+    assert 801 <= off[0] < 1200 and 1801 <= off[1] < 2200 and by["class-balance/off-grid"].chunk == 50
 
 
 # --- report ---------------------------------------------------------------------------------------

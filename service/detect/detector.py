@@ -1278,7 +1278,8 @@ class Detector:
         less that under the ``incumbent`` (before this chunk), summed from row j on, is the evidence
         of a change at j (the same prior for every row). The chunk's first row stays unless another
         row is ``SUPPORT_NATS`` ahead and the restart explains the rows from there on better than
-        the incumbent (a restart of one chunk of 12 rows fits every row worse: no place). Where
+        the incumbent (a restart of one chunk of 12 rows fits every row worse: no place), and that
+        row is not the first of the chunk before (the change may have begun before it). Where
         clusters appear, the rows of the old ones score about alike under both (a little better
         under the incumbent, whose weights are theirs), the rows of the new ones far better under
         the restart: the place is the first row of a new cluster after the change (a new cluster's
@@ -1298,7 +1299,9 @@ class Detector:
         score = torch.flip(torch.cumsum(torch.flip(gain, (0,)), 0), (0,))  # score[j]: the sum of gain[j:]
         at = int(recent[i].start - recent[lo].start)
         j = int(torch.argmax(score))
-        if float(score[j]) <= 0.0 or float(score[at]) >= float(score[j]) - SUPPORT_NATS:
+        if float(score[j]) <= 0.0 or float(score[at]) >= float(score[j]) - SUPPORT_NATS or (j == 0 and lo < i):
+            # (the span's first row: the change began there or before, which the span cannot tell;
+            # a missed change at 90,000 and one at 91,000 in chunks of 500, K = 3, were put at 90,500)
             j = at
         return (lo if j < at else i), int(recent[lo].start) + j
 
