@@ -173,8 +173,8 @@ def run(args: argparse.Namespace) -> int:
         for w, count in sorted(warned.items()):
             print(f"{label}: WARNING {count} of {len(traces[label])} chunks: {w}: {WARNINGS[w]}", file=sys.stderr)
     if not args.detect:  # (a new user's trial read the evidence alone as "no change found")
-        print("change points: not looked for; add --detect (then chunks of ceil(rows / 250), at most 500, unless "
-              "--chunk-size)", file=sys.stderr)
+        print(f"change points: not looked for; add --detect (then chunks of ceil(rows / {DETECT_DEFAULT_CHUNKS}), at most "
+              f"{EVIDENCE_CHUNK}, unless --chunk-size)", file=sys.stderr)
     if args.plot:
         plot_traces(traces, args.plot, {label: [e.location for e in evs] for label, evs in found.items()} if args.detect else None,
                     data=data.numpy(), columns=names, stream=stream_found if args.detect else None, stamps=stamps)
