@@ -68,8 +68,9 @@ ones before and after it, each by the evidence of a change there from a restart 
 prior (``_place``). Every sampled model's change (a mixture's chunk comes from ``_where``) is
 then placed at a row of that chunk or the one before by each row's log predictive under the
 winner less that under the incumbent, summed from the row on (``_within``: after clusters
-appear, the first row of a new cluster; the chunk's first row stays unless another row is
-``SUPPORT_NATS`` ahead and the winner explains the rows from there on better).
+appear, the first row of a new cluster; the chunk's first row stays unless another row, not
+the first of the chunk before, is ``SUPPORT_NATS`` ahead and the winner explains the rows from
+there on better).
 
 For models whose posterior has poor local modes (``model.multimodal``: mixtures) a winning
 restart must also show that the data moved, not the incumbent: ``_data_moved`` (the incumbent's

@@ -815,7 +815,7 @@ class Detector:
         elif rest is not None:
             width = OUTLIER_SDS * max(float(rest.std()), ROW_LP_SD)
             level = float(rest.mean()) - width
-        elif (pool := self._first_rows(s, each, result.log_predictive, b)) is not None:
+        elif (pool := self._first_rows(s, each, result.log_predictive)) is not None:
             # a regime's first chunks of a few rows (rows 5-9 of a stream posted in chunks of 10, after
             # the warm-up): the median of the chunk's rows but its least probable, and 1.4826 x their
             # median absolute deviation, with the floor above (a reading at 7 stayed in the models, a
@@ -880,7 +880,7 @@ class Detector:
             return HOLD
         return None
 
-    def _first_rows(self, s: DetectorState, each: torch.Tensor | None, lp: float, b: int) -> torch.Tensor | None:
+    def _first_rows(self, s: DetectorState, each: torch.Tensor | None, lp: float) -> torch.Tensor | None:
         """The log predictives ``_watch`` measures a regime's first chunks by, before the running
         level counts: the chunk's own rows (``each``; ``lp`` for a single row) when it has
         ``MIN_FIRST_ROWS``, else with those of the chunks before it in this regime, each row under
@@ -1290,10 +1290,8 @@ class Detector:
         lo = i - 1 if i > 0 else i
         if any(r.rows is None for r in recent[lo : i + 1]):
             return None
-        raw = torch.cat([r.rows for r in recent[lo : i + 1]]).to(torch.float64)
-        with torch.inference_mode():
-            gain = self.sampler.row_fits(restart, self.sampler.featurize(restart, raw)) \
-                - self.sampler.row_fits(incumbent, self.sampler.featurize(incumbent, raw))
+        raw = torch.cat([r.rows for r in recent[lo : i + 1]])
+        gain = self._row_fits(restart, raw)[1] - self._row_fits(incumbent, raw)[1]
         if not bool(torch.isfinite(gain).all()):
             return None
         score = torch.flip(torch.cumsum(torch.flip(gain, (0,)), 0), (0,))  # score[j]: the sum of gain[j:]
