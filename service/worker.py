@@ -692,7 +692,7 @@ class Worker:
         # the stream's chunk count: a model restarted at a change has a state of its own count
         chunks = dstate.chunks if dstate is not None else state.chunks
         end = float(stamps[-1])
-        events = [replace(ev, location_time=self._location_time(s, seq, stamps, ev)) for ev in events]
+        events = [self._placed(s, seq, fields, stamps, ev) for ev in events]
         data = {"seq": seq, "chunk": chunks - 1, **result.to_dict(), "time_start": T.format(float(stamps[0])),
                 "time_end": T.format(end)}
         outs = [m, "result", json.dumps(data)]
@@ -753,18 +753,30 @@ class Worker:
             hot.first_time = self.store.first_time(hot.stream)
         return T.seconds_per_row(hot.first_time, float(stamps[-1]), int(fields[b"i0"]) + int(stamps.shape[0]))
 
-    def _location_time(self, s: str, seq: int, stamps: np.ndarray, ev: Event) -> float | None:
-        """The time of an event's first new observation: row ``ev.row`` of chunk ``ev.seq`` (this
-        chunk, ``stamps``, or an earlier one still in the inbox: the detector keeps the chunks a
-        change may start in from being trimmed). None if that chunk is gone."""
+    def _placed(self, s: str, seq: int, fields: dict, stamps: np.ndarray, ev: Event) -> Event:
+        """An event placed in the stream: row ``ev.row`` of chunk ``ev.seq`` (this chunk, ``fields``
+        and ``stamps``, or an earlier one still in the inbox: the detector keeps the chunks a change
+        may start in from being trimmed). ``location`` and ``detected_at`` become the stream's row
+        indices (field ``i0``: the stream's rows before a chunk), which the model's own count lags
+        after a chunk it dead-lettered (a change at row 54 after a dead-lettered chunk of 4 rows was
+        reported at 50); ``location_time`` is that row's time. Where the chunk is gone, or predates
+        ``i0``, the event keeps the model's count and has no time."""
         if ev.seq == seq:
-            times = stamps
+            got, times = fields, stamps
         else:
-            got = self.store.inputs(s, ev.seq, ev.seq)
-            if not got:
-                return None
-            times = T.from_fields(got[0][1], int(got[0][1][b"n"]))
-        return float(times[ev.row]) if 0 <= ev.row < times.shape[0] else None
+            old = self.store.inputs(s, ev.seq, ev.seq)
+            if not old:
+                return replace(ev, location_time=None)
+            got = old[0][1]
+            times = T.from_fields(got, int(got[b"n"]))
+        if not 0 <= ev.row < times.shape[0]:
+            return replace(ev, location_time=None)
+        if b"i0" not in got or b"i0" not in fields:
+            return replace(ev, location_time=float(times[ev.row]))
+        location = int(got[b"i0"]) + ev.row
+        detected = int(fields[b"i0"]) + int(stamps.shape[0])
+        return replace(ev, location=location, detected_at=detected, delay=detected - location,
+                       location_time=float(times[ev.row]))
 
     # --- the stream's answer ------------------------------------------------------------------
     def _answer(self, s: str) -> None:

@@ -547,3 +547,33 @@ def test_a_value_beyond_a_models_frame_is_dead_lettered_at_once(live, redis_url)
     assert (M.REGISTRY.get_sample_value("cusp_redeliveries_total", {"stream": s, "model": "level"}) or 0.0) == 0.0
     page = live.client.get(f"/v1/streams/{s}/evidence", params={"model": "level", "kind": "result"}).json()["results"]
     assert [r["seq"] for r in page] == [0, 2] and page[-1]["n"] == 20
+
+
+def test_a_change_after_a_dead_lettered_chunk_is_placed_in_the_stream(live, redis_url):
+    """A chunk of 2 rows ``level`` cannot hold (1e150 beyond its frame) is dead-lettered, then the
+    level moves by 20 sd at the stream's row 42 (the model's 40th: it never took the 2 rows). The
+    event's ``location`` and ``detected_at`` are the stream's row indices, as its ``seq``, ``row``
+    and ``location_time`` say (before: 40, the model's own count, a new user's finding)."""
+    import uuid
+
+    from service.worker import Worker
+
+    s = "d" + uuid.uuid4().hex[:10]
+    y = 1.0 + 1e-5 * np.random.default_rng(1).standard_normal(80)
+    y[40:] += 2e-4
+    assert live.client.post("/v1/streams", json={"name": s, "columns": ["v"], "models": ["level"]}).status_code == 201
+    chunks = [y[:10], np.array([1.0, 1e150])] + [y[lo : lo + 10] for lo in range(10, 80, 10)]
+    for seq, rows in enumerate(chunks):
+        body = {"seq": seq, "rows": [[float(v)] for v in rows]}
+        assert live.client.post(f"/v1/streams/{s}/chunks", json=body).status_code == 202
+    w = Worker(redis_url)
+    try:
+        w.run_until_idle()
+    finally:
+        w.release_all()
+    assert live.client.get(f"/v1/streams/{s}").json()["dead_letters"] == 1
+    got = live.client.get(f"/v1/streams/{s}/changepoints").json()
+    events, stream = got["changepoints"], got["stream"]
+    assert [(e["location"], e["seq"], e["row"]) for e in events] == [(42, 5, 0)], events
+    assert events[0]["detected_at"] == 52 and events[0]["delay"] == 10, events
+    assert [c["location"] for c in stream] == [42], stream
