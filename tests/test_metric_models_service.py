@@ -99,16 +99,16 @@ def test_a_framed_mixture_through_the_api(live, redis_url):
     """One column of three clusters at 1e4 with spreads of 1e-2, their weights 1/3 each -> 0.7/0.2/0.1
     at 1,500 of 3,000, to a stream of `gmm:components=3,warmup=120` in chunks of 50: the warm-up
     spans three chunks (kept in the state, through Redis, until its frame is fixed), the API's
-    change points are the offline detector's, bit for bit, the change is found (at 1,550, a chunk
-    late: ``Detector._within`` finds the first row of the chunk before the most probable, which it
-    cannot tell from a change that began earlier, and keeps the boundary; without the frame,
-    nothing), and the stream shows the frame: the first 120 rows' mean and sd."""
+    change points are the offline detector's, bit for bit, the change is found within 5 rows of
+    1,500 (at 1,499; at 1,550 before ``Detector._within`` scored the chunk before its span when the
+    span's first row was the most probable; without the frame, nothing), and the stream shows the
+    frame: the first 120 rows' mean and sd."""
     r = np.random.default_rng(7)
     lab = np.r_[r.choice(3, 1500), r.choice(3, 1500, p=[0.7, 0.2, 0.1])]
     y = 1e4 + 1e-2 * (np.array([0.0, 5.0, -5.0])[lab] + r.standard_normal(3000))
     spec = "gmm:components=3,warmup=120"
     _, stream, info = _through_the_api(live, redis_url, "x", [spec], y, 50, 1)
-    assert [c.location for c in stream] == [1550]
+    assert len(stream) == 1 and abs(stream[0].location - 1500) <= 5, [c.location for c in stream]
     assert info[spec]["frame"] == {"warmup_rows": 120, "centre": [pytest.approx(float(np.mean(y[:120])), rel=1e-12)],
                                    "scale": [pytest.approx(float(np.std(y[:120], ddof=1)), rel=1e-9)], "periods": None}
 

@@ -66,11 +66,12 @@ has the higher evidence. The exact method then places the change at a row (``_re
 sampled model with one mode (logistic regression) instead compares the chunk found with the
 ones before and after it, each by the evidence of a change there from a restart from the
 prior (``_place``). Every sampled model's change (a mixture's chunk comes from ``_where``) is
-then placed at a row of that chunk or the one before by each row's log predictive under the
+then placed at a row of that chunk or the ones before by each row's log predictive under the
 winner less that under the incumbent, summed from the row on (``_within``: after clusters
-appear, the first row of a new cluster; the chunk's first row stays unless another row, not
-the first of the chunk before, is ``SUPPORT_NATS`` ahead and the winner explains the rows from
-there on better).
+appear, the first row of a new cluster; the chunk's first row stays unless another row is
+``SUPPORT_NATS`` ahead and the winner explains the rows from there on better; while the
+span's first row is the most probable, the chunk before it is scored too, back to the last
+change).
 
 For models whose posterior has poor local modes (``model.multimodal``: mixtures) a winning
 restart must also show that the data moved, not the incumbent: ``_data_moved`` (the incumbent's

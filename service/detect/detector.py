@@ -1271,15 +1271,17 @@ class Detector:
         return (i, None) if j == i else (j, restarts[j])
 
     def _within(self, recent: list[Recent], i: int, incumbent: SGAISState, restart: SGAISState) -> tuple[int, int] | None:
-        """Where in chunk ``i`` or the one before a sampled model's change began (``_refine`` does
+        """Where in chunk ``i`` or the chunks before it a sampled model's change began (``_refine`` does
         this for the exact method; a sampled model's changes were placed at a chunk's first row:
         3 -> 5 clusters at 1,250 in chunks of 500 reported at 1,000, a class balance that moved at
         1,047 in chunks of 100 at 1,000). Each row's log predictive under the ``restart`` that won,
         less that under the ``incumbent`` (before this chunk), summed from row j on, is the evidence
         of a change at j (the same prior for every row). The chunk's first row stays unless another
         row is ``SUPPORT_NATS`` ahead and the restart explains the rows from there on better than
-        the incumbent (a restart of one chunk of 12 rows fits every row worse: no place), and that
-        row is not the first of the chunk before (the change may have begun before it). Where
+        the incumbent (a restart of one chunk of 12 rows fits every row worse: no place). The span
+        is chunk ``i`` and the one before; while its first row is the most probable (the change may
+        have begun before it), the chunk before it is scored too, back to the chunk where the last
+        change began, whose first row is no place. Where
         clusters appear, the rows of the old ones score about alike under both (a little better
         under the incumbent, whose weights are theirs), the rows of the new ones far better under
         the restart: the place is the first row of a new cluster after the change (a new cluster's
@@ -1291,17 +1293,32 @@ class Detector:
         if any(r.rows is None for r in recent[lo : i + 1]):
             return None
         raw = torch.cat([r.rows for r in recent[lo : i + 1]])
-        gain = self._row_fits(restart, raw)[1] - self._row_fits(incumbent, raw)[1]
-        if not bool(torch.isfinite(gain).all()):
-            return None
-        score = torch.flip(torch.cumsum(torch.flip(gain, (0,)), 0), (0,))  # score[j]: the sum of gain[j:]
-        at = int(recent[i].start - recent[lo].start)
-        j = int(torch.argmax(score))
-        if float(score[j]) <= 0.0 or float(score[at]) >= float(score[j]) - SUPPORT_NATS or (j == 0 and lo < i):
-            # (the span's first row: the change began there or before, which the span cannot tell;
-            # a missed change at 90,000 and one at 91,000 in chunks of 500, K = 3, were put at 90,500)
+        gain = None
+        while True:
+            more = self._row_fits(restart, raw)[1] - self._row_fits(incumbent, raw)[1]
+            if not bool(torch.isfinite(more).all()):
+                return None
+            gain = more if gain is None else torch.cat([more, gain])
+            score = torch.flip(torch.cumsum(torch.flip(gain, (0,)), 0), (0,))  # score[j]: the sum of gain[j:]
+            at = int(recent[i].start - recent[lo].start)
+            j = int(torch.argmax(score))
+            if float(score[j]) <= 0.0 or float(score[at]) >= float(score[j]) - SUPPORT_NATS:
+                j = at
+                break
+            if j > 0 or lo == i or lo == 0 or recent[lo - 1].rows is None:
+                break
+            # the span's first row is the most probable: the change began there or before, which the
+            # span cannot tell, so the chunk before it is scored too (a change at 1,500 in chunks of
+            # 50, found with the chunk at 1,550, stayed there), back to the last change
+            lo -= 1
+            raw = recent[lo].rows
+        if j == 0 and lo < i:
+            # (still the span's first row, the last change's chunk or one whose rows are not kept: the
+            # boundary stays; a missed change at 90,000 and one at 91,000 in chunks of 500, K = 3,
+            # were put at 90,500)
             j = at
-        return (lo if j < at else i), int(recent[lo].start) + j
+        k = max(c for c in range(lo, i + 1) if int(recent[c].start - recent[lo].start) <= j)
+        return k, int(recent[lo].start) + j
 
     def _fit(self, state: SGAISState, rows: torch.Tensor) -> float:
         """Mean over raw ``rows`` of the log posterior predictive of each row under ``state``."""
