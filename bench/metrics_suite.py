@@ -46,6 +46,27 @@ def us_gdp_growth() -> Series:
                  growth, {"mcconnell-perez-quiros-2000": [at]}, "variance change")
 
 
+def us_tbill_changes() -> Series:
+    """Quarterly changes of the US 3-month Treasury bill rate (percentage points), 1959Q2-2009Q3,
+    statsmodels ``macrodata``. On 6 October 1979 the Federal Reserve moved from targeting the
+    federal funds rate to targeting nonborrowed reserves, and left that procedure in October 1982;
+    short rates were far more volatile in between (Gilbert, Federal Reserve Bank of St. Louis
+    Review 76(1), 1994; Bernanke and Mihov, QJE 1998, treat 1979:10-1982:10 as a regime of its
+    own). The changes: the first quarter of each procedure, 1979Q4 and 1982Q4."""
+    from statsmodels.datasets import macrodata
+
+    d = macrodata.load_pandas().data
+    rate = d["tbilrate"].to_numpy(dtype=np.float64)
+    years, quarters = d["year"].to_numpy(), d["quarter"].to_numpy()
+
+    def at(year: int, quarter: int) -> int:  # rate[i + 1] - rate[i] is row i: the quarter of row i + 1
+        return int(np.flatnonzero((years == year) & (quarters == quarter))[0]) - 1
+
+    return _real("us-tbill-changes", "US 3-month T-bill rate, quarterly changes 1959-2009 (statsmodels macrodata): "
+                 "the Fed's reserves targeting, 1979Q4-1982Q3", np.diff(rate),
+                 {"fed-operating-procedures": [at(1979, 4), at(1982, 4)]}, "variance up, then down")
+
+
 def mauna_loa_co2() -> Series:
     """Weekly CO2 at Mauna Loa 1958-2001 (statsmodels ``co2``; gaps filled linearly): a smooth
     trend with a yearly cycle, no documented change (every report is a false alarm)."""
@@ -79,7 +100,7 @@ def airline_passengers() -> Series:
 
 def real_series() -> list[Series]:
     """The Nile (``bench.detect.nile_series``, TCPD's annotations) is scored in every run already."""
-    return [us_gdp_growth(), mauna_loa_co2(), sunspots(), airline_passengers()]
+    return [us_gdp_growth(), us_tbill_changes(), mauna_loa_co2(), sunspots(), airline_passengers()]
 
 
 # --- simulations ----------------------------------------------------------------------------------
