@@ -220,6 +220,46 @@ def test_declared_oversize_body_is_refused_without_reading_it(live, redis_url, s
     unchanged(live, redis_url, stream)
 
 
+def raw_request(port: int, head: str, body: bytes = b"") -> tuple[int, dict, bytes]:
+    """Send ``head`` (request line and header lines, without the blank line) and ``body`` over a
+    raw socket; read until the server closes. Returns (status, headers in lower case, body)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(head.encode() + b"\r\n\r\n" + body)
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+    top, _, rest = data.partition(b"\r\n\r\n")
+    lines = top.decode("latin-1").split("\r\n")
+    headers = dict((k.strip().lower(), v.strip()) for k, v in (h.split(":", 1) for h in lines[1:]))
+    return int(lines[0].split()[1]), headers, rest
+
+
+CREATE = json.dumps({"name": "never", "columns": ["a"], "models": ["gaussian"]}).encode()
+UNPARSABLE = [
+    (f"Content-Length: {len(CREATE)}x", "invalid_content_length", "bad Content-Length"),
+    (f"Content-Length: {len(CREATE)}\r\nContent-Length: {len(CREATE) + 1}", "invalid_content_length", "conflicting Content-Length"),
+    (f"Content-Length: {len(CREATE)}\r\nX-Header-Without-A-Colon", "invalid_http", "illegal header line"),
+]
+
+
+@pytest.mark.parametrize("headers,code,reason", UNPARSABLE, ids=["not-a-number", "two-lengths", "no-colon"])
+@pytest.mark.parametrize("path", [f"/v1/streams/{S}/chunks", "/v1/streams"])
+def test_a_request_that_is_not_http_gets_a_problem_answer_and_changes_nothing(live, redis_url, stream, path, headers, code, reason):
+    """A Content-Length that is not a number (or two that disagree) or a header line without a
+    colon fails HTTP/1.1 parsing, before any route: uvicorn answered a plain-text 400 "Invalid HTTP
+    request received." that named nothing; now a problem+json 400 with the code and h11's reason,
+    the connection closed, nothing stored."""
+    body = CREATE if path == "/v1/streams" else rows_json("[[1.0, 2.0]]").encode()
+    head = f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n{headers}".replace(str(len(CREATE)), str(len(body)))
+    status, got, answer = raw_request(live.port, head, body)
+    assert status == 400 and got["content-type"] == "application/problem+json" and got["connection"] == "close", (status, got)
+    problem = json.loads(answer)
+    assert problem["code"] == code and problem["status"] == 400 and problem["type"] == f"/v1/errors#{code}", problem
+    assert reason in problem["detail"], problem
+    assert live.client.get("/v1/streams/never").status_code == 404
+    unchanged(live, redis_url, stream)
+
+
 def stream_chunked(port: int, path: str, total: int, *, ctype: str = "application/json") -> tuple[bytes, int, str]:
     """POST a chunked body (no Content-Length) of up to ``total`` bytes over a raw socket, reading
     the answer while sending. Returns (answer, bytes the server took before the answer, how it ended:

@@ -10,6 +10,7 @@ from fastapi import FastAPI
 
 from service import metrics as M
 from service.api import errors
+from service.api.http11 import ProblemH11Protocol
 from service.api.middleware import BodyLimit, CheckLengthAndCount, redact_uvicorn_logs
 from service.api.routes import detect, ingest, ops, pages, results, streams
 from service.settings import Settings
@@ -49,5 +50,7 @@ def server_options(settings: Settings) -> dict:
     0.50; the legacy one is deprecated). A WebSocket message over CUSP_MAX_BODY_BYTES gets a
     413 error message and the connection stays open; the protocol layer closes it (1009) only
     past twice the limit (at least uvicorn's 16 MiB default), so a raised limit is not
-    shadowed and memory stays bounded."""
-    return {"ws": "websockets-sansio", "ws_max_size": max(16 * 1024 * 1024, 2 * settings.max_body_bytes)}
+    shadowed and memory stays bounded. HTTP/1.1 through h11 with cusp's problem+json answer to a
+    request it cannot parse (``service.api.http11``; uvicorn's own is plain text)."""
+    return {"http": ProblemH11Protocol, "ws": "websockets-sansio",
+            "ws_max_size": max(16 * 1024 * 1024, 2 * settings.max_body_bytes)}

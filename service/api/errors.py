@@ -34,6 +34,7 @@ CODES: dict[str, tuple[int, str]] = {
     "malformed_body": (400, "The body cannot be read: not JSON, not UTF-8, nested too deeply or a key twice"),
     "empty_body": (400, "The request has no body"),
     "invalid_content_length": (400, "The Content-Length header is not a number"),
+    "invalid_http": (400, "The request is not valid HTTP/1.1: its request line, a header line or the body's framing"),
     "unauthorized": (401, "Missing or unknown API key"),
     "read_only_key": (403, "The API key is read-only"),
     "not_found": (404, "No such path"),
