@@ -12,6 +12,19 @@ from service.settings import Settings
 from service.store import connect, is_cluster
 
 
+def drain(redis_url: str, **worker_settings) -> int:
+    """Run a fresh worker until it has nothing left to apply, then release its leases (so that
+    another worker, in this test or the next, takes the pairs at once). Returns the chunks it
+    applied."""
+    from service.worker import Worker
+
+    w = Worker(redis_url, **worker_settings)
+    try:
+        return w.run_until_idle()
+    finally:
+        w.release_all()
+
+
 def routes_of(app) -> list:
     """The app's routes, one list: FastAPI >= 0.16x keeps an included router whole in
     ``app.routes`` (its routes carry their full paths, the router's prefix included)."""

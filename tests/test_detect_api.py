@@ -150,6 +150,25 @@ def test_a_nan_in_values_is_named_by_its_place(live, text, message):
     assert r.json()["code"] == "invalid_series", r.json()  # as an empty or ragged series (was 'invalid_request')
 
 
+@pytest.mark.parametrize("body, message", [
+    ('{"values": [1, 2, 3], "values": [4, 5, 6, 7]}', "JSON object has the key 'values' twice"),
+    ('{"values": [1, 2, 3], "detector": {"threshold": 0.9, "threshold": 0.999}}', "the key 'threshold' twice"),
+    (b"\xef\xbb\xbf" + b'{"values": [1, 2, 3]}', "byte-order mark"),
+    ('{"values": [1, 2, 3], "columns": ["\u00e9"]}'.encode("latin-1"), "body is not UTF-8"),
+    ('{"values": [1, 2, 3', "body is not valid JSON: Expecting"),
+    ('{"values": ' + "[" * 5000 + "]" * 5000 + "}", "JSON nested too deeply"),
+])
+def test_a_body_that_is_not_json_as_exchanged_is_malformed(live, redis_url, body, message):
+    """The body is read as a chunk's is (``service.api.middleware.StrictJson``): before, a key given
+    twice was taken (the last: 4 rows answered 200), a byte-order mark skipped, and a body that is
+    not UTF-8 or nested too deeply was "There was an error parsing the body" (a new user's trial)."""
+    before = connect(redis_url).dbsize()
+    r = live.client.post("/v1/detect", content=body, headers={"Content-Type": "application/json"})
+    assert r.status_code == 400 and r.json()["code"] == "malformed_body", r.text
+    assert message in r.json()["detail"], r.text
+    assert connect(redis_url).dbsize() == before
+
+
 def test_a_duration_run_length_counts_the_times_interval(live):
     """expected_run_length '100m' over rows a minute apart is 100 observations (the workers' and
     cusp.Detector's rule); without times a duration cannot be turned into observations: 422."""

@@ -11,7 +11,7 @@ from fastapi import FastAPI
 from service import metrics as M
 from service.api import errors
 from service.api.http11 import ProblemH11Protocol
-from service.api.middleware import BodyLimit, CheckLengthAndCount, redact_uvicorn_logs
+from service.api.middleware import BodyLimit, CheckLengthAndCount, StrictJson, redact_uvicorn_logs
 from service.api.routes import detect, ingest, ops, pages, results, streams
 from service.settings import Settings
 from service.store.api import ApiStore
@@ -35,6 +35,7 @@ def create_app(settings: Settings, redis_url: str, worker_metrics: Sequence[str]
         origins = [o.strip().rstrip("/") for o in settings.allowed_origins.split(",") if o.strip()]
         app.add_middleware(CORSMiddleware, allow_origins=origins, allow_methods=["GET", "POST", "DELETE"],
                            allow_headers=["Authorization", "Content-Type", "X-API-Key", "Last-Event-ID"])
+    app.add_middleware(StrictJson)  # inside BodyLimit: the body it reads is counted there
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
     app.add_middleware(CheckLengthAndCount, limit=settings.max_body_bytes)
     for module in (ops, streams, ingest, results, detect, pages):

@@ -8,6 +8,7 @@ import logging
 import re
 
 from service import metrics as M
+from service.api.chunks import ChunkError, loads
 from service.api.errors import ApiError, problem
 
 
@@ -34,6 +35,62 @@ class BodyLimit:
             return message
 
         await self.app(scope, limited, send)
+
+
+#: the routes whose body is one JSON object read by FastAPI (chunks are read by ``service.api.chunks``)
+STRICT_JSON_PATHS = ("/v1/streams", "/v1/detect")
+
+
+def _json_typed(scope) -> bool:
+    """No Content-Type, application/json or a +json type: what FastAPI reads as JSON here."""
+    raw = next((v for k, v in scope["headers"] if k == b"content-type"), None)
+    if raw is None:
+        return True
+    kind = raw.decode("latin-1").split(";", 1)[0].strip().lower()
+    return kind == "application/json" or (kind.startswith("application/") and kind.endswith("+json"))
+
+
+class StrictJson:
+    """ASGI wrapper: the JSON bodies FastAPI parses (``POST /v1/streams``, ``POST /v1/detect``) are
+    read as chunks are (``service.api.chunks.loads``: UTF-8 without a byte-order mark, no key twice
+    in an object, a clear reason for text that is not JSON) before FastAPI sees them. FastAPI's
+    own ``json.loads`` took a key twice (the last won: a stream created under the second of two
+    names), skipped a byte-order mark, and answered "There was an error parsing the body" for a
+    body that is not UTF-8 or nested too deeply (a new user's trial, 2026-12-07). The body is then
+    handed on as it came; one that is not JSON-typed, or empty, is left to the route (415,
+    ``empty_body``)."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if (scope["type"] != "http" or scope["method"] != "POST" or scope["path"].rstrip("/") not in STRICT_JSON_PATHS
+                or not _json_typed(scope)):
+            return await self.app(scope, receive, send)
+        messages, parts = [], []
+        while True:
+            try:
+                message = await receive()
+            except ApiError as exc:  # BodyLimit's 413: answered here, outside the app's handlers
+                return await problem(exc.status_code, exc.code, exc.detail, scope["path"], exc.headers)(scope, receive, send)
+            messages.append(message)
+            if message["type"] != "http.request":
+                break
+            parts.append(message.get("body", b""))
+            if not message.get("more_body", False):
+                break
+        body = b"".join(parts)
+        if body.strip() and messages[-1]["type"] == "http.request":
+            try:
+                loads(body)
+            except ChunkError as exc:
+                return await problem(exc.status, exc.code, str(exc), scope["path"])(scope, receive, send)
+        pending = iter(messages)
+
+        async def again():
+            return next(pending, None) or await receive()
+
+        await self.app(scope, again, send)
 
 
 class CheckLengthAndCount:
