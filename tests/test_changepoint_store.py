@@ -17,7 +17,7 @@ from service.detect import detect_stream
 from service.store import EmbeddedRedis, connect, keys
 from service.store.worker import WorkerStore
 from service.worker import Worker
-from tests.service_fixtures import LiveServer, stream_keys_in_redis
+from tests.service_fixtures import LiveServer, drain, stream_keys_in_redis
 
 
 def shifted(n: int, at: int, size: float, seed: int) -> np.ndarray:
@@ -30,14 +30,6 @@ def redis(tmp_path):
     r = EmbeddedRedis(tmp_path / "redis")
     yield r
     r.close()
-
-
-def burst(url: str, **kw) -> None:
-    w = Worker(url, **kw)
-    try:
-        w.run_until_idle()
-    finally:
-        w.release_all()
 
 
 def post_all(live: LiveServer, s: str, x: np.ndarray, size: int) -> None:
@@ -61,7 +53,7 @@ def test_change_points_outlive_result_trimming(redis):
         r = live.client.post("/v1/streams", json={"name": "trim", "columns": ["v"], "models": ["gaussian"], "seed": 1})
         assert r.status_code == 201, r.text
         post_all(live, "trim", shifted(3000, 300, 5.0, seed=4), 10)
-        burst(redis.url, result_maxlen=100)
+        drain(redis.url, result_maxlen=100)
         rc = connect(redis.url)
         oldest = json.loads(rc.xrange(keys.out("trim"), count=1)[0][1][b"data"])
         assert rc.xlen(keys.out("trim")) < 300 and oldest["seq"] > 100, "the result stream was not trimmed"
@@ -88,7 +80,7 @@ def test_two_workers_take_each_chunk_into_the_answer_once(redis):
         assert r.status_code == 201, r.text
         x = np.concatenate([shifted(400, 200, 4.0, seed=1), shifted(400, 200, -4.0, seed=2) + 4.0])
         post_all(live, "pair", x, 10)
-        threads = [threading.Thread(target=burst, args=(redis.url,), kwargs={"worker_id": f"w{i}"}) for i in range(2)]
+        threads = [threading.Thread(target=drain, args=(redis.url,), kwargs={"worker_id": f"w{i}"}) for i in range(2)]
         for t in threads:
             t.start()
         for t in threads:
@@ -117,7 +109,7 @@ def test_the_service_counts_a_reported_change_with_its_probability_now(redis):
         y = 100 + 5 * np.random.default_rng(0).standard_normal(25)
         y[12:] += 15
         post_all(live, "yearly", y, 1)
-        burst(redis.url)
+        drain(redis.url)
         got = live.client.get("/v1/streams/yearly/changepoints").json()
         specs = [m["spec"] for m in live.client.get("/v1/streams/yearly").json()["models"]]
         _, want = detect_stream(y, specs, chunk_size=1, seed=0)
@@ -138,7 +130,7 @@ def test_answer_commit_is_compare_and_set_and_fenced_by_incarnation(redis):
         body = {"name": "cas", "columns": ["v"], "models": ["gaussian"], "seed": 0}
         assert live.client.post("/v1/streams", json=body).status_code == 201
         post_all(live, "cas", shifted(100, 1000, 0.0, seed=0), 10)
-        burst(redis.url)
+        drain(redis.url)
         store = WorkerStore(redis.url)
         cursor, state, uid = store.answer_head("cas")
         assert cursor == 9 and uid
@@ -168,7 +160,7 @@ def test_a_dead_lettered_chunk_does_not_stall_the_answer(redis):
         rc.set(keys.seq("poison"), 10)
         for seq, lo in enumerate(range(100, 400, 10), start=11):
             assert live.client.post("/v1/streams/poison/chunks", json={"seq": seq, "rows": x[lo : lo + 10, None].tolist()}).status_code == 202
-        burst(redis.url, max_attempts=1)
+        drain(redis.url, max_attempts=1)
         assert live.client.get("/v1/streams/poison").json()["dead_letters"] == 2
         assert int(rc.hget(keys.answer("poison"), "cursor")) == 40 and rc.hlen(keys.tally("poison")) == 0
         stream = live.client.get("/v1/streams/poison/changepoints").json()["stream"]
@@ -216,7 +208,7 @@ def test_model_probabilities_while_a_model_is_behind(redis):
         assert r.status_code == 201, r.text
         x = shifted(300, 150, 3.0, seed=8) * 20 + 1000
         post_all(live, "behind", x[:200], 20)
-        burst(redis.url)
+        drain(redis.url)
         level = {m["name"]: (m["posterior_probability"], m["probability_observations"])
                  for m in live.client.get("/v1/streams/behind").json()["models"]}
         assert {n for _, n in level.values()} == {200} and sum(p for p, _ in level.values()) == pytest.approx(1.0)

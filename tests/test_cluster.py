@@ -21,7 +21,7 @@ from service.store.api import ApiStore
 from service.worker import Worker
 from tests import test_reliability as rel
 from tests import test_service as svc
-from tests.service_fixtures import LiveServer
+from tests.service_fixtures import LiveServer, drain
 
 # the service tests, on the cluster (their `redis_url` fixture is overridden below)
 from tests.test_service import (  # noqa: F401 - collected here, with this module's fixtures
@@ -83,7 +83,7 @@ def test_a_streams_keys_share_one_slot_apart_from_the_global_keys(live, redis_ur
     body = {"name": s, "columns": ["a", "b"], "models": ["gaussian", "gmm:components=2"], "seed": 3}
     assert live.client.post("/v1/streams", json=body).status_code == 201
     assert svc.post(live, s, 0, svc.gauss_rows(100)).status_code == 202
-    assert svc.burst(redis_url) == 2
+    assert drain(redis_url) == 2
     slots = {r.keyslot(k) for k in keys.stream_keys(s, ["gaussian", "gmm_components2"])}
     assert len(slots) == 1 and {r.keyslot(keys.STREAMS), r.keyslot(keys.WORKERS)}.isdisjoint(slots)
     assert r.exists(keys.state(s, "gmm_components2"), keys.out(s), keys.inbox(s)) >= 2
@@ -103,8 +103,8 @@ def test_change_points_on_the_cluster(live, redis_url):
     for seq in range(60):
         assert svc.post(live, s, seq, x[10 * seq: 10 * seq + 10].tolist()).status_code == 202
         if seq == 30:
-            svc.burst(redis_url)  # a second worker restores the detector from Redis
-    svc.burst(redis_url)
+            drain(redis_url)  # a second worker restores the detector from Redis
+    drain(redis_url)
     cps = live.client.get(f"/v1/streams/{s}/changepoints").json()["changepoints"]
     assert len(cps) == 1 and abs(cps[0]["location"] - 300) <= 10, cps
 

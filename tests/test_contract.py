@@ -16,7 +16,7 @@ import pytest
 import cusp
 from service.api.errors import CODES
 from service.worker import Worker
-from tests.service_fixtures import LiveServer
+from tests.service_fixtures import LiveServer, drain
 
 PROBLEM_FIELDS = {"type", "title", "status", "detail", "code"}
 
@@ -252,11 +252,7 @@ def processed(live, redis_url):
     for seq in range(20):
         r = live.client.post(f"/v1/streams/{s}/chunks", json={"seq": seq, "rows": [[v] for v in x[seq * 20:(seq + 1) * 20]]})
         assert r.status_code == 202, r.text
-    w = Worker(redis_url)
-    try:
-        assert w.run_until_idle() >= 40
-    finally:
-        w.release_all()
+    assert drain(redis_url) >= 40
     everything = live.client.get(f"/v1/streams/{s}/evidence", params={"limit": 10_000}).json()
     assert everything["has_more"] is False
     return s, everything["results"]

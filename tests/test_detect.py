@@ -775,7 +775,8 @@ def test_service_reports_the_same_change_points_as_offline(tmp_path):
     from service.runtime import model_seed
     from service.store import EmbeddedRedis, StreamConfig, connect, keys
     from tests.service_fixtures import LiveServer
-    from tests.test_service import burst, results
+    from tests.service_fixtures import drain
+    from tests.test_service import results
 
     redis = EmbeddedRedis(tmp_path / "redis")
     live = LiveServer(redis.url)
@@ -790,8 +791,8 @@ def test_service_reports_the_same_change_points_as_offline(tmp_path):
         for seq in range(60):
             assert live.client.post("/v1/streams/cp/chunks", json={"seq": seq, "rows": x[10 * seq : 10 * seq + 10].tolist()}).status_code == 202
             if seq in (20, 41):
-                burst(redis.url)  # a worker per part: the detector state travels through Redis
-        burst(redis.url)
+                drain(redis.url)  # a worker per part: the detector state travels through Redis
+        drain(redis.url)
         cps = live.client.get("/v1/streams/cp/changepoints").json()["changepoints"]
         cfg = StreamConfig.from_json(connect(redis.url).get(keys.config("cp")))
         traced = []
@@ -830,7 +831,7 @@ def test_service_lists_the_streams_model_averaged_change_points(tmp_path):
     from service.runtime import model_seed
     from service.store import EmbeddedRedis, StreamConfig, connect, keys
     from tests.service_fixtures import LiveServer
-    from tests.test_service import burst
+    from tests.service_fixtures import drain
 
     redis = EmbeddedRedis(tmp_path / "redis")
     live = LiveServer(redis.url)
@@ -841,7 +842,7 @@ def test_service_lists_the_streams_model_averaged_change_points(tmp_path):
         x = shifts(4)[:600]
         for seq in range(60):
             assert live.client.post("/v1/streams/two/chunks", json={"seq": seq, "rows": x[10 * seq : 10 * seq + 10].tolist()}).status_code == 202
-        burst(redis.url)
+        drain(redis.url)
         got = live.client.get("/v1/streams/two/changepoints").json()
         cfg = StreamConfig.from_json(connect(redis.url).get(keys.config("two")))
         names = [mc.name for mc in cfg.models]

@@ -28,8 +28,7 @@ from schemathesis.specs.openapi.checks import (
 
 from service.api.app import create_app
 from service.store import EmbeddedRedis
-from service.worker import Worker
-from tests.service_fixtures import LiveServer, routes_of
+from tests.service_fixtures import LiveServer, drain, routes_of
 
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_headers_conformance,
           response_schema_conformance]
@@ -55,9 +54,7 @@ def env(tmp_path_factory):
     assert r.status_code == 201, r.text
     rows = np.random.default_rng(0).normal(size=(20, 2)).round(4).tolist()
     assert live.client.post(f"/v1/streams/{KEPT}/chunks", json={"seq": 0, "rows": rows}).status_code == 202
-    w = Worker(redis.url)
-    assert w.run_until_idle() == 1
-    w.release_all()
+    assert drain(redis.url) == 1
     schema = schemathesis.openapi.from_url(f"{live.url}/openapi.json", config=CONFIG)
     asgi_schema = schemathesis.openapi.from_asgi("/openapi.json", create_app(live.settings, redis.url), config=CONFIG)
     yield live, schema, asgi_schema

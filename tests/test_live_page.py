@@ -26,7 +26,7 @@ from websockets.sync.client import connect as ws_connect
 
 from service.store import connect, keys
 from service.worker import Worker
-from tests.service_fixtures import LiveServer
+from tests.service_fixtures import LiveServer, drain
 
 BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable", "chromium-headless-shell", "headless_shell")
 
@@ -148,11 +148,7 @@ def feed(live, redis_url, s, seqs):
     for seq in seqs:
         r = live.client.post(f"/v1/streams/{s}/chunks", json={"seq": seq, "rows": rows(100, seq)})
         assert r.status_code == 202, r.text
-    w = Worker(redis_url)
-    try:
-        assert w.run_until_idle() == 2 * len(seqs)
-    finally:
-        w.release_all()
+    assert drain(redis_url) == 2 * len(seqs)
 
 
 LENGTHS = "JSON.stringify(Object.fromEntries(Object.entries(window.cusp.series).map(([m, s]) => [m, s.n.length])))"
@@ -436,11 +432,7 @@ def test_live_page_time_axis_hover_zoom_and_narrow_layout(chromium, live, redis_
     for seq in range(CHUNKS):
         r = live.client.post(f"/v1/streams/{s}/chunks", json=timed_chunk(seq))
         assert r.status_code == 202, r.text
-    w = Worker(redis_url)
-    try:
-        assert w.run_until_idle() == 2 * CHUNKS
-    finally:
-        w.release_all()
+    assert drain(redis_url) == 2 * CHUNKS
     got = live.client.get(f"/v1/streams/{s}/changepoints").json()["stream"]
     assert [(c["location"], seconds(c["location_time"])) for c in got] == [(CHANGE, T0 + STEP * CHANGE)]
     found = got[0]
@@ -499,11 +491,7 @@ def test_live_page_time_axis_hover_zoom_and_narrow_layout(chromium, live, redis_
         assert red_columns(page, chart) == [pytest.approx(chart_x(page, chart, T0 + STEP * CHANGE), abs=1.5)]
     # a result arriving while zoomed in: added, the zoom kept
     assert live.client.post(f"/v1/streams/{s}/chunks", json=timed_chunk(CHUNKS)).status_code == 202
-    w = Worker(redis_url)
-    try:
-        assert w.run_until_idle() == 2
-    finally:
-        w.release_all()
+    assert drain(redis_url) == 2
     page.wait_for(f"cusp.series.gaussian.n.length === {CHUNKS + 1} && cusp.series.level.n.length === {CHUNKS + 1}")
     rendered(page)
     assert x_range(page, "evidence") == x_range(page, "steps") == zoom

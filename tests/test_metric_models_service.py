@@ -11,8 +11,7 @@ import numpy as np
 import pytest
 
 from service.detect import detect_stream
-from service.worker import Worker
-from tests.service_fixtures import LiveServer
+from tests.service_fixtures import LiveServer, drain
 
 
 @pytest.fixture(scope="module")
@@ -20,14 +19,6 @@ def live(redis_url):
     server = LiveServer(redis_url)
     yield server
     server.stop()
-
-
-def _drain(redis_url):
-    w = Worker(redis_url)
-    try:
-        w.run_until_idle()
-    finally:
-        w.release_all()
 
 
 def _through_the_api(live, redis_url, column: str, models: list[str], y: np.ndarray, chunk: int, seed: int):
@@ -40,7 +31,7 @@ def _through_the_api(live, redis_url, column: str, models: list[str], y: np.ndar
     for seq, lo in enumerate(range(0, len(y), chunk)):
         rows = [[v] for v in y[lo : lo + chunk].tolist()]
         assert live.client.post(f"/v1/streams/{s}/chunks", json={"seq": seq, "rows": rows}).status_code == 202
-    _drain(redis_url)
+    drain(redis_url)
     got = live.client.get(f"/v1/streams/{s}/changepoints").json()
     per_model, stream = detect_stream(y, models, chunk_size=chunk, seed=seed)
     by_model = {}

@@ -36,8 +36,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from service import metrics as M
 from service.store import EmbeddedRedis, connect, keys
-from service.worker import Worker
-from tests.service_fixtures import LiveServer, free_port
+from tests.service_fixtures import LiveServer, drain, free_port
 from tests.test_deploy import PROM_CONFIG, RULES, dashboard, load_yaml, promql_metric_names
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -237,11 +236,7 @@ def scraped(redis_url):
             assert live.client.post(f"/v1/streams/{stream}/chunks", json={"seq": seq, "rows": gauss_rows(100, seq)}).status_code == 202
         # a rejected chunk, so that cusp_ingest_rejected_total{reason} has a series
         assert live.client.post(f"/v1/streams/{stream}/chunks", json={"seq": 4, "rows": [[1.0, 2.0, 3.0]]}).status_code == 422
-        worker = Worker(redis_url)
-        try:
-            assert worker.run_until_idle() == 4 * len(models)
-        finally:
-            worker.release_all()
+        assert drain(redis_url) == 4 * len(models)
         text = live.client.get("/metrics").text
         info = live.client.get(f"/v1/streams/{stream}").json()
         results, since = [], None

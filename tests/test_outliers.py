@@ -23,6 +23,7 @@ from models import build_model
 from service.detect import Detector, DetectorConfig, DetectorState, OfflineRun
 from service.detect.state import MAGIC_SUSPECT, Suspect
 from service.sgais import SGAISConfig, build_sampler
+from tests.service_fixtures import drain
 
 
 def latencies(seed, n=600, shift=True):
@@ -528,7 +529,6 @@ def test_a_value_beyond_a_models_frame_is_dead_lettered_at_once(live, redis_url)
     import uuid
 
     from service import metrics as M
-    from service.worker import Worker
 
     s = "o" + uuid.uuid4().hex[:10]
     y = 1.0 + 1e-5 * np.random.default_rng(0).standard_normal(20)
@@ -536,11 +536,7 @@ def test_a_value_beyond_a_models_frame_is_dead_lettered_at_once(live, redis_url)
     for seq, rows in enumerate([y[:10], [1.0, 1e150], y[10:]]):
         r = live.client.post(f"/v1/streams/{s}/chunks", json={"seq": seq, "rows": [[float(v)] for v in rows]})
         assert r.status_code == 202, r.text
-    w = Worker(redis_url)
-    try:
-        w.run_until_idle()
-    finally:
-        w.release_all()
+    drain(redis_url)
     dead = live.client.get(f"/v1/streams/{s}/dead-letters").json()["dead_letters"]
     assert [(d["model"], d["seq"]) for d in dead] == [("level", 1)], dead
     assert "TooLarge" in dead[0]["error"] and "in its frame: centre" in dead[0]["error"], dead[0]["error"]
@@ -556,8 +552,6 @@ def test_a_change_after_a_dead_lettered_chunk_is_placed_in_the_stream(live, redi
     and ``location_time`` say (before: 40, the model's own count, a new user's finding)."""
     import uuid
 
-    from service.worker import Worker
-
     s = "d" + uuid.uuid4().hex[:10]
     y = 1.0 + 1e-5 * np.random.default_rng(1).standard_normal(80)
     y[40:] += 2e-4
@@ -566,11 +560,7 @@ def test_a_change_after_a_dead_lettered_chunk_is_placed_in_the_stream(live, redi
     for seq, rows in enumerate(chunks):
         body = {"seq": seq, "rows": [[float(v)] for v in rows]}
         assert live.client.post(f"/v1/streams/{s}/chunks", json=body).status_code == 202
-    w = Worker(redis_url)
-    try:
-        w.run_until_idle()
-    finally:
-        w.release_all()
+    drain(redis_url)
     assert live.client.get(f"/v1/streams/{s}").json()["dead_letters"] == 1
     got = live.client.get(f"/v1/streams/{s}/changepoints").json()
     events, stream = got["changepoints"], got["stream"]

@@ -10,8 +10,7 @@ import torch
 
 from models import build_model
 from service.detect import detect_stream
-from service.worker import Worker
-from tests.service_fixtures import LiveServer
+from tests.service_fixtures import LiveServer, drain
 
 
 @pytest.fixture(scope="module")
@@ -31,11 +30,7 @@ def test_a_univariate_stream_without_models_gets_the_portfolio_and_its_answer(li
     chunks = [y[i : i + 10] for i in range(0, 200, 10)]
     for seq, c in enumerate(chunks):
         assert live.client.post(f"/v1/streams/{s}/chunks", json={"seq": seq, "rows": [[v] for v in c.tolist()]}).status_code == 202
-    w = Worker(redis_url)
-    try:
-        w.run_until_idle()
-    finally:
-        w.release_all()
+    drain(redis_url)
     got = live.client.get(f"/v1/streams/{s}/changepoints").json()
     per_model, stream = detect_stream(np.concatenate(chunks), chunk_size=10, seed=4)
     assert [c["location"] for c in got["stream"]] == [c.location for c in stream] == [120]
@@ -78,11 +73,7 @@ def test_several_columns_without_models_get_gaussian_in_a_frame(live, redis_url)
         "warmup_rows": 5, "centre": None, "scale": None, "periods": None}
     y = np.column_stack([1000 + 5 * np.random.default_rng(3).standard_normal(30), np.arange(30) % 4 + 5e4])
     assert live.client.post(f"/v1/streams/{s}/chunks", json={"seq": 0, "rows": y.tolist()}).status_code == 202
-    w = Worker(redis_url)
-    try:
-        w.run_until_idle()
-    finally:
-        w.release_all()
+    drain(redis_url)
     got = live.client.get(f"/v1/streams/{s}").json()["models"][0]
     assert got["frame"]["centre"] == pytest.approx(list(y[:5].mean(0)), rel=1e-12)
     assert got["frame"]["scale"] == pytest.approx(list(y[:5].std(0, ddof=1)), rel=1e-12)
@@ -109,11 +100,7 @@ def test_the_effective_prior_of_each_model_is_shown(live, redis_url):
                                                                           "288", "365.25", "1440")}
     y = [250.0, 260.0, 240.0, 255.0, 245.0, 251.0]
     assert live.client.post(f"/v1/streams/{s}/chunks", json={"seq": 0, "rows": [[v] for v in y]}).status_code == 202
-    w = Worker(redis_url)
-    try:
-        w.run_until_idle()
-    finally:
-        w.release_all()
+    drain(redis_url)
     models = live.client.get(f"/v1/streams/{s}").json()["models"]
     m = build_model("seasonal", 1)
     post, _ = m.exact_update(m.exact_init(), torch.tensor(y, dtype=torch.float64)[:, None])

@@ -182,8 +182,7 @@ def test_replay_reproduces_the_service_bit_for_bit_for_every_model(tmp_path, red
     and the restarts they cause agree too."""
     import uuid
 
-    from service.worker import Worker
-    from tests.service_fixtures import LiveServer
+    from tests.service_fixtures import LiveServer, drain
 
     rng = np.random.default_rng(5)
     x = np.r_[rng.normal(0, 1, 300), rng.normal(2.5, 1, 300)].round(6)
@@ -201,11 +200,7 @@ def test_replay_reproduces_the_service_bit_for_bit_for_every_model(tmp_path, red
             r = live.client.post(f"/v1/streams/{s}/chunks", json={"seq": q, "rows": x[lo : lo + chunk, None].tolist(),
                                                                  "time": stamps[lo : lo + chunk].tolist()})
             assert r.status_code == 202, r.text
-        w = Worker(redis_url)
-        try:
-            assert w.run_until_idle() == len(specs) * len(x) // chunk
-        finally:
-            w.release_all()
+        assert drain(redis_url) == len(specs) * len(x) // chunk
         names = [m["name"] for m in live.client.get(f"/v1/streams/{s}").json()["models"]]
         entries, since = [], None
         while True:

@@ -14,7 +14,7 @@ from websockets.sync.client import connect as ws_connect
 from service import metrics as M
 from service.store import connect, keys
 from service.worker import Worker
-from tests.service_fixtures import LiveServer, stream_keys_in_redis
+from tests.service_fixtures import LiveServer, drain, stream_keys_in_redis
 
 
 @pytest.fixture(scope="module")
@@ -44,14 +44,6 @@ def post(live, s, seq, rows, **kw):
     return live.client.post(f"/v1/streams/{s}/chunks", json={"seq": seq, "rows": rows}, **kw)
 
 
-def burst(redis_url, **kw):
-    w = Worker(redis_url, **kw)
-    try:
-        return w.run_until_idle()
-    finally:
-        w.release_all()
-
-
 def results(live, s):
     out, since = [], None
     while True:
@@ -69,7 +61,7 @@ def test_create_ingest_process_and_read(live, redis_url):
     for seq in range(3):
         r = post(live, s, seq, gauss_rows(200, seq))
         assert r.status_code == 202 and r.json()["status"] == "accepted", r.text
-    burst(redis_url)
+    drain(redis_url)
     res = results(live, s)
     assert sorted((r["model"], r["seq"]) for r in res) == sorted((m, q) for m in ("gaussian", "gmm_components2") for q in range(3))
     st = live.client.get(f"/v1/streams/{s}").json()
@@ -98,7 +90,7 @@ def test_idempotent_repeat_conflict_and_gap(live, redis_url):
     assert conflict.status_code == 409 and "different data" in conflict.json()["detail"]
     gap = post(live, s, 5, rows)
     assert gap.status_code == 409 and "expected seq 1" in gap.json()["detail"]
-    assert burst(redis_url) == 2
+    assert drain(redis_url) == 2
     assert len(results(live, s)) == 2
 
 
@@ -111,14 +103,14 @@ def test_input_trimmed_once_applied_and_resends_still_recognised(live, redis_url
         assert post(live, s, q, rows).status_code == 202
     r = connect(redis_url)
     assert r.xlen(keys.inbox(s)) == 6
-    assert burst(redis_url) == 12
+    assert drain(redis_url) == 12
     assert r.xlen(keys.inbox(s)) == 0
     again = post(live, s, 2, chunks[2])
     assert again.status_code == 200 and again.json()["status"] == "duplicate", again.text
     conflict = post(live, s, 2, chunks[3])
     assert conflict.status_code == 409 and "different data" in conflict.json()["detail"]
     assert post(live, s, 6, chunks[0]).status_code == 202 and r.xlen(keys.inbox(s)) == 1
-    assert burst(redis_url) == 2 and r.xlen(keys.inbox(s)) == 0
+    assert drain(redis_url) == 2 and r.xlen(keys.inbox(s)) == 0
     assert sorted(x["seq"] for x in results(live, s)) == [q for q in range(7) for _ in range(2)]
 
 
@@ -129,19 +121,19 @@ def test_input_kept_while_a_model_or_the_detector_needs_it(live, redis_url):
     for q in range(12):
         assert post(live, s, q, gauss_rows(20, q)).status_code == 202
     r = connect(redis_url)
-    assert burst(redis_url) == 12
+    assert drain(redis_url) == 12
     kept = [keys.seq_of(e) for e, _ in r.xrange(keys.inbox(s))]
     h = r.hgetall(keys.state(s, "gaussian"))
     keep_from = int(h[b"keep_from"])
     assert kept == list(range(keep_from, 12)) and 0 < keep_from < 12 - 1  # the detector's window (max_age 100, 20 rows each)
-    assert burst(redis_url) == 0
+    assert drain(redis_url) == 0
     for q in range(12, 16):
         assert post(live, s, q, gauss_rows(20, q)).status_code == 202
-    assert burst(redis_url) == 4  # a new worker: restores the detector from the kept input
+    assert drain(redis_url) == 4  # a new worker: restores the detector from the kept input
     unbroken, _ = make_stream(live, models=("gaussian",), detector={"max_age": 100})
     for q in range(16):
         assert post(live, unbroken, q, gauss_rows(20, q)).status_code == 202
-    assert burst(redis_url) == 16
+    assert drain(redis_url) == 16
     # the same numbers; the times differ (two streams, stamped with their own arrival times)
     strip = lambda rows: [{k: v for k, v in x.items() if k not in ("id", "seconds", "time_start", "time_end")} for x in rows]  # noqa: E731
     assert strip(results(live, s)) == strip(results(live, unbroken))
@@ -204,7 +196,7 @@ def test_a_model_is_asked_for_by_its_name_or_by_its_spec(live, redis_url):
     asked for the spec ``cusp replay`` prints and got a 404. Both select the same entries."""
     s, _ = make_stream(live)
     assert post(live, s, 0, [[1.0, 2.0], [1.5, 2.5], [0.5, 1.0]]).status_code == 202
-    burst(redis_url)
+    drain(redis_url)
     by_name = live.client.get(f"/v1/streams/{s}/evidence", params={"model": "gmm_components2"}).json()["results"]
     by_spec = live.client.get(f"/v1/streams/{s}/evidence", params={"model": "gmm:components=2"}).json()["results"]
     assert by_name and by_spec == by_name and {e["model"] for e in by_name} == {"gmm_components2"}
@@ -220,7 +212,7 @@ def test_a_model_is_asked_for_by_its_name_or_by_its_spec(live, redis_url):
     # the kind alone, where one model is of it (a stream of columns runs 'gaussian:warmup=5': a new user's 404)
     k, _ = make_stream(live, models=("gaussian:warmup=5", "gmm:components=2"))
     assert post(live, k, 0, [[1.0, 2.0], [1.5, 2.5], [0.5, 1.0]]).status_code == 202
-    burst(redis_url)
+    drain(redis_url)
     by_kind = live.client.get(f"/v1/streams/{k}/evidence", params={"model": "gaussian"}).json()["results"]
     assert by_kind and {e["model"] for e in by_kind} == {"gaussian_warmup5"}
     k2, _ = make_stream(live, models=("gmm:components=2", "gmm:components=3"))
@@ -278,7 +270,7 @@ def test_ndjson_and_csv_bodies(live, redis_url):
     assert r.status_code == 422 and "'zz' is not a number" in r.json()["detail"]
     r = live.client.post(f"/v1/streams/{s}/chunks", content="1,2\n", headers={"Content-Type": "text/csv"})
     assert r.status_code == 422 and "?seq=N" in r.json()["detail"]
-    burst(redis_url)
+    drain(redis_url)
     assert [x["n"] for x in results(live, s)] == [20, 40]
 
 
@@ -309,7 +301,7 @@ def test_raw_float64_bodies(live, redis_url):
         r = live.client.post(f"/v1/streams/{s}/chunks", params=params, content=body, headers=raw)
         assert r.status_code == status and message in r.json()["detail"], (message, r.status_code, r.text)
     assert (r0.get(keys.seq(s)), r0.xlen(keys.inbox(s))) == before
-    burst(redis_url)
+    drain(redis_url)
     assert [x["n"] for x in results(live, s)] == [30, 40]
 
 
@@ -328,7 +320,7 @@ def test_websocket_ingest_acks_and_errors(live, redis_url):
         assert "expected seq 1" in json.loads(ws.recv())["detail"]
         ws.send(json.dumps({"seq": 1, "rows": gauss_rows(30, 1)}))  # the connection was kept
         assert json.loads(ws.recv())["status"] == "accepted"
-    burst(redis_url)
+    drain(redis_url)
     assert [x["seq"] for x in results(live, s)] == [0, 1]
 
 
@@ -336,13 +328,13 @@ def test_live_evidence_websocket_and_sse_resume_without_gaps(live, redis_url):
     s, _ = make_stream(live)
     for seq in range(2):
         post(live, s, seq, gauss_rows(100, seq))
-    burst(redis_url)
+    drain(redis_url)
     first = results(live, s)
     with ws_connect(f"{live.ws_url}/v1/streams/{s}/evidence/ws?since={first[1]['id']}") as ws:
         got = [json.loads(ws.recv(timeout=10)) for _ in range(2)]  # the two after the resume point
         assert [g["id"] for g in got] == [r["id"] for r in first[2:4]]
         post(live, s, 2, gauss_rows(100, 2))
-        burst(redis_url)
+        drain(redis_url)
         live_items = [json.loads(ws.recv(timeout=10)) for _ in range(2)]
     assert {i["seq"] for i in live_items} == {2}
     ids = [g["id"] for g in got + live_items]
@@ -427,19 +419,19 @@ def test_worker_killed_between_processing_and_applying(live, redis_url):
     # the one chunk w1 had computed and not applied as a redelivery (it stayed 0 after 36 kills)
     redelivered = M.REDELIVERIES.labels(s, "gaussian")._value.get()
     time.sleep(1.2)
-    burst(redis_url, lease_seconds=1, worker_id="heir")
+    drain(redis_url, lease_seconds=1, worker_id="heir")
     assert M.REDELIVERIES.labels(s, "gaussian")._value.get() == redelivered + 1
     res = [r for r in results(live, s) if r["kind"] == "result"]
     assert [r["seq"] for r in res] == [0, 1, 2, 3]
     # a clean stop leaves nothing to redeliver: the next owner counts none
     post(live, s, 4, gauss_rows(100, 4))
-    burst(redis_url, worker_id="heir2")
+    drain(redis_url, worker_id="heir2")
     assert M.REDELIVERIES.labels(s, "gaussian")._value.get() == redelivered + 1
     # identical to an uninterrupted run of the same stream
     s2, _ = make_stream(live, models=("gaussian",))
     for seq in range(4):
         post(live, s2, seq, gauss_rows(100, seq))
-    burst(redis_url)
+    drain(redis_url)
     assert [r["log_evidence"] for r in res] == [r["log_evidence"] for r in results(live, s2)]
 
 
@@ -491,7 +483,7 @@ def test_poison_chunk_is_dead_lettered_and_others_go_on(live, redis_url):
     r.xadd(keys.inbox(s), {"rows": np.array([[1e160, 0.0]]).astype("<f8").tobytes(), "n": 1}, id=keys.entry_id(1))
     r.set(keys.seq(s), 1)
     post(live, s, 2, gauss_rows(50, 2))
-    burst(redis_url, max_attempts=2)
+    drain(redis_url, max_attempts=2)
     info = live.client.get(f"/v1/streams/{s}").json()
     assert info["dead_letters"] == 2 and all(m["last_seq"] == 2 for m in info["models"])
     dead = live.client.get(f"/v1/streams/{s}/dead-letters").json()["dead_letters"]
@@ -503,7 +495,7 @@ def test_poison_chunk_is_dead_lettered_and_others_go_on(live, redis_url):
 def test_metrics_health_docs_and_delete(live, redis_url):
     s, _ = make_stream(live)
     post(live, s, 0, gauss_rows(100))
-    burst(redis_url)
+    drain(redis_url)
     text = live.client.get("/metrics").text
     for metric in ("cusp_log_evidence_nats", "cusp_chunk_log_predictive_nats_per_observation", "cusp_annealing_steps_bucket",
                    "cusp_annealing_steps_last", "cusp_effective_sample_size", "cusp_resamples_total", "cusp_chunks_processed_total",

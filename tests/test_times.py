@@ -14,8 +14,7 @@ import pytest
 from websockets.sync.client import connect as ws_connect
 
 from service import times as T
-from service.worker import Worker
-from tests.service_fixtures import LiveServer
+from tests.service_fixtures import LiveServer, drain
 
 DAY = 86400.0
 START = datetime(2021, 3, 1, tzinfo=timezone.utc)
@@ -78,14 +77,6 @@ def live(redis_url):
     server.stop()
 
 
-def burst(url: str) -> None:
-    w = Worker(url)
-    try:
-        w.run_until_idle()
-    finally:
-        w.release_all()
-
-
 def create(live, name: str, columns=("v",), models=("gaussian",)) -> str:
     """A new stream named ``name`` plus a unique suffix (the module shares one Redis); its name."""
     name = f"{name}-{uuid.uuid4().hex[:8]}"
@@ -117,7 +108,7 @@ def test_every_format_carries_times(live):
     raw = np.array([[days[8].timestamp(), 1.0, 2.0], [days[9].timestamp(), 3.0, 4.0]]).astype("<f8").tobytes()
     r = post(f"/v1/streams/{fmt}/chunks?seq=4&times=first", content=raw, headers={"content-type": "application/octet-stream"})
     assert r.status_code == 202, r.text
-    burst(live.redis_url)
+    drain(live.redis_url)
     got = [(e["seq"], e["time_start"], e["time_end"]) for e in results(live, fmt)]
     want = [(q, T.format(days[2 * q].timestamp()), T.format(days[2 * q + 1].timestamp())) for q in range(5)]
     assert got == want
@@ -132,7 +123,7 @@ def test_without_times_rows_get_the_arrival_time(live):
     before = time.time()
     assert live.client.post(f"/v1/streams/{arrive}/chunks", json={"seq": 0, "rows": [[1.0], [2.0]]}).status_code == 202
     after = time.time()
-    burst(live.redis_url)
+    drain(live.redis_url)
     (e,) = results(live, arrive)
     t = datetime.fromisoformat(e["time_start"]).timestamp()
     assert e["time_start"] == e["time_end"] and before - 1e-3 <= t <= after + 1e-3
@@ -145,7 +136,7 @@ def test_arrival_time_never_goes_back(live):
     ahead = time.time() + 0.5 * DAY
     assert live.client.post(f"/v1/streams/{future}/chunks", json={"seq": 0, "rows": [[1.0]], "time": [ahead]}).status_code == 202
     assert live.client.post(f"/v1/streams/{future}/chunks", json={"seq": 1, "rows": [[2.0]]}).status_code == 202
-    burst(live.redis_url)
+    drain(live.redis_url)
     assert [e["time_end"] for e in results(live, future)] == [T.format(ahead)] * 2
 
 
@@ -226,7 +217,7 @@ def test_websocket_ingest_takes_times(live):
         ws.send(json.dumps({"seq": 1, "rows": [[1.0]], "time": ["2021-02-01"]}))
         err = json.loads(ws.recv(timeout=10))
         assert (err["code"], err["error"]) == (409, "time_order"), err
-    burst(live.redis_url)
+    drain(live.redis_url)
     assert [e["time_end"] for e in results(live, wsin)] == ["2021-03-01T00:00:00.000000Z"]
 
 
@@ -242,7 +233,7 @@ def test_change_points_carry_times(live):
     for seq, lo in enumerate(range(0, 600, 25)):
         r = live.client.post(f"/v1/streams/{jump}/chunks", json={"seq": seq, "rows": x[lo:lo + 25, None].tolist(), "time": day[lo:lo + 25]})
         assert r.status_code == 202, r.text
-    burst(live.redis_url)
+    drain(live.redis_url)
     got = live.client.get(f"/v1/streams/{jump}/changepoints").json()
     assert got["changepoints"] and got["stream"], got
     for c in got["changepoints"] + got["stream"]:
@@ -323,7 +314,7 @@ def test_service_turns_a_duration_into_observations_by_the_rows_times(live):
             body = {"seq": seq, "rows": x[lo:lo + 20, None].tolist(), "time": stamps[lo:lo + 20].tolist()}
             assert live.client.post(f"/v1/streams/{name}/chunks", json=body).status_code == 202
     assert live.client.get(f"/v1/streams/{names['dur']}").json()["detector"]["expected_run_length"] == "300m"
-    burst(live.redis_url)
+    drain(live.redis_url)
     got = {k: live.client.get(f"/v1/streams/{n}/changepoints").json()["changepoints"] for k, n in names.items()}
     keep = ("location", "confidence", "log_prior_odds", "location_time")
     assert got["dur"] and [{k: c[k] for k in keep} for c in got["dur"]] == [{k: c[k] for k in keep} for c in got["obs"]]
