@@ -213,10 +213,14 @@ class BaseClient:
             return self._iterate(self._follow(name, since, transport, model, kinds))
         return self._iterate(self._pages(name, since, model, kinds))
 
-    def changepoints(self, name: str):
-        """``{"changepoints": each model's events, "stream": the model-averaged change points}``."""
+    def changepoints(self, name: str, model: str | None = None):
+        """``{"changepoints": each model's events (only ``model``'s where given), "stream": the
+        model-averaged change points}``."""
         _name(name)
-        return self._drive(self._call_once("GET", f"/v1/streams/{name}/changepoints"))
+        if model is not None and not isinstance(model, str):
+            raise InputError(f"model must be a model's name or spec (a string), got {model!r}")
+        params = {"model": model} if model is not None else None
+        return self._drive(self._call_once("GET", f"/v1/streams/{name}/changepoints", params=params))
 
     def wait(self, name: str, timeout: float = 60.0, poll: float = 0.2):
         """Wait until every model of the stream has processed every accepted chunk (no lag);

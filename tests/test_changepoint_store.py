@@ -92,6 +92,14 @@ def test_two_workers_take_each_chunk_into_the_answer_once(redis):
         want = [{**c.to_dict(), "support": {names[k]: v for k, v in c.support.items()}} for c in want]
         assert stripped(got["stream"]) == stripped(json.loads(json.dumps(want)))
         assert connect(redis.url).hlen(keys.tally("pair")) == 0
+        # ?model= keeps one model's events (was ignored: every model's listed); by name, spec or kind
+        assert {c["model"] for c in got["changepoints"]} == {"m0", "m1", "m2"}, got["changepoints"]
+        for ask, name in (("m1", "m1"), ("level", "m2"), ("gaussian:kappa0=0.1", "m1")):
+            one = live.client.get("/v1/streams/pair/changepoints", params={"model": ask}).json()
+            assert one["changepoints"] == [c for c in got["changepoints"] if c["model"] == name] != [], (ask, one)
+            assert one["stream"] == got["stream"]
+        r = live.client.get("/v1/streams/pair/changepoints", params={"model": "nope"})
+        assert r.status_code == 404 and r.json()["code"] == "model_not_found", r.text
     finally:
         live.stop()
 

@@ -168,6 +168,8 @@ def test_create_post_read_and_delete(client, live, worker):
     assert [r["id"] for r in client.results(s, since=since)] == [r["id"] for r in results[41:]]
     cps = client.changepoints(s)
     assert [c["location"] for c in cps["stream"]] == [300]
+    level = client.changepoints(s, model="level")
+    assert level["changepoints"] == [c for c in cps["changepoints"] if c["model"] == "level"] and level["stream"] == cps["stream"]
     assert client.wait(s)["models"][0]["observations"] == 600
     # a second client (another process, say) continues the sequence from the server's next_seq
     with cusp.Client(live.url) as other:

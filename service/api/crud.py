@@ -375,11 +375,12 @@ def check_id(since: str | None) -> str:
     return since
 
 
-async def changepoints(store: ApiStore, cfg: StreamConfig) -> dict:
+async def changepoints(store: ApiStore, cfg: StreamConfig, model: str | None = None) -> dict:
     """The stream's change points from their own store (``keys.changes``, kept apart from the
-    result stream and its trimming): each model's events, and the stream's answer (each model's
-    events weighted by its posterior probability, taken chunk by chunk by the workers:
-    ``service.detect.StreamAnswer``). O(events)."""
+    result stream and its trimming): each model's events (only ``model``'s where given: its name,
+    ``feed_model``'s; '*' keeps none), and the stream's answer (each model's events weighted by its
+    posterior probability, taken chunk by chunk by the workers: ``service.detect.StreamAnswer``).
+    O(events)."""
     got = await store.changes(cfg.name)
-    return {"changepoints": [c for c in got if c["kind"] == "changepoint"],
+    return {"changepoints": [c for c in got if c["kind"] == "changepoint" and (model is None or c.get("model") == model)],
             "stream": [c for c in got if c["kind"] == "stream_changepoint"]}

@@ -45,8 +45,15 @@ async def evidence(stream: str, store: StoreDep,
 
 
 @router.get("/{stream}/changepoints", dependencies=[Read], response_model=ChangepointList, response_model_exclude_unset=True, responses=errors(*READ, 404, 422))
-async def changepoints(stream: str, store: StoreDep) -> dict:
-    return await crud.changepoints(store, await crud.stream_config(store, stream))
+async def changepoints(stream: str, store: StoreDep,
+                       model: str | None = Query(None, description="only this model's own events under `changepoints` ("
+                                                 + MODEL_QUERY.split(": ", 1)[1] + "); `stream`, the stream's answer, "
+                                                 "is listed whole")) -> dict:
+    """The stream's change points (``stream``) and each model's own events (``changepoints``),
+    oldest first; ``model`` keeps one model's events (it was ignored, every model's listed: a new
+    user's trial). 404 for a model the stream does not have."""
+    cfg = await crud.stream_config(store, stream)
+    return await crud.changepoints(store, cfg, crud.feed_model(cfg, model))
 
 
 @router.get("/{stream}/dead-letters", dependencies=[Read], response_model=DeadLetters, responses=errors(*READ, 404, 422))
