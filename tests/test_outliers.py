@@ -567,3 +567,20 @@ def test_a_change_after_a_dead_lettered_chunk_is_placed_in_the_stream(live, redi
     assert [(e["location"], e["seq"], e["row"]) for e in events] == [(42, 5, 0)], events
     assert events[0]["detected_at"] == 52 and events[0]["delay"] == 10, events
     assert [c["location"] for c in stream] == [42], stream
+
+
+def test_a_reading_point_by_point_does_not_make_an_older_restart_win():
+    """Latencies of 140 +- 10 ms, +40 from 500, a reading of 9,000 at 701, point by point. ``ar``'s
+    restart at 654, 3.2 nats ahead before the reading, won at the reading itself (log BF 2,194, a
+    change at 701, then two more at 702 and 708; the stream followed: a new user's trial): the
+    reading's advantage under the restart stood for the outlier hypothesis too, which then
+    weighed no more than the 3 nats. The reading's own suspect now counts at its row: its broad
+    density explains the reading 230 nats better than the restart of 47 rows. Only the change at
+    500 is left (``level`` and ``seasonal``, which took the reading out before too, as they were)."""
+    rng = np.random.default_rng(4)
+    y = 120 + rng.gamma(4, 5, 900)
+    y[500:] += 40
+    y[701] = 9000
+    for spec in ("ar", "level", "seasonal"):
+        events, _, _ = run(y, spec, 1)
+        assert [e.location for e in events] == [500], (spec, events)
