@@ -95,6 +95,8 @@ def run(args: argparse.Namespace) -> int:
     overrides = {} if args.particles is None else {"particles": args.particles}
     config = SGAISConfig.preset(args.sampler, **overrides)
     labels = list(dict.fromkeys(args.model or default_portfolio(data.shape[1])))
+    if args.detector and not args.detect:  # (was ignored without a word: a new user's trial)
+        raise ConfigError(f"--detector {args.detector[0]} sets the change-point detector, which runs with --detect: add it")
     dcfg = DetectorConfig.from_dict({**parse_settings(args.detector), **({} if args.detect else {"enabled": False})})
     if dcfg.run_length_seconds is not None and stamps is None:
         raise ConfigError(f"detector: expected_run_length={dcfg.expected_run_length!r} is a duration; it needs the rows' "
@@ -154,6 +156,8 @@ def run(args: argparse.Namespace) -> int:
         support = ", ".join(f"{m} p={p:.3g} confidence {c:.4f}" for m, (p, c) in sorted(near[2].items()))
         print(f"stream (model-averaged): no change at observation {near[1]}: its probability reached {near[0]:.4f}, "
               f"below the threshold {dcfg.threshold:g} ({support})", file=sys.stderr)
+    elif args.detect and not stream_found:  # (nothing was printed about change points: a new user's trial)
+        print(f"stream (model-averaged): no change found (threshold {dcfg.threshold:g})", file=sys.stderr)
     final = {label: t[-1]["log_evidence"] for label, t in traces.items()}
     probs = log_model_probabilities(final)
     for label in labels:

@@ -76,6 +76,9 @@ def test_replay_reads_npy(tmp_path):
         ("when,v\n2021-01-01,1\n", ["--model", "gaussian", "--time-column", "at"], "no column 'at'"),
         ("time\n2021-01-01\n", ["--model", "gaussian"], "the only column is the times"),
         ("v\n1\n", ["--model", "gaussian", "--detect", "--detector", "expected_run_length=30d"], "needs the rows' times"),
+        # a detector setting without --detect (was ignored without a word: a new user's trial)
+        ("v\n1\n2\n", ["--model", "gaussian", "--detector", "threshold=0.9"], "--detector threshold=0.9 sets the change-point "
+                                                                              "detector, which runs with --detect: add it"),
     ],
 )
 def test_bad_input_stops_with_a_clear_message(tmp_path, capsys, content, args, message):
@@ -109,6 +112,11 @@ def test_replay_detect_prints_marks_and_traces_change_points(tmp_path):
     # without --detect: the evidence alone, and a line that says change points were not looked for
     r = cusp(str(p), "--model", "gaussian", "--out", str(out))
     assert r.returncode == 0 and "change points: not looked for; add --detect" in r.stderr, r.stderr
+    # with --detect and no change: a line that says so (there was none: a new user's trial)
+    flat = tmp_path / "flat.csv"
+    np.savetxt(flat, rng.normal(0, 1, 300)[:, None], delimiter=",", header="v", comments="")
+    r = cusp(str(flat), "--model", "gaussian", "--detect")
+    assert r.returncode == 0 and "stream (model-averaged): no change found (threshold 0.99)" in r.stderr, r.stderr
     # two models: each model's events and the stream's model-averaged change
     r = cusp(str(p), "--model", "gaussian", "--model", "gaussian:kappa0=0.1", "--chunk-size", "10", "--detect", "--out", str(out))
     assert r.returncode == 0, r.stderr
