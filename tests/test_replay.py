@@ -276,7 +276,8 @@ def test_replay_detect_chunks_a_short_series_as_post_detect_does(tmp_path):
     assert "chunks of 1 row (--chunk-size to change)" in out.stderr
     assert "stream (model-averaged): change point at observation 12," in out.stderr, out.stderr
     old = cusp(str(p), "--detect", "--chunk-size", "500", "--out", str(tmp_path / "t.jsonl"))
-    assert old.returncode == 0 and "stream (model-averaged)" not in old.stderr, old.stderr
+    assert old.returncode == 0 and "stream (model-averaged): change point" not in old.stderr, old.stderr
+    assert "stream (model-averaged): no change found" in old.stderr, old.stderr
     assert "chunks of 500 rows" in cusp(str(p), "--out", str(tmp_path / "t.jsonl")).stderr
     bad = cusp(str(p), "--model", "gmm:components=0", "--out", str(tmp_path / "t.jsonl"))
     assert bad.returncode != 0 and "components" in bad.stderr and "chunks of" not in bad.stderr, bad.stderr  # said after the specs passed
