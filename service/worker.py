@@ -759,8 +759,8 @@ class Worker:
         may start in from being trimmed). ``location`` and ``detected_at`` become the stream's row
         indices (field ``i0``: the stream's rows before a chunk), which the model's own count lags
         after a chunk it dead-lettered (a change at row 54 after a dead-lettered chunk of 4 rows was
-        reported at 50); ``location_time`` is that row's time. Where the chunk is gone, or predates
-        ``i0``, the event keeps the model's count and has no time."""
+        reported at 50); ``location_time`` is that row's time. Where the chunk is gone the event
+        keeps the model's count and has no time; where it predates ``i0``, the model's count."""
         if ev.seq == seq:
             got, times = fields, stamps
         else:

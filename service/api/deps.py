@@ -75,6 +75,12 @@ def untyped_from_a_page(request: Request, settings: Settings) -> bool:
             and not origin_allowed(settings, origin, request.headers.get("host")))
 
 
+def is_json_type(kind: str) -> bool:
+    """A media type (lower case, without parameters) that a route taking a JSON object reads:
+    ``application/json`` or a ``+json`` type."""
+    return kind == "application/json" or (kind.startswith("application/") and kind.endswith("+json"))
+
+
 async def json_body(request: Request, settings: SettingsDep) -> None:
     """A route whose body is a JSON object takes ``application/json`` (or a ``+json`` type, or no
     Content-Type from a program: its router sets ``strict_content_type=False``): another type is a
@@ -88,7 +94,7 @@ async def json_body(request: Request, settings: SettingsDep) -> None:
             raise ApiError(415, "unsupported_media_type", "a request from a web page must say Content-Type: application/json")
         return
     kind = raw.split(";", 1)[0].strip().lower()
-    if kind == "application/json" or (kind.startswith("application/") and kind.endswith("+json")):
+    if is_json_type(kind):
         return
     raise ApiError(415, "unsupported_media_type",
                    f"unsupported content type {kind!r}; this endpoint takes a JSON object: send Content-Type: application/json "

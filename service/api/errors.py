@@ -94,14 +94,20 @@ def type_of(code: str) -> str:
     return f"/v1/errors#{code}"
 
 
-def problem(status: int, code: str, detail: str, instance: str | None = None, headers: Mapping[str, str] | None = None,
-            **extra) -> JSONResponse:
+def problem_body(status: int, code: str, detail: str, instance: str | None = None, **extra) -> dict:
+    """The problem details of an error answer (``problem``'s body)."""
     title = CODES[code][1] if code in CODES else "Error"
     body = {"type": type_of(code), "title": title, "status": status, "detail": detail, "code": code}
     if instance is not None:
         body["instance"] = instance
     body.update(extra)
-    return JSONResponse(body, status_code=status, headers=dict(headers) if headers else None, media_type=PROBLEM_JSON)
+    return body
+
+
+def problem(status: int, code: str, detail: str, instance: str | None = None, headers: Mapping[str, str] | None = None,
+            **extra) -> JSONResponse:
+    return JSONResponse(problem_body(status, code, detail, instance, **extra), status_code=status,
+                        headers=dict(headers) if headers else None, media_type=PROBLEM_JSON)
 
 
 def errors(*codes: int) -> dict:

@@ -17,16 +17,15 @@ import sys
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from service.api.errors import CODES, PROBLEM_JSON, type_of
+from service.api.errors import CODES, PROBLEM_JSON, problem_body
 
 
-def problem_body(reason: str) -> tuple[int, bytes]:
+def unparsable(reason: str) -> tuple[int, bytes]:
     """(status, problem+json body) for a request h11 refused with ``reason``."""
     code = "invalid_content_length" if "content-length" in reason.lower() else "invalid_http"
-    status, title = CODES[code]
+    status = CODES[code][0]
     detail = f"the request is not valid HTTP/1.1: {reason}" if reason else "the request is not valid HTTP/1.1"
-    body = {"type": type_of(code), "title": title, "status": status, "detail": detail, "code": code}
-    return status, json.dumps(body).encode()
+    return status, json.dumps(problem_body(status, code, detail)).encode()
 
 
 class ProblemH11Protocol(H11Protocol):
@@ -37,7 +36,7 @@ class ProblemH11Protocol(H11Protocol):
         # is h11's reason
         exc = sys.exc_info()[1]
         reason = str(exc) if isinstance(exc, h11.RemoteProtocolError) else ""
-        status, body = problem_body(reason)
+        status, body = unparsable(reason)
         headers = [(b"content-type", PROBLEM_JSON.encode()), (b"connection", b"close"),
                    (b"content-length", str(len(body)).encode())]
         for event in (h11.Response(status_code=status, headers=headers, reason=b"Bad Request"), h11.Data(data=body),

@@ -9,6 +9,7 @@ import re
 
 from service import metrics as M
 from service.api.chunks import ChunkError, loads
+from service.api.deps import is_json_type
 from service.api.errors import ApiError, problem
 
 
@@ -46,8 +47,7 @@ def _json_typed(scope) -> bool:
     raw = next((v for k, v in scope["headers"] if k == b"content-type"), None)
     if raw is None:
         return True
-    kind = raw.decode("latin-1").split(";", 1)[0].strip().lower()
-    return kind == "application/json" or (kind.startswith("application/") and kind.endswith("+json"))
+    return is_json_type(raw.decode("latin-1").split(";", 1)[0].strip().lower())
 
 
 class StrictJson:
