@@ -250,7 +250,7 @@ class Model:
         probabilities = getattr(self, "period_probabilities", None)
         periods = probabilities(post if post is not None else self.exact_init()) if probabilities else None
         return {"warmup_rows": self.warmup, "centre": frame[0] if frame else None, "scale": frame[1] if frame else None,
-                "periods": None if periods is None else {f"{p:g}": w for p, w in periods.items()}}
+                "periods": None if periods is None else {_period_label(p): w for p, w in periods.items()}}
 
     @property
     def exact(self) -> bool:
@@ -308,3 +308,8 @@ def sampled_rows(chunk: torch.Tensor, lam: float, pool: torch.Tensor, idx: torch
 def normal_logpdf(x: torch.Tensor, mean: torch.Tensor | float, var: torch.Tensor | float) -> torch.Tensor:
     var_t = torch.as_tensor(var, dtype=torch.float64)
     return -0.5 * (LOG_2PI + torch.log(var_t) + (x - mean) ** 2 / var_t)
+
+
+def _period_label(period: float | tuple[float, ...]) -> str:
+    """A candidate period's name in ``frame``'s ``periods``: "24", or "168+24" for a pair of cycles."""
+    return "+".join(f"{p:g}" for p in period) if isinstance(period, tuple) else f"{period:g}"

@@ -283,16 +283,18 @@ class TimeSeriesRegression(_Framed):
                              f"got {self.harmonics!r}")
 
     # --- shape -------------------------------------------------------------------------------
-    def _components(self) -> tuple[tuple[float, int], ...]:
-        """(period, harmonics) of each component of the model: one, (``period``, ``harmonics``)
-        ((0, 0) without a season), but ``seasonal`` without a period has one per candidate
-        period. The components share the frame, the lags and the data; each has its own
-        posterior (R, z, a, b), updated together in one batched QR."""
-        return ((float(self.period), self.harmonics if self.period else 0),)
+    def _components(self) -> tuple[tuple[tuple[float, int], ...], ...]:
+        """The seasons of each component of the model, each season (period, harmonics): one
+        component, of one season (``period``, ``harmonics``) ((0, 0) without one), but ``seasonal``
+        without a period has one per candidate period and one per calendar pair of periods (a
+        daily cycle within a weekly one: two seasons at once). The components share the frame, the
+        lags and the data; each has its own posterior (R, z, a, b), updated together in one batched QR."""
+        return (((float(self.period), self.harmonics if self.period else 0),),)
 
     def _harmonics(self, count: int | None = None) -> int:
-        """The most harmonics among the first ``count`` components (None: all of them)."""
-        return max(h for _, h in self._components()[:count])
+        """The most harmonics (summed over a component's seasons) among the first ``count``
+        components (None: all of them)."""
+        return max(sum(h for _, h in comp) for comp in self._components()[:count])
 
     @property
     def n_coef(self) -> int:
@@ -604,28 +606,35 @@ class TimeSeriesRegression(_Framed):
 
 
 @lru_cache(maxsize=64)
-def _frequencies(comps: tuple[tuple[float, int], ...]) -> tuple[torch.Tensor, torch.Tensor]:
-    """For components (period, harmonics): the angular frequencies 2 pi h / period [K, H] (H the
-    most harmonics; 0 past a component's own) and which of them it has (1.0/0.0) [K, H]. Shared: not
-    to be written to."""
-    most = max(h for _, h in comps)
+def _frequencies(comps: tuple[tuple[tuple[float, int], ...], ...]) -> tuple[torch.Tensor, torch.Tensor]:
+    """For components (each a tuple of seasons (period, harmonics)): the angular frequencies
+    2 pi h / period of each season's harmonics in turn [K, H] (H the most a component has; 0 past
+    a component's own) and which of them it has (1.0/0.0) [K, H]. Shared: not to be written to."""
+    most = max(sum(h for _, h in comp) for comp in comps)
     freq = torch.zeros(len(comps), most, dtype=torch.float64)
     keep = torch.zeros(len(comps), most, dtype=torch.float64)
-    for i, (period, harmonics) in enumerate(comps):
-        for h in range(1, harmonics + 1):
-            freq[i, h - 1] = 2.0 * math.pi * h / period
-            keep[i, h - 1] = 1.0
+    for i, comp in enumerate(comps):
+        j = 0
+        for period, harmonics in comp:
+            for h in range(1, harmonics + 1):
+                freq[i, j] = 2.0 * math.pi * h / period
+                keep[i, j] = 1.0
+                j += 1
     return freq, keep
 
 
 @lru_cache(maxsize=64)
-def _auto_components(harmonics: int, periods: tuple[float, ...]) -> tuple[tuple[float, int], ...]:
-    """``seasonal``'s components without a period: (period, harmonics) for each of ``periods``."""
-    return tuple((p, min(harmonics, int((p - 1) // 2))) for p in periods)
+def _auto_components(harmonics: int, periods: tuple[float, ...],
+                     pairs: tuple[tuple[float, float], ...] = ()) -> tuple[tuple[tuple[float, int], ...], ...]:
+    """``seasonal``'s components without a period: one season (period, harmonics) for each of
+    ``periods``, then two for each of ``pairs`` (outer, inner); harmonics at most (period - 1) / 2."""
+    def season(p: float) -> tuple[float, int]:
+        return (p, min(harmonics, int((p - 1) // 2)))
+    return tuple((season(p),) for p in periods) + tuple((season(a), season(b)) for a, b in pairs)
 
 
 @lru_cache(maxsize=64)
-def _frequencies_np(comps: tuple[tuple[float, int], ...]) -> tuple[np.ndarray, np.ndarray]:
+def _frequencies_np(comps: tuple[tuple[tuple[float, int], ...], ...]) -> tuple[np.ndarray, np.ndarray]:
     """``_frequencies`` as numpy arrays (shared: not to be written to)."""
     freq, keep = _frequencies(comps)
     return freq.numpy(), keep.numpy()
@@ -701,6 +710,11 @@ AUTO_PERIODS = (4.0, 7.0, 12.0, 24.0, 365.25 / 7, 96.0, 168.0, 288.0, 365.25, 14
 #: ``local-seasonal`` averages over the first five (its components are periods x discounts: with
 #: all ten, 50 filters a row; it is not in the default portfolio, and was judged with these)
 LOCAL_PERIODS = AUTO_PERIODS[:5]
+#: ``seasonal`` without a period also averages over these pairs of calendar cycles at once
+#: (outer, inner): a daily cycle within a weekly one, at hourly (168, 24), 15-minute (672, 96),
+#: 5-minute (2,016, 288) and per-minute (10,080, 1,440) sampling, and a weekly one within a
+#: yearly one, daily (365.25, 7). One period of the list cannot hold both
+AUTO_PAIRS = ((168.0, 24.0), (672.0, 96.0), (2016.0, 288.0), (10080.0, 1440.0), (365.25, 7.0))
 
 
 @dataclass(frozen=True)
@@ -709,8 +723,9 @@ class Seasonal(TimeSeriesRegression):
     add a slope and AR lags.
 
     Without a period (``period=0``, the default) the period is unknown and averaged over: the
-    model is the mixture over ``AUTO_PERIODS`` with equal prior weights, each component a
-    ``seasonal`` of that period (harmonics at most (period - 1) / 2), and by default one AR lag
+    model is the mixture over ``AUTO_PERIODS`` and ``AUTO_PAIRS`` with equal prior weights, each
+    component a ``seasonal`` of that period (harmonics at most (period - 1) / 2; a pair's
+    component has both seasons' terms), and by default one AR lag
     (``order=1``): the level wanders with the last value, as real seasonal metrics' levels do,
     instead of following one straight line for years (with a fixed level and slope the model
     reads every bend of a long trend as a change: 25 false alarms on 43 years of weekly CO2,
@@ -729,8 +744,9 @@ class Seasonal(TimeSeriesRegression):
     name = "seasonal"
     #: a state saved before the operational periods joined ``AUTO_PERIODS`` (2026-11-27) holds the
     #: first five: the stream goes on with those (their width: with ``harmonics`` above 25, the five
-    #: have fewer coefficients than the ten, ``_width``)
-    legacy_components: ClassVar[tuple[int, ...]] = (5,)
+    #: have fewer coefficients than the ten, ``_width``), and one saved before the pairs joined
+    #: (2026-12-07) the ten periods
+    legacy_components: ClassVar[tuple[int, ...]] = (5, 10)
     period: float = 0.0
     harmonics: int = 2
     order: int = -1  # -1: the default: 1 without a period (above), 0 with one
@@ -746,16 +762,18 @@ class Seasonal(TimeSeriesRegression):
         elif not (isinstance(self.harmonics, int) and 1 <= self.harmonics <= 32):
             raise ModelError(f"seasonal: harmonics must be an integer in [1, 32], got {self.harmonics!r}")
 
-    def _components(self) -> tuple[tuple[float, int], ...]:
+    def _components(self) -> tuple[tuple[tuple[float, int], ...], ...]:
         if self.period:
             return super()._components()
-        return _auto_components(self.harmonics, AUTO_PERIODS)
+        return _auto_components(self.harmonics, AUTO_PERIODS, AUTO_PAIRS)
 
-    def period_probabilities(self, post: torch.Tensor) -> dict[float, float] | None:
-        """The posterior probability of each period given the rows so far; None with a fixed period."""
+    def period_probabilities(self, post: torch.Tensor) -> dict[float | tuple[float, ...], float] | None:
+        """The posterior probability of each period (a pair of cycles: (outer, inner)) given the
+        rows so far; None with a fixed period."""
         if self.period:
             return None
-        return {p: float(w) for (p, _), w in zip(self._components()[: self._count(post)], torch.exp(self._parts(post)["logw"]))}
+        return {comp[0][0] if len(comp) == 1 else tuple(p for p, _ in comp): float(w)
+                for comp, w in zip(self._components()[: self._count(post)], torch.exp(self._parts(post)["logw"]))}
 
 
 @dataclass(frozen=True)

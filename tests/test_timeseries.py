@@ -19,14 +19,19 @@ SPECS = ["level", "ar", "ar:order=3", "trend", "trend:order=1", "seasonal:period
          "seasonal:period=7,harmonics=3,trend=1,order=2"]
 
 
-def design(spec: str, z: np.ndarray) -> np.ndarray:
-    """The documented features of each row: 1, t (trend), sin/cos(2 pi h t / period), lags of z (0 before t = 0)."""
+def design(spec: str, z: np.ndarray, seasons: list[tuple[float, int]] | None = None) -> np.ndarray:
+    """The documented features of each row: 1, t (trend), sin/cos(2 pi h t / period), lags of z (0
+    before t = 0); ``seasons``: (period, harmonics) of several seasons at once, each in turn,
+    in place of the spec's one."""
     m = build_model(spec, 1)
+    if seasons is None:
+        seasons = [(m.period, m.harmonics)] if m.period else []
     rows = []
     for t in range(len(z)):
         phi = [1.0] + ([float(t)] if m.trend else [])
-        for h in range(1, m.harmonics + 1 if m.period else 1):
-            phi += [math.sin(2 * math.pi * h * t / m.period), math.cos(2 * math.pi * h * t / m.period)]
+        for period, harmonics in seasons:
+            for h in range(1, harmonics + 1):
+                phi += [math.sin(2 * math.pi * h * t / period), math.cos(2 * math.pi * h * t / period)]
         phi += [float(z[t - i]) if t - i >= 0 else 0.0 for i in range(1, m.order + 1)]
         rows.append(phi)
     return np.array(rows)
@@ -60,10 +65,11 @@ def standardised(spec: str, y: np.ndarray):
     return m, k, scale, (y - centre) / scale
 
 
-def reference_parts(spec: str, y: np.ndarray) -> tuple[mpmath.mpf, mpmath.mpf, float]:
-    """(log p(z_1..n), log p(z_1..k), (n - k) log scale)."""
+def reference_parts(spec: str, y: np.ndarray, seasons: list[tuple[float, int]] | None = None,
+                    ) -> tuple[mpmath.mpf, mpmath.mpf, float]:
+    """(log p(z_1..n), log p(z_1..k), (n - k) log scale); ``seasons`` as ``design``'s."""
     m, k, scale, z = standardised(spec, y)
-    phi = design(spec, z)
+    phi = design(spec, z, seasons)
     full = nig_log_marginal(phi, z, m.coef_scale, m.alpha0, m.beta0)
     head = nig_log_marginal(phi[:k], z[:k], m.coef_scale, m.alpha0, m.beta0)
     return full, head, (len(y) - k) * math.log(scale)
@@ -158,19 +164,20 @@ def test_row_predictive_is_the_one_step_update():
 @pytest.mark.parametrize("settings", ["", "order=0", "trend=1,harmonics=3,order=2"])
 def test_seasonal_without_a_period_is_the_exact_average_over_the_calendar_periods(settings):
     """``seasonal`` without a period: log of the equal-weight mixture of the dense references of
-    ``seasonal:period=P`` for P in AUTO_PERIODS (harmonics at most (P - 1) / 2), on 40 points of a
-    monthly-like series; chunks of 1, 3 and 40 (1e-9 relative, as above). The weights are equal
-    after the warm-up, as the stream's models compete on the rows after it; weighing the periods
-    by the warm-up rows too would give other numbers (0.11, 0.47 and 0.51 nats here), which the
-    test tells apart."""
-    from models.timeseries import AUTO_PERIODS
+    ``seasonal:period=P`` for P in AUTO_PERIODS and of the two seasons of each pair in AUTO_PAIRS
+    at once (harmonics at most (P - 1) / 2), on 40 points of a monthly-like series; chunks of 1, 3
+    and 40 (1e-9 relative, as above). The weights are equal after the warm-up, as the stream's
+    models compete on the rows after it; weighing the periods by the warm-up rows too would give
+    other numbers (0.11, 0.47 and 0.51 nats here), which the test tells apart."""
+    from models.timeseries import AUTO_PAIRS, AUTO_PERIODS
 
     y = series(40)
     given = dict(kv.split("=") for kv in settings.split(",") if kv)
     given.setdefault("order", "1")  # without a period, one AR lag by default
     h = int(given.pop("harmonics", 2))
-    parts = [reference_parts(",".join([f"seasonal:period={p!r}", f"harmonics={min(h, int((p - 1) // 2))}"]
-                                      + [f"{k}={v}" for k, v in given.items()]), y) for p in AUTO_PERIODS]
+    spec = ",".join(["seasonal:period=12"] + [f"{k}={v}" for k, v in given.items()])  # (its own season replaced)
+    seasons = [[p] for p in AUTO_PERIODS] + [list(pair) for pair in AUTO_PAIRS]
+    parts = [reference_parts(spec, y, [(p, min(h, int((p - 1) // 2))) for p in ps]) for ps in seasons]
     with mpmath.workdps(60):
         ref = float(mpmath.log(mpmath.fsum(mpmath.exp(f - h) for f, h, _ in parts) / len(parts))) - parts[0][2]
         joint = float(mpmath.log(mpmath.fsum(mpmath.exp(f) for f, _, _ in parts))
@@ -186,7 +193,8 @@ def test_seasonal_without_a_period_learns_the_period():
     """A daily cycle in hourly readings (period 24) and a yearly one in monthly values (12), 10
     cycles each: the true period is the most probable, above 0.9 (measured: 24 -> 1, the others below 1e-170;
     12 -> 0.94, the rest on 24, whose second harmonic is period 12 too, at the Occam cost of
-    its first; every other period below 1e-80)."""
+    its first; every other period below 1e-80). A daily cycle within a weekly one in hourly
+    readings (5 weeks): the pair (168, 24), above 0.9 (measured: 1.0; 24 alone below 1e-30)."""
     rng = np.random.default_rng(5)
     for period in (24, 12):
         t = np.arange(10 * period)
@@ -198,14 +206,23 @@ def test_seasonal_without_a_period_learns_the_period():
         shifted = m.exact_shift(post)
         assert torch.equal(shifted[3:8], post[3:8])  # a level shift keeps what was learned about the period
         assert m.period_probabilities(m.exact_restart(post)) == pytest.approx({p: 1 / len(probs) for p in probs})
+    t = np.arange(5 * 168)
+    y = 1000 + 300 * np.sin(2 * np.pi * t / 24) + 150 * np.sin(2 * np.pi * t / 168) + rng.normal(0, 40, len(t))
+    m = build_model("seasonal", 1)
+    post, _ = m.exact_update(m.exact_init(), m.featurize(torch.from_numpy(y[:, None])))
+    probs = m.period_probabilities(post)
+    assert probs[(168.0, 24.0)] > 0.9 and probs[24.0] < 1e-30, probs
+    assert m.frame_info(post)["periods"]["168+24"] == probs[(168.0, 24.0)]
 
 
 @pytest.mark.parametrize("spec", ["seasonal", "seasonal:harmonics=30,trend=1"])  # 30: the five have 25 at most
-def test_a_seasonal_state_saved_with_the_five_calendar_periods_goes_on_with_them(monkeypatch, spec):
+@pytest.mark.parametrize("legacy", [5, 10])
+def test_a_seasonal_state_saved_with_earlier_calendar_periods_goes_on_with_them(monkeypatch, spec, legacy):
     """A stream whose ``seasonal`` state was saved before the operational periods joined (five
-    components) goes on with those five after the upgrade: the same evidence, row predictives and
-    period probabilities, bit for bit, as the five-period model, its restarts and level shifts
-    included; a new state has all ten; a state of neither layout is refused naming the model."""
+    components) or before the pairs of cycles did (ten) goes on with those after the upgrade: the
+    same evidence, row predictives and period probabilities, bit for bit, as the model of that
+    time, its restarts and level shifts included; a new state has all fifteen; a state of no
+    layout is refused naming the model."""
     from models import timeseries
 
     rng = np.random.default_rng(3)
@@ -224,12 +241,14 @@ def test_a_seasonal_state_saved_with_the_five_calendar_periods_goes_on_with_them
 
     m = build_model(spec, 1)
     with monkeypatch.context() as mp:
-        mp.setattr(timeseries, "AUTO_PERIODS", timeseries.AUTO_PERIODS[:5])
+        mp.setattr(timeseries, "AUTO_PERIODS", timeseries.AUTO_PERIODS[:legacy])
+        mp.setattr(timeseries, "AUTO_PAIRS", ())
         old_post, _ = m.exact_update(m.exact_init(), y[:30])
         want = run(m, old_post)
-    assert old_post.numel() == m._size(5) != m._size(10) == m.exact_init().numel()
+    sizes = {m._size(c) for c in (5, 10, 15)}
+    assert len(sizes) == 3 and old_post.numel() == m._size(legacy) and m.exact_init().numel() == m._size(15)
     got = run(m, old_post)
-    assert torch.equal(got[0], want[0]) and got[3] == want[3] and len(got[3]) == 5
+    assert torch.equal(got[0], want[0]) and got[3] == want[3] and len(got[3]) == legacy
     assert all(torch.equal(a, b) if torch.is_tensor(a) else a == b for a, b in zip(got[1], want[1]))
     assert all(torch.equal(a, b) for a, b in zip(got[2], want[2]))
     with pytest.raises(ModelError, match="seasonal: a state of"):
