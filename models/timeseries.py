@@ -767,6 +767,15 @@ class Seasonal(TimeSeriesRegression):
             return super()._components()
         return _auto_components(self.harmonics, AUTO_PERIODS, AUTO_PAIRS)
 
+    @property
+    def training_dim(self) -> int:
+        """The rows a restart sees before it is compared (``service.detect.detector.training_rows``):
+        the parameters of the largest one-season component. The mixture's predictive is proper
+        once those components' are; counting a pair's extra season would take a restart from 7
+        rows to 11 (harmonics 2), and every default stream's resolution with it."""
+        singles = [c for c in self._components() if len(c) == 1]
+        return 1 + self.trend + 2 * max(sum(h for _, h in c) for c in singles) + self.order + 1
+
     def period_probabilities(self, post: torch.Tensor) -> dict[float | tuple[float, ...], float] | None:
         """The posterior probability of each period (a pair of cycles: (outer, inner)) given the
         rows so far; None with a fixed period."""

@@ -117,11 +117,13 @@ def training_rows(model, config: DetectorConfig) -> int:
     (models/timeseries.py, models/heavy.py, ``gaussian:warmup=N``) restarts in the incumbent's
     frame, so its prior is already in the
     data's units, and the minimal training sample of an intrinsic Bayes factor suffices (Berger
-    and Pericchi 1996): as many rows as parameters (coefficients and noise variance). Others:
+    and Pericchi 1996): as many rows as parameters (coefficients and noise variance; a model
+    averaged over components of several sizes may name fewer, ``training_dim``). Others:
     max(10, 2 x parameters). It is also the stream's resolution: changes of several models closer
     than this (or than a chunk) are one change (``model_averaged_changes``'s window)."""
     framed = bool(getattr(model, "warmup", 0))
-    return config.train or (model.dim if framed else max(10, 2 * model.dim))
+    dim = getattr(model, "training_dim", model.dim)
+    return config.train or (dim if framed else max(10, 2 * dim))
 
 
 def stream_window(models, config: DetectorConfig, chunk_rows: int = 0) -> int:
