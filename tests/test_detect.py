@@ -447,14 +447,103 @@ def test_an_earlier_candidate_waits_while_a_new_change_settles():
 
     answer = StreamAnswer(["seasonal", "trend"], window=8)
     assert answer.step(240, 4, {"seasonal": -100.0, "trend": -103.0}, {"trend": [_event(224, 240, 0.999)]}) == []
-    swing = answer.step(504, 4, {"seasonal": -1000.0, "trend": -970.0}, {"trend": [_event(500, 504, 0.9999)]})
-    assert [c.location for c in swing] == [500]
-    assert answer.step(508, 4, {"seasonal": -960.0, "trend": -970.0}, {"seasonal": [_event(500, 508, 0.9999)]}) == []
-    assert answer.step(512, 4, {"seasonal": -970.0, "trend": -976.0}) == []
-    # without the settling, the swing would have taken the old report along
+    swing = answer.step(364, 4, {"seasonal": -1000.0, "trend": -970.0}, {"trend": [_event(360, 364, 0.9999)]})
+    assert [c.location for c in swing] == [360]
+    assert answer.step(368, 4, {"seasonal": -960.0, "trend": -970.0}, {"seasonal": [_event(360, 368, 0.9999)]}) == []
+    assert answer.step(372, 4, {"seasonal": -970.0, "trend": -976.0}) == []
+    # without the settling, the swing would have taken the old report along (124 rows after it,
+    # within the 20 resolutions a candidate is judged for)
     answer = StreamAnswer(["seasonal", "trend"], window=8)
     answer.step(240, 4, {"seasonal": -100.0, "trend": -103.0}, {"trend": [_event(224, 240, 0.999)]})
-    assert [c.location for c in answer.step(504, 4, {"seasonal": -1000.0, "trend": -970.0})] == [224]
+    assert [c.location for c in answer.step(364, 4, {"seasonal": -1000.0, "trend": -970.0})] == [224]
+
+
+def test_a_candidate_is_judged_for_twenty_resolutions_after_its_report():
+    """`level` reported 270 at 300, kept below the threshold by `trend`. Later it reports a change
+    and restarts there, `trend` not yet: the probabilities swing to `level` for a few rows (by 20
+    nats here), which would take its old report along (temperature in raw units, its noise
+    tripled at 600: 270 became a stream change at 617). 20 resolutions (160 rows here) after its
+    report a candidate is decided: the swing at 617 finds 581 and nothing else; the same swing at
+    440, within them, finds 270 too (what the horizon leaves)."""
+    from service.detect import StreamAnswer
+
+    def answer():
+        a = StreamAnswer(["level", "trend"], window=8)
+        assert a.step(300, 1, {"level": -300.0, "trend": -290.0}, {"level": [_event(270, 300, 0.999)]}) == []
+        return a
+
+    a = answer()
+    assert [c.location for c in a.step(615, 1, {"level": -600.0, "trend": -620.0},
+                                       {"level": [_event(581, 615, 0.999)]})] == [581]
+    assert a.step(617, 1, {"level": -601.0, "trend": -621.0}) == []
+    b = answer()
+    assert [c.location for c in b.step(440, 1, {"level": -420.0, "trend": -440.0},
+                                       {"level": [_event(420, 440, 0.999)]})] == [420]
+    assert [c.location for c in b.step(442, 1, {"level": -421.0, "trend": -441.0})] == [270]
+    # when each change was found is kept in the answer's state
+    assert StreamAnswer(["level", "trend"], window=8).load(a.to_dict()).found == [615]
+
+
+def test_one_change_placed_in_two_places_by_two_models_is_one_change():
+    """`level` reports 581 at 615 (a stream change); `trend` reports 612 at 620, no model having a
+    change at both places: the models placed one change differently (the temperature series
+    above gave both as stream changes, 31 rows apart, beyond the resolution). One change. A model
+    with a change at both places tells them apart: then 612 is a second change."""
+    from service.detect import StreamAnswer
+
+    def answer():
+        a = StreamAnswer(["level", "trend"], window=8)
+        assert [c.location for c in a.step(615, 1, {"level": -600.0, "trend": -630.0},
+                                           {"level": [_event(581, 615, 0.999)]})] == [581]
+        return a
+
+    assert answer().step(620, 1, {"level": -640.0, "trend": -610.0}, {"trend": [_event(612, 620, 0.999)]}) == []
+    both = answer().step(620, 1, {"level": -640.0, "trend": -610.0},
+                         {"trend": [_event(612, 620, 0.999)], "level": [_event(612, 620, 0.999)]})
+    assert [c.location for c in both] == [612]
+    # reported well after the first was found (beyond the resolution): judged on its own
+    late = answer().step(660, 1, {"level": -640.0, "trend": -610.0}, {"trend": [_event(640, 660, 0.999)]})
+    assert [c.location for c in late] == [640]
+
+
+def test_two_models_that_place_one_change_a_few_rows_apart_make_one_change():
+    """Sparse counts (0.05 -> 0.5 at 1,000) point by point: `negbin` (posterior probability 0.96)
+    reported 996 and `poisson` (0.04) 1,000 at the same row, both certain; the resolution is 2 rows,
+    so each counted alone and neither reached 0.99: no stream change. Events reported within the
+    resolution of each other, where no model has a change at both places, are one change: at
+    996 (the model that weighs most), with both models' support."""
+    from service.detect import StreamAnswer
+
+    a = StreamAnswer(["negbin", "poisson"], window=2)
+    log_z = {"negbin": 0.0, "poisson": math.log(0.04 / 0.96)}
+    found = a.step(1011, 1, log_z, {"negbin": [_event(996, 1011, 0.995)], "poisson": [_event(1000, 1011, 0.996)]})
+    assert [(c.location, c.detected_at) for c in found] == [(996, 1011)]
+    assert found[0].confidence == pytest.approx(0.96 * 0.995 + 0.04 * 0.996, rel=1e-9)
+    assert set(found[0].support) == {"negbin", "poisson"}
+    # a model with a change at both places keeps them apart
+    a = StreamAnswer(["negbin", "poisson"], window=2)
+    assert a.step(1011, 1, log_z, {"negbin": [_event(996, 1011, 0.995)],
+                                   "poisson": [_event(996, 1011, 0.2), _event(1000, 1011, 0.996)]}) == []
+
+
+def test_sparse_counts_and_a_drifting_sensor_give_one_stream_change():
+    """End to end, point by point (the cases above as a new user's data gave them): Poisson counts
+    0.05 -> 0.5 at 1,000 with `poisson` and `negbin` (data seed 9: no stream change before, now one
+    within 5 rows of 1,000); a temperature sensor, 20 C + a random walk (sd 5e-4 a row) + N(0,
+    0.01^2) noise that triples at 600, with the default portfolio (data seed 2: 581, 270 and 612
+    before, now 581 alone: `level` and `ar` place the change at 581, `trend` and `seasonal` at 612)."""
+    from service.detect import detect_stream
+
+    rng = np.random.default_rng(9)
+    y = np.concatenate([rng.poisson(0.05, 1000), rng.poisson(0.5, 1000)]).astype(float)
+    _, found = detect_stream(y[:1040], ["poisson", "negbin"], chunk_size=1)
+    assert len(found) == 1 and abs(found[0].location - 1000) <= 5, found
+    rng = np.random.default_rng(2)
+    drift = np.cumsum(rng.normal(0, 0.0005, 1000))
+    noise = rng.normal(0, 0.01, 1000)
+    noise[600:] *= 3
+    _, found = detect_stream((20 + drift + noise)[:640], chunk_size=1)
+    assert [c.location for c in found] == [581], [(c.location, c.detected_at) for c in found]
 
 
 def test_a_model_that_misses_a_change_does_not_hide_it_from_the_stream():
