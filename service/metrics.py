@@ -15,7 +15,7 @@ SM = ("stream", "model")
 
 LOG_EVIDENCE = Gauge("cusp_log_evidence_nats", "Running log-evidence log p(y_1..n | model), nats.", SM, registry=REGISTRY)
 LOG_EVIDENCE_PER_OBS = Gauge(
-    "cusp_log_evidence_per_observation_nats", "Running log-evidence divided by observations seen, nats.", SM, registry=REGISTRY
+    "cusp_log_evidence_per_observation_nats", "Running log-evidence divided by observations seen (warm-up rows, not scored, counted), nats.", SM, registry=REGISTRY
 )
 CHUNK_LOG_PREDICTIVE = Gauge(
     "cusp_chunk_log_predictive_nats_per_observation",

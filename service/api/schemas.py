@@ -88,7 +88,9 @@ class ModelOut(BaseModel):
     chunks: int
     last_seq: int
     log_evidence: float
-    log_evidence_per_observation: float | None
+    log_evidence_per_observation: float | None = Field(
+        description="log_evidence / observations, every observation counted (a model's warm-up rows add nothing to "
+                    "the log-evidence but count here; null before the first)")
     posterior_probability: float | None
     probability_observations: int | None = Field(
         None, description="the observations posterior_probability compares the models on: all they have seen when they have "
@@ -220,7 +222,10 @@ class ResultEntry(BaseModel):
     seconds: float = None
     log_predictive_per_observation: float | None = Field(
         None, description="log_predictive per scored row (null: the chunk was all a model's warm-up)")
-    log_evidence_per_observation: float = None
+    log_evidence_per_observation: float = Field(
+        None, description="the running log_evidence / n, every observation seen counted: a model's warm-up rows, "
+                          "conditioned on and not scored, add nothing to the log-evidence but count in n (per scored row: "
+                          "log_predictive_per_observation, chunk by chunk)")
     method: Literal["exact", "sgais"] = Field(None, description="exact (closed form) or sgais")
     warnings: list[str] = Field(None, description="why the result may be unreliable (README, Reliability): "
                                                   "'capped', 'reference_mismatch', 'stuck_mode', 'prior_conflict', 'evidence_restated', "
