@@ -278,6 +278,33 @@ def test_a_deleted_streams_series_go_at_once_and_a_recreated_one_starts_afresh(e
         w.release_all()
 
 
+def test_a_delete_wakes_the_workers_and_the_series_go_at_once(env):
+    """DELETE publishes the stream on the wake channel as an ingest does: a worker waiting for work
+    is woken with that stream's name, and the poll that looks at it alone (no full scan) takes its
+    series out of /metrics (before: up to the next full scan, 30 s; a new user saw a deleted
+    stream's gauges 20 s to a minute after it was deleted and created again)."""
+    url, live = env
+    a, b = make(live, 2, prefix="wake")
+    for s in (a, b):
+        post(live, s, 0)
+    w = Worker(url, worker_id="woken")
+    try:
+        while w.poll_once(None):
+            pass
+        assert series_of(a) and series_of(b)
+        assert w.store.wait_for_wake(0.0) is None  # (the first call subscribes)
+        assert live.client.delete(f"/v1/streams/{a}").status_code == 204
+        deadline, woken = time.monotonic() + 10.0, set()
+        while a not in woken and time.monotonic() < deadline:
+            woken |= w.store.wait_for_wake(1.0) or set()
+        assert a in woken
+        w.poll_once(woken)
+        assert series_of(a) == [] and series_of(b) and (a, "gaussian") not in w.hot
+    finally:
+        w.store.close_wake()
+        w.release_all()
+
+
 def test_a_stream_created_since_the_last_scan_stays_counted_in_the_share(env):
     """One worker: streams a and b exist at its full scan; c is created after it and woken. The
     worker holds all three pairs. A later poll woken by a alone must still count c's pair: before,

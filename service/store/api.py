@@ -142,9 +142,13 @@ class ApiStore:
         return "created" if created else "exists"
 
     async def delete(self, cfg: StreamConfig) -> None:
-        """Delete the stream's keys (one DEL: one slot, atomic), then its name from the stream set."""
+        """Delete the stream's keys (one DEL: one slot, atomic), then its name from the stream set,
+        and wake the workers for it as an ingest does (``keys.WAKE``): they see it gone at once and
+        its series leave their /metrics (before, at their next full scan, up to 30 s on: a new user
+        saw a deleted stream's gauges beside the new stream of the same name)."""
         await self.r.delete(*keys.stream_keys(cfg.name, [m.name for m in cfg.models]))
         await self.forget(cfg.name)
+        await self.r.publish(keys.WAKE, keys.seq(cfg.name))
 
     async def forget(self, name: str) -> None:
         """Take ``name`` out of the stream set unless its stream exists: removed, then put back if a
