@@ -710,10 +710,12 @@ AUTO_PERIODS = (4.0, 7.0, 12.0, 24.0, 365.25 / 7, 96.0, 168.0, 288.0, 365.25, 14
 #: ``local-seasonal`` averages over the first five (its components are periods x discounts: with
 #: all ten, 50 filters a row; it is not in the default portfolio, and was judged with these)
 LOCAL_PERIODS = AUTO_PERIODS[:5]
-#: ``seasonal`` without a period also averages over these pairs of calendar cycles at once
-#: (outer, inner): a daily cycle within a weekly one, at hourly (168, 24), 15-minute (672, 96),
-#: 5-minute (2,016, 288) and per-minute (10,080, 1,440) sampling, and a weekly one within a
-#: yearly one, daily (365.25, 7). One period of the list cannot hold both
+#: ``seasonal:pairs=1`` also averages over these pairs of calendar cycles at once (outer, inner):
+#: a daily cycle within a weekly one, at hourly (168, 24), 15-minute (672, 96), 5-minute
+#: (2,016, 288) and per-minute (10,080, 1,440) sampling, and a weekly one within a yearly one,
+#: daily (365.25, 7). One period of the list cannot hold both. Not in the default: over less
+#: than its outer period a pair's long terms are a smooth curve that passes for growth, and
+#: growing traffic got a false change about every week (README)
 AUTO_PAIRS = ((168.0, 24.0), (672.0, 96.0), (2016.0, 288.0), (10080.0, 1440.0), (365.25, 7.0))
 
 
@@ -723,9 +725,9 @@ class Seasonal(TimeSeriesRegression):
     add a slope and AR lags.
 
     Without a period (``period=0``, the default) the period is unknown and averaged over: the
-    model is the mixture over ``AUTO_PERIODS`` and ``AUTO_PAIRS`` with equal prior weights, each
-    component a ``seasonal`` of that period (harmonics at most (period - 1) / 2; a pair's
-    component has both seasons' terms), and by default one AR lag
+    model is the mixture over ``AUTO_PERIODS`` (and ``AUTO_PAIRS`` with ``pairs=1``) with equal
+    prior weights, each component a ``seasonal`` of that period (harmonics at most (period - 1) /
+    2; a pair's component has both seasons' terms), and by default one AR lag
     (``order=1``): the level wanders with the last value, as real seasonal metrics' levels do,
     instead of following one straight line for years (with a fixed level and slope the model
     reads every bend of a long trend as a change: 25 false alarms on 43 years of weekly CO2,
@@ -744,17 +746,23 @@ class Seasonal(TimeSeriesRegression):
     name = "seasonal"
     #: a state saved before the operational periods joined ``AUTO_PERIODS`` (2026-11-27) holds the
     #: first five: the stream goes on with those (their width: with ``harmonics`` above 25, the five
-    #: have fewer coefficients than the ten, ``_width``), and one saved before the pairs joined
-    #: (2026-12-07) the ten periods
-    legacy_components: ClassVar[tuple[int, ...]] = (5, 10)
+    #: have fewer coefficients than the ten, ``_width``)
+    legacy_components: ClassVar[tuple[int, ...]] = (5,)
     period: float = 0.0
     harmonics: int = 2
     order: int = -1  # -1: the default: 1 without a period (above), 0 with one
+    pairs: int = 0  # 1: also average over ``AUTO_PAIRS`` (two cycles at once); without a period only
 
     def __post_init__(self) -> None:
         if self.order == -1:
             object.__setattr__(self, "order", 0 if self.period else 1)
         super().__post_init__()
+        if self.pairs not in (0, 1) or isinstance(self.pairs, bool):
+            raise ModelError(f"seasonal: pairs must be 0 or 1 (1: also the pairs of calendar cycles), got {self.pairs!r}")
+        if self.pairs and self.period:
+            raise ModelError("seasonal: pairs=1 averages over calendar cycles, so it takes no period; for one known "
+                             "pair give the outer period with harmonics enough for the inner one "
+                             "(seasonal:period=168,harmonics=8 holds a daily cycle within a weekly one)")
 
     def _check_harmonics(self) -> None:
         if self.period:
@@ -765,7 +773,7 @@ class Seasonal(TimeSeriesRegression):
     def _components(self) -> tuple[tuple[tuple[float, int], ...], ...]:
         if self.period:
             return super()._components()
-        return _auto_components(self.harmonics, AUTO_PERIODS, AUTO_PAIRS)
+        return _auto_components(self.harmonics, AUTO_PERIODS, AUTO_PAIRS if self.pairs else ())
 
     @property
     def training_dim(self) -> int:
