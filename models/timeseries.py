@@ -286,8 +286,8 @@ class TimeSeriesRegression(_Framed):
     def _components(self) -> tuple[tuple[tuple[float, int], ...], ...]:
         """The seasons of each component of the model, each season (period, harmonics): one
         component, of one season (``period``, ``harmonics``) ((0, 0) without one), but ``seasonal``
-        without a period has one per candidate period and one per calendar pair of periods (a
-        daily cycle within a weekly one: two seasons at once). The components share the frame, the
+        without a period has one per candidate period (and with ``pairs=1`` one per calendar pair
+        of periods, a daily cycle within a weekly one: two seasons at once). The components share the
         lags and the data; each has its own posterior (R, z, a, b), updated together in one batched QR."""
         return (((float(self.period), self.harmonics if self.period else 0),),)
 

@@ -52,7 +52,10 @@ class StreamAnswer:
     about earlier places until they have). A misspecified model that misses a change (a 3-component mixture when 3 clusters
     become 5) does not hide it, and one that fires alone while the data overwhelmingly favour the
     others (posterior probability near 0) does not raise one. With one model p = 1 and its events
-    are the stream's (less those within ``window`` of an earlier one).
+    are the stream's (less those within ``window`` of an earlier one). Two models that report one
+    change at about the same time and place it a little apart (no model with a change at both
+    places) support one candidate, and are one change once it is found; a candidate is judged for
+    ``HORIZON`` resolutions after its first report (``_settled``).
 
     ``window``: the stream's resolution (``stream_window``: the largest training sample), widened
     to the largest chunk seen (changes inside one chunk are one change).
@@ -77,7 +80,7 @@ class StreamAnswer:
         # (detected_at, location, model, confidence, location time or None), in report order
         self.events: list[tuple[int, int, str, float, float | None]] = []
         self.changes: list[int] = []  # locations of the changes found (the last MAX_CHANGES)
-        self.found: list[int] = []  # and the observations seen when each was found (None: a state from before)
+        self.found: list[int] = []  # and the observations seen when each was found
         self.n = 0
         # the posterior model probabilities at the last chunk this object compared, and the
         # observations then (not part of the state: the service keeps the last ones beside it)
