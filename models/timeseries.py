@@ -288,7 +288,7 @@ class TimeSeriesRegression(_Framed):
         component, of one season (``period``, ``harmonics``) ((0, 0) without one), but ``seasonal``
         without a period has one per candidate period (and with ``pairs=1`` one per calendar pair
         of periods, a daily cycle within a weekly one: two seasons at once). The components share the
-        lags and the data; each has its own posterior (R, z, a, b), updated together in one batched QR."""
+        frame, the lags and the data; each has its own posterior (R, z, a, b), updated together in one batched QR."""
         return (((float(self.period), self.harmonics if self.period else 0),),)
 
     def _harmonics(self, count: int | None = None) -> int:
@@ -781,8 +781,8 @@ class Seasonal(TimeSeriesRegression):
         the parameters of the largest one-season component. The mixture's predictive is proper
         once those components' are; counting a pair's extra season would take a restart from 7
         rows to 11 (harmonics 2), and every default stream's resolution with it."""
-        singles = [c for c in self._components() if len(c) == 1]
-        return 1 + self.trend + 2 * max(sum(h for _, h in c) for c in singles) + self.order + 1
+        singles = sum(len(c) == 1 for c in self._components())  # (they come first: ``_auto_components``)
+        return self._width(singles) + 1
 
     def period_probabilities(self, post: torch.Tensor) -> dict[float | tuple[float, ...], float] | None:
         """The posterior probability of each period (a pair of cycles: (outer, inner)) given the
