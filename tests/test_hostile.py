@@ -9,6 +9,7 @@ bad chunks (NaN, Infinity, wrong widths, booleans, gaps); these are the rest.
 """
 
 import json
+import re
 import select
 import socket
 import time
@@ -410,6 +411,38 @@ def test_extreme_model_priors_give_finite_probabilities(live, redis_url):
     assert r.status_code == 200, r.text
     probs = {m["name"]: m["posterior_probability"] for m in r.json()["models"]}
     assert sum(probs.values()) == pytest.approx(1.0) and min(probs["big"], probs["big2"]) > 0.1 and probs["tiny"] < 1e-300
+    assert live.client.delete(f"/v1/streams/{name}").status_code == 204
+
+
+def test_a_value_too_large_only_in_a_models_frame_is_refused_before_it_is_stored(live, redis_url):
+    """1e150 is within the accepted magnitude, but against a warm-up with an sd of 1e-5 its square
+    in ``level``'s frame overflows float64. It was accepted (202) and then dead-lettered by the
+    worker (issue 20); once the frame is fixed the API refuses it (422 naming model, row and
+    column) over HTTP and the WebSocket, and nothing is stored."""
+    name = "framed"
+    r = live.client.post("/v1/streams", json={"name": name, "columns": ["y"], "models": ["level", "gaussian"]})
+    assert r.status_code == 201, r.text
+    warm = [[1.0 + 1e-5 * (i % 3)] for i in range(20)]
+    assert live.client.post(f"/v1/streams/{name}/chunks", json={"seq": 0, "rows": warm}).status_code == 202
+    assert drain(redis_url) == 2
+    frame = {m["name"]: m["frame"] for m in live.client.get(f"/v1/streams/{name}").json()["models"]}["level"]
+    assert frame["scale"] < 1e-4, frame
+    db = connect(redis_url)
+    before = sorted(db.scan_iter(match=f"cusp:{{{name}}}:*", count=1000)), db.get(keys.seq(name))
+    big = {"seq": 1, "rows": [[1.0], [1e150]]}
+    r = live.client.post(f"/v1/streams/{name}/chunks", json=big)
+    assert r.status_code == 422, r.text
+    assert re.search(r"^model 'level': row 1 column 'y': 1e\+150 is too large for this model's frame \(centre 1\.00001, scale "
+                     r"8\.3666e-06, from the stream's first 5 rows\): its square in that frame overflows float64; nothing stored$",
+                     r.json()["detail"]), r.json()["detail"]
+    with ws_connect(f"{live.ws_url}/v1/streams/{name}/ingest") as ws:
+        ws.send(json.dumps(big))
+        answer = json.loads(ws.recv(timeout=10))
+    assert answer["status"] == "error" and answer["code"] == 422, answer
+    assert answer["detail"] == r.json()["detail"], answer
+    assert (sorted(db.scan_iter(match=f"cusp:{{{name}}}:*", count=1000)), db.get(keys.seq(name))) == before
+    # a value the frame can hold is taken as before
+    assert live.client.post(f"/v1/streams/{name}/chunks", json={"seq": 1, "rows": [[1.0], [1e140]]}).status_code == 202
     assert live.client.delete(f"/v1/streams/{name}").status_code == 204
 
 

@@ -28,6 +28,7 @@ from service.detect import DetectorConfig
 from service.runtime import build, cached_model, log_model_priors, model_seed, sampler_config
 from service.settings import Settings
 from service.sgais import ConfigError, load_state
+from service.sgais.engine import overflowing
 from service.store import ModelEntry, StreamConfig, digest, keys
 from service.store.api import ApiStore
 
@@ -268,12 +269,52 @@ def check_chunk(settings: Settings, cfg: StreamConfig, data: np.ndarray) -> None
             raise ChunkError(f"model {m.name!r}: values too large (their squares overflow float64)")
 
 
+#: (stream uid, model name) -> the model's frame (centre, scale, warm-up rows) once its worker fixed it: a frame
+#: never changes within a stream's incarnation (a restart keeps it), so each API process reads a
+#: model's state for it only until then (``check_frames``); bounded, cleared when full
+_FRAMES: dict[tuple[str, str], tuple] = {}
+MAX_CACHED_FRAMES = 50_000
+
+
+async def check_frames(store: ApiStore, cfg: StreamConfig, data: np.ndarray) -> None:
+    """A value within ``MAX_MAGNITUDE`` can still overflow float64 in a model's frame (its square,
+    ((y - centre) / scale)^2, beyond 1.8e308: 1e150 against a warm-up with an sd of 1e-5). Such a
+    chunk was accepted (202) and then refused by the worker, dead-lettered (issue 20): refused here
+    (422 naming the model, row and column) wherever the model's frame is already fixed. A chunk
+    sent before its model's worker has read the warm-up cannot be checked against a frame that
+    does not exist yet; the worker still refuses it (dead letter, ``TooLarge``)."""
+    unknown = [m for m in cfg.models if (cfg.uid, m.name) not in _FRAMES
+               and cached_model(m.spec, len(cfg.columns), m.target).has_frame]
+    if unknown:  # read together (a stream's first chunks, until its workers have fixed the frames)
+        infos = await asyncio.gather(*(model_frame(store, cfg, m) for m in unknown), return_exceptions=True)
+        for m, info in zip(unknown, infos):
+            # (else: the warm-up is not read yet, or a state this version cannot read: the worker judges)
+            if isinstance(info, ModelFrame) and info.scale is not None:
+                if len(_FRAMES) >= MAX_CACHED_FRAMES:
+                    _FRAMES.clear()
+                _FRAMES[(cfg.uid, m.name)] = (info.centre, info.scale, info.warmup_rows)
+    tensor = torch.from_numpy(data)
+    for m in cfg.models:
+        frame = _FRAMES.get((cfg.uid, m.name))
+        at = None if frame is None else overflowing(tensor, frame[0], frame[1])
+        if at is not None:
+            r, c = at
+            raise ChunkError(f"model {m.name!r}: row {r} column {cfg.columns[c]!r}: {float(data[r, c]):g} is too large for "
+                             f"this model's frame (centre {_one(frame[0], c):.6g}, scale {_one(frame[1], c):.6g}, from the "
+                             f"stream's first {frame[2]} rows): its square in that frame overflows float64; nothing stored")
+
+
+def _one(v, c: int) -> float:
+    return float(v[c] if isinstance(v, (list, tuple)) else v)
+
+
 async def ingest(store: ApiStore, settings: Settings, cfg: StreamConfig, seq: int, data: np.ndarray,
                  times: np.ndarray | None = None) -> tuple[int, dict]:
     """Store one chunk (``times``: its rows' epoch seconds, None for the arrival time): (202, ack)
     when accepted, (200, ack) for a resend of the same data and times; a ChunkError (409) for a
     conflicting resend, a sequence gap or times that do not follow the stream's."""
     check_chunk(settings, cfg, data)
+    await check_frames(store, cfg, data)
     if times is not None and len(times) and settings.max_time_ahead_seconds > 0:
         now = time.time()
         ahead = float(times[-1]) - now  # the last is the latest: the times increase
