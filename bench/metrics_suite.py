@@ -208,6 +208,17 @@ def simulations(seed: int) -> list[Series]:
                             "+5 sd in the third at 400 (n = 600, chunks of 50)",
                       annotations={"truth": [400]}, spec=DEFAULT, chunk=50, kind="labelled",
                       data_key=f"sim:table-wild#s{seed}", seed=seed))
+    # a thermometer (21.3 +- 0.4, recorded to 0.01) that sticks at its last reading for 80-150 rows
+    # and comes back, posted 5 rows at a time: added with the flat-run signal (``signals.FlatRun``),
+    # which was built on a similar case (10 +- 0.5 stuck over 100 rows), so this row is not held out;
+    # its own generator, parameters fixed before cusp ran on it
+    rs = np.random.default_rng([seed, 19])
+    y = (21.3 + 0.4 * rs.standard_normal(800)).round(2)
+    at = int(rs.integers(300, 500))
+    end = at + int(rs.integers(80, 151))
+    y[at:end] = y[at - 1]
+    out.append(_sim("stuck", f"a thermometer (21.3 +- 0.4, two decimals) stuck at its last reading over {at}-{end - 1} "
+                    "(n = 800, chunks of 5)", y, (at, end), seed, chunk=5))
     return out
 
 

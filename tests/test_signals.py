@@ -13,8 +13,8 @@ import torch
 
 from service.detect import MAGIC, DetectorState
 from service.detect.decision import decide, posterior
-from service.detect.signals import (Cusum, RunningLevel, StepSpike, Windows, chi2_quantile, shares_dispersion, shares_moved,
-                                    weight)
+from service.detect.signals import (Cusum, FlatRun, RunningLevel, StepSpike, Windows, chi2_quantile, shares_dispersion,
+                                    shares_moved, weight)
 
 
 def test_running_level_is_a_plain_mean_first_then_exponential():
@@ -109,6 +109,56 @@ class Ch:
     name: str
     log_bf: float
     compared: int = 1
+
+
+def test_flat_run_nominates_a_rare_run_of_one_value_at_its_first_row_once():
+    tail = 0.5 * math.erfc(3.0 / math.sqrt(2.0))  # the detector's at surprise 3: 1.35e-3
+    f = FlatRun()
+    # 40 distinct readings (stream index 100-139): no repeat in the 39 pairs of the runs that ended
+    assert f.update([[float(v)] for v in range(40)], 100, tail) == []
+    # then 39 held on: two rows equal is no run yet; the third, (0.5 / 40) (1.5 / 41) = 4.6e-4, nominates
+    assert f.update([[39.0]], 140, tail) == []
+    assert f.update([[39.0], [39.0]], 141, tail) == [139]  # the run began at the last distinct reading, 139
+    assert f.update([[39.0]] * 5, 143, tail) == []  # once per run
+    assert (f.run, f.start, f.fired, f.repeats, f.pairs) == ([9], [139], [True], [0], [39])
+    # the run ends: its 8 repeats count, and the next run of L rows needs prod_{i < L-1} (8.5 + i) / (49 + i) <= tail
+    assert f.update([[1.0]], 148, tail) == []
+    assert (f.repeats, f.pairs) == ([8], [48])
+    need, prob = 1, 1.0
+    while prob > tail:
+        prob *= (8.5 + need - 1) / (49.0 + need - 1)
+        need += 1
+    assert need == 6  # 5 repeats: 3.5e-4 (4 give 1.5e-3, just above the tail)
+    assert f.update([[2.0]] * (need - 1), 149, tail) == []
+    assert f.update([[2.0]], 149 + need - 1, tail) == [149]
+    # per column, in one chunk: the second column's run nominates its own first row
+    g = FlatRun()
+    rows = [[float(i), float(i)] for i in range(30)] + [[float(30 + i), 7.0] for i in range(3)]
+    assert g.update(rows, 0, tail) == [30]
+    # a new regime counts its repeat rate afresh; the run in progress goes on
+    g.reset()
+    assert (g.repeats, g.pairs, g.run) == ([0, 0], [0, 0], [1, 3])
+    # small counts repeat most rows: a run of 0s among them is no surprise, and neither is the
+    # first run of 19 with no history (a repeat rate still unknown: probability 0.13)
+    h = FlatRun()
+    counts = [[0.0]] * 19 + [[1.0]]
+    assert h.update(counts * 10, 0, tail) == []
+    assert h.update([[0.0]] * 40, 200, tail) == []
+
+
+def test_flat_run_survives_the_codec_and_a_state_without_it_reads():
+    g = torch.Generator().manual_seed(3)
+    st = DetectorState(rng=g.get_state())
+    assert "flat" not in json.loads(st.to_bytes())  # nothing counted yet: not written
+    st.flat.update([[0.1 * i, 2.5] for i in range(12)], 0, 1e-3)
+    back = DetectorState.from_bytes(st.to_bytes())
+    assert back.flat == st.flat and back.to_bytes() == st.to_bytes()
+    copy = st.copy()
+    copy.flat.update([[9.0, 2.5]], 12, 1e-3)
+    assert st.flat.run == [12 * 0 + 1, 12] and copy.flat.run == [1, 13]  # the copy's lists are its own
+    head = json.loads(st.to_bytes())
+    del head["flat"]  # a state saved before the signal: read with the runs counted from its next chunk
+    assert DetectorState.from_bytes(json.dumps(head).encode()).flat == FlatRun()
 
 
 def test_chi2_quantile_is_wilson_hilferty_close_to_the_exact_and_above_it_far_out():

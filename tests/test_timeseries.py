@@ -781,6 +781,25 @@ def test_steps_on_a_flat_gauge_are_found_and_flickers_after_a_flat_warm_up_are_n
     assert detect_stream(flicker, chunk_size=1, seed=0)[1] == []
 
 
+@pytest.mark.parametrize("seed", [6, 7, 8])
+def test_a_stuck_sensor_is_found_within_twenty_rows(seed):
+    """A sensor (10 +- 0.5, two decimals) that sticks at its last reading for rows 250-349, posted in
+    chunks of 3: the stream's answer is two changes, the stick placed within 5 rows of 250 and
+    reported within 20 rows of it, and the end at 350. A stuck value near the mean makes each row
+    only slowly more likely than before, so the log predictive nominated it late: reported at 294
+    (seed 6) and at 279 after a false change at 262 (seed 8) before the flat-run signal
+    (``signals.FlatRun``), which nominates the run's first row once three equal readings are as rare
+    as a 3-sd z-score. Measured with it: reported at 267, 255 and 261 (seeds 6-8), placed 249-251."""
+    from service.detect import detect_stream
+
+    y = (10 + np.random.default_rng(seed).normal(0, 0.5, 500)).round(2)
+    y[250:350] = y[249]
+    _, stream = detect_stream(y, chunk_size=3, seed=0)
+    assert len(stream) == 2, stream
+    assert abs(stream[0].location - 250) <= 5 and stream[0].detected_at <= 270, stream
+    assert abs(stream[1].location - 350) <= 5, stream
+
+
 def test_a_spike_posted_alone_after_chunks_is_no_change_but_a_shift_is():
     """A stream posted in chunks of 10 (a backfill), then row by row (live): one wild row (N(120, 5),
     then 1.0) is no model's change, and the stream's answer has none; a shift of 4 sd posted the

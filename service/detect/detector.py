@@ -198,6 +198,8 @@ class Detector:
         # fresh SGAIS run, and its chunks are usually large enough for the surprise alone
         lengths = tuple(k * self.train for k in WINDOW_TRAINS if k * self.train <= self.max_age) if self.exact else ()
         self.windows = Windows(lengths, self.config.surprise) if lengths else None
+        # a run of one repeated value nominates where a z-score of ``surprise`` would: at that tail probability
+        self.flat_tail = 0.5 * math.erfc(self.config.surprise / math.sqrt(2.0))
         # a level shift (``Model.exact_shift``): a restart that keeps all but the level; for a
         # model with a slope, one that wins is placed and restarted as a break (``_refine``)
         self.shifts = self.exact and callable(getattr(model, "exact_shift", None))
@@ -529,6 +531,8 @@ class Detector:
                                      state=_slim(before.post, self.sampler.model)
                                      if self.exact and (b > 1 or (self.shifts and not new.recent)) else None,
                                      before=before if self.shifts and b == 1 else None, standing=standing_before))
+        # runs of a repeated value (``FlatRun``), counted on every chunk, the warm-up's too
+        flat_starts = new.flat.update(chunk.numpy(), start, self.flat_tail)
         x, steps = lp / max(scored, 1), float(result.annealing_steps)
         if not scored:
             pass  # a warm-up chunk, conditioned on: nothing to compare
@@ -554,6 +558,11 @@ class Detector:
                     if not any(abs(c.start - new.recent[i].start) < span for c in new.challengers) and not any(
                             abs(new.recent[j].start - new.recent[i].start) < span for j in starts):
                         starts.append(i)
+            # the chunk holding the first row of a run of one value that rare (a stuck sensor)
+            for at in flat_starts:
+                j = max((j for j, r in enumerate(new.recent) if r.start <= at), default=None)
+                if j is not None and at < new.recent[j].start + int(new.recent[j].rows.shape[0]):
+                    starts.append(max(j, first))
             starts += [j for j, r in enumerate(new.recent) if r.seq in again and j >= first]
             # (one a training sample: in chunks of a few rows the shares stay off for chunk after chunk
             # once clusters change, and each nominated one filled the challengers' places)
@@ -695,6 +704,7 @@ class Detector:
             new.dropped = []
             new.level.reset()  # a new regime: the running level starts again
             new.cusum.reset()
+            new.flat.reset()
             if cfg.adapt and refined is not None and refined.rows.shape[0] <= self.capacity:
                 # the exact method restarts at the row itself: the evidence is the incumbent's up
                 # to it, then the restart's from it

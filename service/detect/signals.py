@@ -18,6 +18,12 @@ indices (tests/test_signals.py).
   never exceeds, and slow enough for the running level to follow: a fall in volatility, where
   each row is only about 0.5 sd more likely than before).
 
+- ``FlatRun``: runs of one repeated value in a column (a stuck sensor, a gauge that stopped
+  updating), against how often the column repeated its value before: a run that rare nominates
+  its first row. A value stuck near the mean is no surprise to the log predictive (each row is
+  more likely than before, and only slowly more), so the other signals nominated such a run
+  24-44 rows late or not at all.
+
 - ``shares_moved``: a mixture's components' shares of new rows (their mean responsibilities)
   against their shares of older rows, a two-sample G-test (chi-square, K - 1 degrees of
   freedom) at the quantile of ``threshold`` standard normal deviations, its statistic divided
@@ -26,7 +32,7 @@ indices (tests/test_signals.py).
   data (7 clusters, then 3 of them) leave its log predictive per observation where it was: the
   rows lose log(7/3) to the weights and gain as much in entropy. Their shares show it.
 
-The detector's state holds one of each of the first three and saves their fields
+The detector's state holds one of each of the first three and a ``FlatRun`` and saves their fields
 (``DetectorState.to_bytes``); ``Windows`` keeps nothing (it reads the detector's recent chunks),
 nor does ``shares_moved`` (the detector gives it the incumbent's shares of the chunk and of a
 sample of its reservoir).
@@ -35,7 +41,9 @@ sample of its reservoir).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+import numpy as np
 
 #: the per-observation variance below which a level is treated as this (no division by zero)
 MIN_VAR = 1e-12
@@ -187,6 +195,77 @@ class Windows:
             if abs(z) >= self.threshold and i not in out:
                 out.append(i)
         return out
+
+
+@dataclass
+class FlatRun:
+    """Runs of one value repeated exactly, per column. ``last``: each column's last value; ``run``:
+    how many rows the column has held it (its current run); ``start``: the stream index of the
+    run's first row; ``fired``: whether the run has nominated already. ``repeats`` and ``pairs``:
+    since the regime began (``reset``), over the runs that ended, the rows equal to the row before
+    and the rows compared, per column.
+
+    A run of L rows is L - 1 repeats in a row. Its probability is the predictive of a repeat rate
+    with a Beta(1/2, 1/2) prior updated on the column's ``repeats`` out of ``pairs``:
+    prod_{i < L - 1} (repeats + 1/2 + i) / (pairs + 1 + i), about p^(L - 1) with p = (repeats +
+    1/2) / (pairs + 1) once the history is long, and far larger while it is short (with no
+    history, a run of 19 has probability 0.13: a first run of small counts is no surprise).
+    ``update`` returns the stream index of each run (one per column at most) whose probability
+    fell to ``tail`` or below, once per run and only from its third row on. Readings of a continuous quantity repeat about as often as their
+    resolution allows (two decimals at an sd of 0.5: 1 row in 180), so three equal readings
+    in a row are rare; small counts repeat most rows (Poisson 0.05: 95 %), so they take a run of
+    hundreds. The signal only nominates: a challenger restarted at the run then has to win on
+    evidence, as for every other signal."""
+
+    last: list[float] = field(default_factory=list)
+    run: list[int] = field(default_factory=list)
+    start: list[int] = field(default_factory=list)
+    fired: list[bool] = field(default_factory=list)
+    repeats: list[int] = field(default_factory=list)
+    pairs: list[int] = field(default_factory=list)
+
+    def update(self, rows, first: int, tail: float) -> list[int]:
+        """Take the raw rows ``[T, C]`` (an array or lists of the columns' values) of a chunk whose
+        first row has stream index ``first``; the run starts that nominate (sorted, each once)."""
+        x = np.asarray(rows, dtype=np.float64)
+        if x.size == 0:
+            return []
+        t, width = x.shape
+        if len(self.last) != width:  # the first rows (or a state from before this signal)
+            self.last, self.run, self.start = [float(v) for v in x[0]], [0] * width, [first] * width
+            self.fired, self.repeats, self.pairs = [False] * width, [0] * width, [0] * width
+        # each row against the row before it (the first against the column's last value, if any)
+        same = x == np.concatenate([np.asarray(self.last)[None], x[:-1]])
+        same[0] &= np.asarray(self.run) > 0
+        log_tail = math.log(tail)
+        out: set[int] = set()
+        for c in range(width):
+            col = x[:, c]
+            if not same[:, c].any():  # no repeat (most columns of continuous readings): every row ends a run
+                if self.run[c]:
+                    self.repeats[c] += self.run[c] - 1
+                    self.pairs[c] += self.run[c]
+                self.pairs[c] += t - 1
+                self.last[c], self.run[c], self.start[c], self.fired[c] = float(col[-1]), 1, first + t - 1, False
+                continue
+            for k in range(t):
+                if same[k, c]:
+                    self.run[c] += 1
+                else:
+                    if self.run[c]:  # a run ended: its repeats, and the change of value after it
+                        self.repeats[c] += self.run[c] - 1
+                        self.pairs[c] += self.run[c]
+                    self.last[c], self.run[c], self.start[c], self.fired[c] = float(col[k]), 1, first + k, False
+                if self.run[c] >= 3 and not self.fired[c]:
+                    r, m, n = self.repeats[c] + 0.5, self.pairs[c] + 1.0, self.run[c] - 1
+                    if math.lgamma(r + n) - math.lgamma(r) - math.lgamma(m + n) + math.lgamma(m) <= log_tail:
+                        self.fired[c] = True
+                        out.add(self.start[c])
+        return sorted(out)
+
+    def reset(self) -> None:
+        """A new regime: the repeat rates start again (the current runs go on)."""
+        self.repeats, self.pairs = [0] * len(self.last), [0] * len(self.last)
 
 
 def chi2_quantile(df: int, z: float) -> float:

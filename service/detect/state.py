@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, field, replace
 
 import torch
 
-from service.detect.signals import Cusum, RunningLevel, StepSpike
+from service.detect.signals import Cusum, FlatRun, RunningLevel, StepSpike
 from service.sgais import ChunkResult, Reservoir, ReservoirWrites, SGAISState, load_state
 
 MAGIC = "cusp-detector-1"
@@ -151,7 +151,8 @@ class DetectorState:
     incumbent does not cover since it restarted (0 before any change); memory_rows: rows at the
     start of the incumbent's history that belong to the regime before its change (a mixture's
     short memory: the first ``memory_rows`` of its reservoir); chunks: chunks seen;
-    level, steps, cusum: the nomination signals since the last (re)start (``signals.py``);
+    level, steps, cusum: the nomination signals since the last (re)start (``signals.py``), and
+    flat: the runs of repeated values (``FlatRun``);
     events: changes reported; challengers; recent: the chunks a challenger may start from;
     dropped: the exact method's rows of one that left ``recent``, kept to place a change
     (``Detector._trim``; for a model with level shifts the first holds the incumbent's state
@@ -177,12 +178,15 @@ class DetectorState:
     dropped: list[Recent] = field(default_factory=list)
     standing: Standing | None = None
     suspects: list[Suspect] = field(default_factory=list)
+    flat: FlatRun = field(default_factory=FlatRun)
 
     def copy(self) -> "DetectorState":
         """A copy whose signals, challengers, recent, dropped and suspects lists can change without touching this one."""
+        f = self.flat
         return replace(self, level=replace(self.level), steps=replace(self.steps), cusum=replace(self.cusum),
                        challengers=[replace(c) for c in self.challengers], recent=list(self.recent), dropped=list(self.dropped),
-                       suspects=list(self.suspects))
+                       suspects=list(self.suspects),
+                       flat=FlatRun(list(f.last), list(f.run), list(f.start), list(f.fired), list(f.repeats), list(f.pairs)))
 
     def to_bytes(self) -> bytes:
         lv, st, cu = self.level, self.steps, self.cusum
@@ -206,6 +210,10 @@ class DetectorState:
             **{f"{name}_standing": [None if r.standing is None else [r.standing[0], r.standing[1].hex()] for r in rows]
                for name, rows in (("recent", self.recent), ("dropped", self.dropped))
                if any(r.standing is not None for r in rows)},
+            # the flat-run signal (``FlatRun``) under a key of its own, without a new magic: a version
+            # before it reads the rest as it was and loses only a run being counted (a nomination)
+            **({"flat": [[float(v).hex() for v in self.flat.last], self.flat.run, self.flat.start,
+                         [int(x) for x in self.flat.fired], self.flat.repeats, self.flat.pairs]} if self.flat.last else {}),
             "rng": base64.b64encode(self.rng.numpy().tobytes()).decode(),
             "challengers": [
                 {"start": c.start, "chunk": c.chunk, "seqs": c.seqs, "base": c.base_log_evidence.hex(),
@@ -275,6 +283,10 @@ def _decode_v1(h: dict) -> DetectorState:
         suspects=[Suspect(locations=[int(v) for v in x[0]], gain=f(x[1]), rows=int(x[2]), state=base64.b64decode(x[3]),
                           level=(f(x[4][0]), f(x[4][1]), int(x[4][2])), own=f(x[5]) if len(x) > 5 else 0.0)
                   for x in h.get("suspects", ())])
+    if "flat" in h:
+        last, run, start, fired, repeats, pairs = h["flat"]
+        out.flat = FlatRun([f(v) for v in last], [int(v) for v in run], [int(v) for v in start], [bool(v) for v in fired],
+                           [int(v) for v in repeats], [int(v) for v in pairs])
     for name, rows in (("recent", out.recent), ("dropped", out.dropped)):
         for r, st in zip(rows, h.get(f"{name}_standing", ())):
             r.standing = None if st is None else (int(st[0]), f(st[1]))
