@@ -431,6 +431,18 @@ class Detector:
         return log_model_probabilities(self.evidence, self._log_prior) if self._runs else {}
 
     @property
+    def notes(self) -> list[str]:
+        """What the answer cannot say by itself, in words: that every row so far is the models'
+        warm-up, or too few were scored after it for a change to be found, and the most probable
+        candidate that stayed below the threshold (``service.detect.StreamAnswer.notes``). Empty
+        before any chunk. ``POST /v1/detect`` answers them as ``notes``."""
+        if self._answer is None:
+            return []
+        scored = {m: sum(r.rows - r.conditioned for r in res) for m, res in self._results.items()}
+        warmup = max((f["warmup_rows"] for f in self.frames.values() if f), default=0)
+        return self._answer.notes(scored, warmup)
+
+    @property
     def changepoints(self) -> list[StreamChange]:
         """The stream's change points: each model's events weighted by its posterior probability
         (``service.detect.StreamAnswer``; with one model, its own events). Each has

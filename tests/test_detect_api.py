@@ -43,7 +43,23 @@ def test_a_series_in_its_change_points_out_and_nothing_stored(live, redis_url):
     assert level["frame"]["warmup_rows"] == 5 and level["frame"]["periods"] is None
     assert level["frame"]["centre"] == pytest.approx(head.mean(), rel=1e-12)
     assert level["frame"]["scale"] == pytest.approx(head.std(ddof=1), rel=1e-12)
+    assert out["notes"] == []  # a change found, no candidate below the threshold: nothing to add
     assert connect(redis_url).dbsize() == before
+
+
+def test_a_series_too_short_for_a_change_says_so(live):
+    """A new user posted 1-2 values and got an answer with no change points and no hint why. The
+    answer's notes say it: every row in the models' warm-up (their first 5), or too few scored after
+    it; with 11 rows, 20 sd from row 6, the change is found (measured: no fewer rows find it, point
+    by point at the defaults) and no note is left."""
+    out = live.client.post("/v1/detect", json={"values": [1.0, 5.0]}).json()
+    assert out["changepoints"] == [] and len(out["notes"]) == 1, out
+    assert out["notes"][0].startswith("all 2 rows are the models' warm-up: their first 5 rows fix each model's frame")
+    y = (np.r_[np.zeros(6), np.full(5, 20.0)] + np.random.default_rng(0).normal(size=11)).round(2)
+    out = live.client.post("/v1/detect", json={"values": y[:8].tolist()}).json()
+    assert out["changepoints"] == [] and out["notes"][0].startswith("only 3 rows were scored after the models' warm-up of 5"), out
+    out = live.client.post("/v1/detect", json={"values": y.tolist()}).json()
+    assert [c["index"] for c in out["changepoints"]] == [6] and out["notes"] == [], out
 
 
 def test_azure_shaped_series_models_and_default_chunks(live):

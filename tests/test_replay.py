@@ -117,6 +117,10 @@ def test_replay_detect_prints_marks_and_traces_change_points(tmp_path):
     np.savetxt(flat, rng.normal(0, 1, 300)[:, None], delimiter=",", header="v", comments="")
     r = cusp(str(flat), "--model", "gaussian", "--detect")
     assert r.returncode == 0 and "stream (model-averaged): no change found (threshold 0.99)" in r.stderr, r.stderr
+    # three values, the default portfolio: all of them its warm-up, and a line that says so
+    np.savetxt(flat, [[1.0], [5.0], [2.0]], delimiter=",", header="v", comments="")
+    r = cusp(str(flat), "--detect")
+    assert r.returncode == 0 and "stream (model-averaged): all 3 rows are the models' warm-up: their first 5 rows" in r.stderr, r.stderr
     # two models: each model's events and the stream's model-averaged change
     r = cusp(str(p), "--model", "gaussian", "--model", "gaussian:kappa0=0.1", "--chunk-size", "10", "--detect", "--out", str(out))
     assert r.returncode == 0, r.stderr

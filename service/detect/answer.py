@@ -181,6 +181,30 @@ class StreamAnswer:
                 self.nearest = (bound, best[top][2], support)
         return found
 
+    def notes(self, scored: dict[str, int], warmup: int) -> list[str]:
+        """What a user cannot tell from an answer without changes, in words (none when changes were
+        found and no candidate came near): all rows in the models' warm-up; fewer scored rows after
+        it than the warm-up itself (a change needs scored rows before it and about as many after it
+        to tell it from one wild reading: at the defaults, point by point, 20 sd at row 6 was found in
+        11 rows and in no fewer); the most probable candidate below the threshold. ``scored``: each
+        model's rows scored (not conditioned on), ``warmup``: the most rows a model conditions on
+        before it scores any (0 where none does). Said by ``POST /v1/detect`` (``notes``),
+        ``cusp.Detector.notes`` and ``cusp replay --detect``."""
+        out, most = [], max(scored.values(), default=0)
+        if self.n and warmup and most == 0:
+            out.append(f"all {self.n} rows are the models' warm-up: their first {warmup} rows fix each model's frame "
+                       "(its units) and are conditioned on, not scored, so no change can be found in them; a change "
+                       f"is found from row {warmup} on, with scored rows after it")
+        elif not self.changes and warmup and 0 < most < warmup:
+            out.append(f"only {most} rows were scored after the models' warm-up of {warmup}: a change is found only with "
+                       "scored rows before it and about as many after it as the warm-up, to tell it from one wild reading")
+        near = self.nearest
+        if near is not None and not any(abs(near[1] - c) <= self.window for c in self.changes):
+            support = ", ".join(f"{m} p={p:.3g} confidence {c:.4f}" for m, (p, c) in sorted(near[2].items()))
+            out.append(f"no change at observation {near[1]}: its probability reached {near[0]:.4f}, below the threshold "
+                       f"{self.threshold:g} ({support})")
+        return out
+
     def _settled(self, n: int, loc: int, at: int) -> bool:
         """Is the candidate at ``loc``, first reported at ``at``, decided at ``n``? Yes once
         ``HORIZON`` resolutions have passed since its report (the detector weighs a reported change

@@ -172,4 +172,4 @@ def answer(det: Detector, times: list | None) -> DetectOut:
                             warnings=sorted({w for r in results[m] for w in r.warnings}),
                             frame=None if frames[m] is None else ModelFrame(**frames[m]))
                 for m, spec in zip(det.names, det.models)],
-        chunks=[DetectChunk(start=s, rows=r) for s, r in det.chunks])
+        chunks=[DetectChunk(start=s, rows=r) for s, r in det.chunks], notes=det.notes)
