@@ -37,6 +37,7 @@ from service.detect import DetectorConfig, Event, OfflineRun, StreamAnswer, Stre
 from service.runtime import build, model_seed, sampler_config
 from service.sgais import ChunkResult, ConfigError, EngineError, TooLarge
 from service.store import ModelEntry, StreamConfig
+from service.store.keys import default_model_name
 from service.times import seconds_per_row
 
 #: the largest seed the service accepts (``POST /v1/streams``)
@@ -60,6 +61,8 @@ class Detector:
     models do). columns: the data's width, or its columns' names (default: from the first ``update``;
     a 1-D input is then a one-column series' values, so give it to update row by row). target: the
     target column's index for regression models. priors: spec -> prior weight of the model.
+    Results are keyed by the models' names, as the service names them: the spec with ':' as '_'
+    and '=' left out (``gmm:components=3``: ``gmm_components3``; ``level``: ``level``).
     sampler, sampler_settings: the SGAIS preset ('paper' or 'accurate') and overrides, e.g.
     ``{"particles": 20}``. Other keyword arguments are detector settings (README, "Change-point
     detection"): ``threshold=0.999``, ``expected_run_length=5000``, ``enabled=False``...
@@ -153,9 +156,12 @@ class Detector:
         if self.target is not None and self.target >= width:
             raise InputError(f"target column {self.target} is out of range for rows of {width} columns")
         names = self.column_names or [f"x{i}" for i in range(width)]
+        # each model named as the service names it (``gmm:components=3``: ``gmm_components3``)
+        labels = [default_model_name(s) for s in specs]  # (distinct: ``_specs``)
         return StreamConfig(name="detector", columns=names,
-                            models=[ModelEntry(name=s, spec=s, target=self.target, prior=float(self.priors.get(s, 1.0)))
-                                    for s in specs],
+                            models=[ModelEntry(name=n, spec=s, target=self.target,
+                                               prior=float(self.priors.get(s, self.priors.get(n, 1.0))))
+                                    for n, s in zip(labels, specs)],
                             sampler={"preset": self.sampler, "overrides": self.sampler_settings}, seed=self.seed,
                             detector=dict(self.settings))
 
@@ -549,5 +555,9 @@ def _specs(models: Sequence[str] | str | None) -> tuple[str, ...] | None:
         _check_settings(i, spec)
         if spec in out:
             raise InputError(f"models[{i}]: {spec!r} is listed twice")
+        same = next((s for s in out if default_model_name(s) == default_model_name(spec)), None)
+        if same is not None:  # (the API refuses such a list too: a model's name is used twice)
+            raise InputError(f"models[{i}]: {spec!r} is named {default_model_name(spec)!r}, as {same!r} is (a model is "
+                             "named by its spec with ':' as '_' and '=' left out): drop one")
         out.append(spec)
     return tuple(out)

@@ -21,6 +21,7 @@ from service.data import TIME_COLUMNS, DataError, log_model_probabilities, read_
 from service.detect import DetectorConfig, OfflineRun, StreamAnswer, stream_window
 from service.detect.config import DETECT_DEFAULT_CHUNKS
 from service.seeding import seed_for
+from service.store.keys import default_model_name
 from service.sgais import WARNINGS, ConfigError, EngineError, SGAISConfig, build_sampler
 
 
@@ -94,14 +95,21 @@ def run(args: argparse.Namespace) -> int:
     target = resolve_target(names, args.target)
     overrides = {} if args.particles is None else {"particles": args.particles}
     config = SGAISConfig.preset(args.sampler, **overrides)
-    labels = list(dict.fromkeys(args.model or default_portfolio(data.shape[1])))
+    specs = list(dict.fromkeys(args.model or default_portfolio(data.shape[1])))
+    # each model named as the service names it (``gmm:components=3``: ``gmm_components3``), its spec beside it
+    labels = [default_model_name(s) for s in specs]
+    for i, label in enumerate(labels):
+        if label in labels[:i]:
+            raise ConfigError(f"--model {specs[i]} is named {label!r}, as --model {specs[labels.index(label)]} is (a model "
+                              "is named by its spec with ':' as '_' and '=' left out): drop one")
+    spec_of = dict(zip(labels, specs))
     if args.detector and not args.detect:  # (was ignored without a word: a new user's trial)
         raise ConfigError(f"--detector {args.detector[0]} sets the change-point detector, which runs with --detect: add it")
     dcfg = DetectorConfig.from_dict({**parse_settings(args.detector), **({} if args.detect else {"enabled": False})})
     if dcfg.run_length_seconds is not None and stamps is None:
         raise ConfigError(f"detector: expected_run_length={dcfg.expected_run_length!r} is a duration; it needs the rows' "
                           "times (a time column, --time-column NAME); or give it in observations")
-    samplers = {label: build_sampler(build_model(label, data.shape[1], target), config) for label in labels}
+    samplers = {label: build_sampler(build_model(spec_of[label], data.shape[1], target), config) for label in labels}
     if chosen:  # said once the models and settings are known to be good (it came before a bad spec's error)
         print(f"chunks of {args.chunk_size} row{'' if args.chunk_size == 1 else 's'} (--chunk-size to change)", file=sys.stderr)
     out = open(args.out, "w") if args.out else sys.stdout  # noqa: SIM115 - closed below
@@ -125,7 +133,7 @@ def run(args: argparse.Namespace) -> int:
                 if stamps is not None:  # as the service: an event's time is that of row `row` of its chunk
                     events = [replace(ev, location_time=float(stamps[ev.seq * args.chunk_size + ev.row])) for ev in events]
                 evidence[label], new[label] = (result.n, result.log_evidence), events
-                line = {"model": label, "chunk": chunk, **result.to_dict(), **when}
+                line = {"model": label, "spec": spec_of[label], "chunk": chunk, **result.to_dict(), **when}
                 traces[label].append(line)
                 out.write(json.dumps(line) + "\n")
                 for where, gain in result.outliers:
@@ -134,7 +142,8 @@ def run(args: argparse.Namespace) -> int:
                 for ev in events:
                     found[label].append(ev)
                     timed = T.timed(ev.location_time, end) if stamps is not None else {}
-                    out.write(json.dumps({"model": label, "kind": "changepoint", **ev.to_dict(), **timed}) + "\n")
+                    out.write(json.dumps({"model": label, "spec": spec_of[label], "kind": "changepoint", **ev.to_dict(),
+                                          **timed}) + "\n")
                     print(f"{label}: change point at observation {ev.location}{at(timed)} (chunk {ev.chunk}), confidence "
                           f"{ev.confidence:.4f}, log Bayes factor {ev.log_bayes_factor:.1f}, detected at {ev.detected_at}",
                           file=sys.stderr)

@@ -87,9 +87,10 @@ def test_rows_columns_and_user_settings():
     det.update(rows[0])  # a row of a two-column detector
     det.update(rows[1:])
     assert det.n == 40 and len(det.results["gaussian"]) == 2 and det.changepoints == []
-    assert det.results["gmm:components=2"][-1].method == "sgais"
+    # named as the service names a stream's models (a new user's trial: replay and this by spec, the service not)
+    assert det.names == ["gaussian", "gmm_components2"] and det.results["gmm_components2"][-1].method == "sgais"
     det.reset()
-    assert det.n == 0 and det.evidence == {"gaussian": 0.0, "gmm:components=2": 0.0}
+    assert det.n == 0 and det.evidence == {"gaussian": 0.0, "gmm_components2": 0.0}
 
 
 def test_rows_given_one_at_a_time_need_the_width_else_a_warning():
@@ -109,7 +110,7 @@ def test_rows_given_one_at_a_time_need_the_width_else_a_warning():
                 named.update(r)
         assert named.n == 6 and named.columns == 3
         # the frame the stream's GET and POST /v1/detect show: one centre and scale per column
-        assert named.frames["gaussian:warmup=2"]["centre"] == pytest.approx(rows[:2].mean(0).tolist(), rel=1e-12)
+        assert named.frames["gaussian_warmup2"]["centre"] == pytest.approx(rows[:2].mean(0).tolist(), rel=1e-12)
     assert named.column_names == ["a", "b", "c"] and guessed.frames == {"gaussian": None}
     with warnings.catch_warnings():  # columns=1 says they are values
         warnings.simplefilter("error")
@@ -152,6 +153,9 @@ def test_rows_given_one_at_a_time_need_the_width_else_a_warning():
     # settings no width takes are refused before any data (they were taken until the first update)
     ({"models": ["local-trend:discount=2"]}, "models\\[0\\]: local-trend: discount must be"),
     ({"models": ["level", "gmm:components=0"]}, "models\\[1\\]: .*components"),
+    # names are cut at 64 characters, as the service cuts them: two specs alike that far are one name
+    ({"models": ["gaussian:kappa0=0." + "1" * 60 + "2", "gaussian:kappa0=0." + "1" * 60 + "3"]},
+     "models\\[1\\]: 'gaussian:kappa0=0.1+3' is named 'gaussian_kappa00.1+', as 'gaussian:kappa0=0.1+2' is"),
 ])
 def test_bad_settings_raise_input_error_naming_them(kwargs, message):
     with pytest.raises(cusp.InputError, match=message):
@@ -181,7 +185,7 @@ def test_a_value_too_large_only_in_a_models_frame_is_taken_by_no_model():
     det = cusp.Detector(models=["gmm:warmup=5", "student-t", "level"])
     det.update(y[:18, None])
     before = (det.n, det.pending, det.evidence, {k: len(v) for k, v in det.results.items()})
-    with pytest.raises(cusp.InputError, match="model 'gmm:warmup=5': a value is too large for this model's frame"):
+    with pytest.raises(cusp.InputError, match="model 'gmm_warmup5': a value is too large for this model's frame"):
         det.update([[1.0], [1e150]])
     assert (det.n, det.pending, det.evidence, {k: len(v) for k, v in det.results.items()}) == before
     one = cusp.Detector(models=["gaussian", "level"])  # (``gaussian``'s prior in the data's units takes it)

@@ -129,7 +129,7 @@ def test_the_library_shows_the_frame_and_a_denormal_warm_up_takes_the_data_unit(
     y = 1e4 + 1e-2 * _clusters(300, 0)
     d = cusp.Detector(["gmm:components=3,warmup=30"], chunk_size=50, columns=2)
     d.update(y)
-    frame = d.frames["gmm:components=3,warmup=30"]
+    frame = d.frames["gmm_components3_warmup30"]
     assert frame["warmup_rows"] == 30
     assert frame["centre"] == pytest.approx(y[:30].mean(0).tolist(), rel=1e-12)
     assert frame["scale"] == pytest.approx(y[:30].std(0, ddof=1).tolist(), rel=1e-9)

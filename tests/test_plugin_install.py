@@ -44,8 +44,8 @@ def test_replay(plugin, tmp_path):
                         "--chunk-size", "25", "--detect", "--out", str(tmp_path / "t.jsonl")],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
-    assert "laplace:scale=5: change point at observation 200" in r.stderr
-    assert "laplace:scale=5: log-evidence" in r.stderr and "(sgais)" in r.stderr
+    assert "laplace_scale5: change point at observation 200" in r.stderr
+    assert "laplace_scale5: log-evidence" in r.stderr and "(sgais)" in r.stderr
 
 
 def test_api_and_worker_process(plugin, redis_url, tmp_path):

@@ -125,10 +125,12 @@ def test_replay_detect_prints_marks_and_traces_change_points(tmp_path):
     r = cusp(str(p), "--model", "gaussian", "--model", "gaussian:kappa0=0.1", "--chunk-size", "10", "--detect", "--out", str(out))
     assert r.returncode == 0, r.stderr
     lines = list(map(json.loads, out.read_text().splitlines()))
-    assert {d["model"] for d in lines if d.get("kind") == "changepoint"} == {"gaussian", "gaussian:kappa0=0.1"}
+    # each model named as the service names it, its spec beside the name
+    assert {(d["model"], d["spec"]) for d in lines if d.get("kind") == "changepoint"} == \
+        {("gaussian", "gaussian"), ("gaussian_kappa00.1", "gaussian:kappa0=0.1")}
     stream = [d for d in lines if d.get("kind") == "stream_changepoint"]
     assert len(stream) == 1 and abs(stream[0]["location"] - 300) <= 10 and stream[0]["confidence"] >= 0.99, stream
-    assert set(stream[0]["support"]) == {"gaussian", "gaussian:kappa0=0.1"}
+    assert set(stream[0]["support"]) == {"gaussian", "gaussian_kappa00.1"}
     assert f"stream (model-averaged): change point at observation {stream[0]['location']}" in r.stderr
     # without --detect: no change points; bad detector settings stop with a clear message
     r = cusp(str(p), "--model", "gaussian", "--chunk-size", "10", "--out", str(out))
@@ -234,14 +236,14 @@ def test_replay_reproduces_the_service_bit_for_bit_for_every_model(tmp_path, red
     fields = ("log_evidence", "log_predictive", "annealing_steps", "ess_after", "resamples", "time_start", "time_end")
     for name, spec in zip(names, specs):
         served = sorted((e for e in entries if e["model"] == name and e["kind"] == "result"), key=lambda e: e["seq"])
-        replayed = [t for t in trace if t["model"] == spec and "kind" not in t]
+        replayed = [t for t in trace if t["model"] == name and t["spec"] == spec and "kind" not in t]
         assert [e["seq"] for e in served] == [t["chunk"] for t in replayed] == list(range(len(x) // chunk)), name
         for f in fields:
             assert [repr(e[f]) for e in served] == [repr(t[f]) for t in replayed], (name, f)
         served_cps = [(e["location"], repr(e["confidence"]), e["location_time"], e["detected_time"])
                       for e in entries if e["model"] == name and e["kind"] == "changepoint"]
         replayed_cps = [(t["location"], repr(t["confidence"]), t["location_time"], t["detected_time"])
-                        for t in trace if t["model"] == spec and t.get("kind") == "changepoint"]
+                        for t in trace if t["model"] == name and t.get("kind") == "changepoint"]
         assert served_cps == replayed_cps, name
     if detect:  # the test means something: the shift at observation 300 was found and restarted models
         assert any(e["kind"] == "changepoint" for e in entries)
@@ -261,7 +263,7 @@ def test_replay_without_models_runs_the_default_portfolio_and_shows_its_prior(tm
     p.write_text("ms,kb\n" + "\n".join(f"{v!r},{2 * v!r}" for v in y) + "\n")
     out = cusp(str(p), "--chunk-size", "10", "--out", str(tmp_path / "t.jsonl"))
     assert out.returncode == 0, out.stderr
-    assert ("gaussian:warmup=5: prior on (y - centre) / scale, centre [250, 500], scale [7.90569415, 15.8113883] (from its "
+    assert ("gaussian_warmup5: prior on (y - centre) / scale, centre [250, 500], scale [7.90569415, 15.8113883] (from its "
             "first 5 rows") in out.stderr, out.stderr
 
 

@@ -69,7 +69,7 @@ def config_from_request(body: StreamIn) -> StreamConfig:
     entries: list[ModelEntry] = []
     for i, m in enumerate(body.models or default_portfolio(len(body.columns))):
         m = ModelIn(spec=m) if isinstance(m, str) else m
-        name = m.name if m.name is not None else re.sub(r"[^A-Za-z0-9_.-]", "_", m.spec.replace(":", "_").replace("=", ""))[:64]
+        name = m.name if m.name is not None else keys.default_model_name(m.spec)
         if not keys.MODEL_NAME.fullmatch(name):
             raise ApiError(422, "invalid_model", f"model {i}: name {name!r} must be 1-64 letters, digits, '_', '.' or '-'")
         if any(e.name == name for e in entries):
