@@ -36,6 +36,7 @@ from service.data import MAX_COLUMNS, MAX_MAGNITUDE, log_model_probabilities, to
 from service.detect import DetectorConfig, Event, OfflineRun, StreamAnswer, StreamChange, stream_window
 from service.runtime import build, model_seed, sampler_config
 from service.sgais import ChunkResult, ConfigError, EngineError, TooLarge
+from service.sgais.engine import beyond_limit
 from service.store import ModelEntry, StreamConfig
 from service.store.keys import default_model_name
 from service.times import seconds_per_row
@@ -265,9 +266,14 @@ class Detector:
                              f"{type(x).__name__}") from None
         # numbers only, as the service takes (numpy would read "1.5" and True as numbers)
         kinds = {raw.dtype.kind} if raw.dtype.kind != "O" else {
-            "b" if isinstance(v, (bool, np.bool_)) else "U" if isinstance(v, (str, bytes)) else "f" for v in raw.ravel()}
+            "b" if isinstance(v, (bool, np.bool_)) else "U" if isinstance(v, (str, bytes)) else "N" if v is None else "f"
+            for v in raw.ravel()}
         if kinds & {"U", "S", "b"}:
             raise InputError(f"update(x): x must be numbers, not {'booleans' if 'b' in kinds else 'text'}")
+        if "N" in kinds:  # (numpy reads None as nan: "is nan" named a value the caller never gave)
+            at = next(i for i, v in enumerate(raw.ravel()) if v is None)
+            where = f"row {at // raw.shape[-1]}, column {at % raw.shape[-1]}" if raw.ndim == 2 else f"value {at}"
+            raise InputError(f"update(x): {where} is None, not a number (a missing reading? leave the row out)")
         try:
             # a copy: a read-only view (a pandas Series' values) would make torch warn, and callers may rewrite theirs
             a = np.array(raw, dtype=np.float64)
@@ -355,7 +361,24 @@ class Detector:
         # the mean time between rows through this chunk, for an expected_run_length given as a duration
         through = self.n + int(chunk.shape[0])
         interval = seconds_per_row(self._stamps[0], self._stamps[through - 1], through) if self._timed else None
-        # every model takes the chunk, or none does (one that cannot leaves the others as they were)
+        # every model takes the chunk, or none does (one that cannot leaves the others as they were);
+        # first a value beyond what a model holds (``Model.value_limit``), as the API refuses it
+        for name, run in self._runs.items():
+            model = run.sampler.model
+            if model.has_frame:
+                info = model.frame_info(getattr(run.state, "post", run.state))
+                if info is None or info["centre"] is None:
+                    continue  # (its warm-up: no frame yet)
+                frame = (info["centre"], info["scale"], info["warmup_rows"])
+            elif model.value_limit >= MAX_MAGNITUDE:
+                continue  # (in the data's units: checked with the rows)
+            else:
+                frame = None
+            why = beyond_limit(model, t, frame, self._cfg.columns)
+            if why is not None:
+                err = InputError(f"model {name!r}: {why}")
+                err.too_large = True  # (POST /v1/detect: the series' fault)
+                raise err
         proposals = {}
         for name, run in self._runs.items():
             try:

@@ -142,6 +142,13 @@ class Model:
     #: rounding (about 1e-7 relative) sits far under the mini-batch noise of that gradient;
     #: tests hold each model's run gradient to the rounding of its declared precision.
     run_precision: ClassVar[str] = "float64"
+    #: The largest |value| the model takes in its frame, (y - centre) / scale (without a frame: |y|;
+    #: a stream's values are within 1e150 anyway). Beyond it the model's statistics or its sampler's
+    #: kernels leave their floating point: the API refuses such a chunk (422 naming the model, row
+    #: and column), ``cusp.Detector`` raises ``InputError``, a worker dead-letters it
+    #: (``service.sgais.engine.beyond_limit``). The exact models took 1e153 (one value among rows
+    #: in a frame of sd 1.6e-5; ``student-t`` overflowed at 6.7e153).
+    value_limit: ClassVar[float] = 1e150
 
     def stats(self, rows: torch.Tensor, weights: torch.Tensor | None = None) -> torch.Tensor:  # pragma: no cover - optional
         """``sum_b weights[b] * phi(rows[..., b, :])`` for rows ``[..., B, F]``: ``[..., S]``

@@ -164,8 +164,9 @@ def test_bad_chunks_raise_and_change_nothing():
     raw = state.to_bytes()
     with pytest.raises(ValueError, match="NaN or infinite"):
         sampler.update(state, torch.tensor([[1.0, float("nan")]], dtype=torch.float64), res)
-    with pytest.raises(ValueError, match="NaN or infinite"):
-        sampler.update(state, torch.tensor([[1e200, 0.0]], dtype=torch.float64), res)  # y^2 overflows
+    # (beyond the stream's +-1e150; its square overflows: past the model's value limit, refused by name)
+    with pytest.raises(EngineError, match="row 0 column 0: 1e\\+200 is too large for this model: it takes values within"):
+        sampler.update(state, torch.tensor([[1e200, 0.0]], dtype=torch.float64), res)
     with pytest.raises(ModelError, match="columns"):
         sampler.update(state, torch.zeros(3, 3, dtype=torch.float64), res)
     with pytest.raises(ValueError, match="empty"):

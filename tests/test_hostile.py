@@ -433,16 +433,30 @@ def test_a_value_too_large_only_in_a_models_frame_is_refused_before_it_is_stored
     r = live.client.post(f"/v1/streams/{name}/chunks", json=big)
     assert r.status_code == 422, r.text
     assert re.search(r"^model 'level': row 1 column 'y': 1e\+150 is too large for this model's frame \(centre 1\.00001, scale "
-                     r"8\.3666e-06, from the stream's first 5 rows\): its square in that frame overflows float64; nothing stored$",
-                     r.json()["detail"]), r.json()["detail"]
+                     r"8\.3666e-06, from the stream's first 5 rows\): it takes values within 1e\+150 scales of the centre, "
+                     r"where its arithmetic holds; nothing stored$", r.json()["detail"]), r.json()["detail"]
     with ws_connect(f"{live.ws_url}/v1/streams/{name}/ingest") as ws:
         ws.send(json.dumps(big))
         answer = json.loads(ws.recv(timeout=10))
     assert answer["status"] == "error" and answer["code"] == 422, answer
     assert answer["detail"] == r.json()["detail"], answer
     assert (sorted(db.scan_iter(match=f"cusp:{{{name}}}:*", count=1000)), db.get(keys.seq(name))) == before
+    # 1e149: its square in the frame fits float64, but it overflowed student-t's statistics, and that
+    # model alone dead-lettered it (a new user's trial, 2026-12-07): past 1e150 scales, refused
+    for r in [live.client.post(f"/v1/streams/{name}/chunks", json={"seq": 1, "rows": [[1.0], [1e149]]})]:
+        assert r.status_code == 422 and "1e+149 is too large for this model's frame" in r.json()["detail"], r.text
     # a value the frame can hold is taken as before
     assert live.client.post(f"/v1/streams/{name}/chunks", json={"seq": 1, "rows": [[1.0], [1e140]]}).status_code == 202
+    assert live.client.delete(f"/v1/streams/{name}").status_code == 204
+    # a mixture without a frame, in the data's units: its float32 kernels end at 3.4e38 (1e40 made
+    # SGHMC diverge, dead-lettered as "lower lr"); refused past its value limit, 1e30, from the first chunk
+    r = live.client.post("/v1/streams", json={"name": name, "columns": ["y"], "models": ["gaussian", "gmm:components=2"]})
+    assert r.status_code == 201, r.text
+    r = live.client.post(f"/v1/streams/{name}/chunks", json={"seq": 0, "rows": [[1.0], [-1e40]]})
+    assert r.status_code == 422 and r.json()["detail"] == ("model 'gmm_components2': row 1 column 'y': -1e+40 is too large "
+                                                           "for this model: it takes values within +-1e+30; nothing stored"), r.text
+    assert db.get(keys.seq(name)) is None and live.client.get(f"/v1/streams/{name}").json()["next_seq"] == 0
+    assert live.client.post(f"/v1/streams/{name}/chunks", json={"seq": 0, "rows": [[1.0], [-1e29]]}).status_code == 202
     assert live.client.delete(f"/v1/streams/{name}").status_code == 204
 
 

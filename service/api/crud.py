@@ -28,7 +28,7 @@ from service.detect import DetectorConfig
 from service.runtime import build, cached_model, log_model_priors, model_seed, sampler_config
 from service.settings import Settings
 from service.sgais import ConfigError, load_state
-from service.sgais.engine import overflowing
+from service.sgais.engine import beyond_limit
 from service.store import ModelEntry, StreamConfig, digest, keys
 from service.store.api import ApiStore
 
@@ -277,12 +277,15 @@ MAX_CACHED_FRAMES = 50_000
 
 
 async def check_frames(store: ApiStore, cfg: StreamConfig, data: np.ndarray) -> None:
-    """A value within ``MAX_MAGNITUDE`` can still overflow float64 in a model's frame (its square,
-    ((y - centre) / scale)^2, beyond 1.8e308: 1e150 against a warm-up with an sd of 1e-5). Such a
-    chunk was accepted (202) and then refused by the worker, dead-lettered (issue 20): refused here
-    (422 naming the model, row and column) wherever the model's frame is already fixed. A chunk
-    sent before its model's worker has read the warm-up cannot be checked against a frame that
-    does not exist yet; the worker still refuses it (dead letter, ``TooLarge``)."""
+    """A value within ``MAX_MAGNITUDE`` can still be too large for a model: in its frame (1e150
+    against a warm-up with an sd of 1e-5: its square overflows float64; 1e149 overflowed
+    ``student-t``'s statistics), or for its kernels (the mixture's float32: 1e40). Such a chunk was
+    accepted (202) and then refused by the model's worker, dead-lettered, the stream's models
+    then on different data (issue 20; a new user's trial, 2026-12-07): refused here (422 naming
+    the model, row and column) past ``Model.value_limit`` in the model's frame wherever that frame is
+    already fixed, and in the data's units for a model without one (``engine.beyond_limit``). A
+    chunk sent before its model's worker has read the warm-up cannot be checked against a frame
+    that does not exist yet; the worker still refuses it (dead letter, ``TooLarge``)."""
     unknown = [m for m in cfg.models if (cfg.uid, m.name) not in _FRAMES
                and cached_model(m.spec, len(cfg.columns), m.target).has_frame]
     if unknown:  # read together (a stream's first chunks, until its workers have fixed the frames)
@@ -295,17 +298,18 @@ async def check_frames(store: ApiStore, cfg: StreamConfig, data: np.ndarray) -> 
                 _FRAMES[(cfg.uid, m.name)] = (info.centre, info.scale, info.warmup_rows)
     tensor = torch.from_numpy(data)
     for m in cfg.models:
-        frame = _FRAMES.get((cfg.uid, m.name))
-        at = None if frame is None else overflowing(tensor, frame[0], frame[1])
-        if at is not None:
-            r, c = at
-            raise ChunkError(f"model {m.name!r}: row {r} column {cfg.columns[c]!r}: {float(data[r, c]):g} is too large for "
-                             f"this model's frame (centre {_one(frame[0], c):.6g}, scale {_one(frame[1], c):.6g}, from the "
-                             f"stream's first {frame[2]} rows): its square in that frame overflows float64; nothing stored")
-
-
-def _one(v, c: int) -> float:
-    return float(v[c] if isinstance(v, (list, tuple)) else v)
+        model = cached_model(m.spec, len(cfg.columns), m.target)
+        if model.has_frame:
+            frame = _FRAMES.get((cfg.uid, m.name))
+            if frame is None:
+                continue
+        elif model.value_limit >= MAX_MAGNITUDE:
+            continue  # (in the data's units: the stream's own limit, checked already)
+        else:
+            frame = None
+        why = beyond_limit(model, tensor, frame, cfg.columns)
+        if why is not None:
+            raise ChunkError(f"model {m.name!r}: {why}; nothing stored")
 
 
 async def ingest(store: ApiStore, settings: Settings, cfg: StreamConfig, seq: int, data: np.ndarray,

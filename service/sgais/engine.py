@@ -234,12 +234,35 @@ def framed(state, model: Model, chunk: torch.Tensor) -> torch.Tensor:
     return (chunk.to(torch.float64) - fr[0]) / fr[1]
 
 
-def overflowing(chunk: torch.Tensor, centre, scale) -> tuple[int, int] | None:
+def overflowing(chunk: torch.Tensor, centre, scale, limit: float = math.inf) -> tuple[int, int] | None:
     """(row, column) of the first value of raw ``chunk [B, C]`` whose square in a frame, ((y - centre)
-    / scale)^2, overflows float64 (``TooLarge``'s messages); None where none does."""
-    z = (chunk.to(torch.float64) - torch.as_tensor(centre, dtype=torch.float64)) / torch.as_tensor(scale, dtype=torch.float64)
-    bad = torch.nonzero(~torch.isfinite(z * z))
+    / scale)^2, overflows float64, or which lies more than ``limit`` from 0 there (``TooLarge``'s
+    messages); None where none does. Values not finite in the data's units are not its to say."""
+    y = chunk.to(torch.float64)
+    z = (y - torch.as_tensor(centre, dtype=torch.float64)) / torch.as_tensor(scale, dtype=torch.float64)
+    bad = torch.nonzero(torch.isfinite(y) & (~torch.isfinite(z * z) | (z.abs() > limit)))
     return (int(bad[0, 0]), int(bad[0, 1])) if len(bad) else None
+
+
+def beyond_limit(model: Model, chunk: torch.Tensor, frame: tuple | None = None, columns=None) -> str | None:
+    """Why raw ``chunk [B, C]`` is too large for ``model`` (its first value beyond
+    ``model.value_limit`` in the model's frame ``(centre, scale, warm-up rows)``, or in the data's
+    units where ``frame`` is None), or None. One check and one message for the API (before a chunk
+    is stored), ``cusp.Detector`` (before any model takes it) and the engine (a worker)."""
+    centre, scale = (frame[0], frame[1]) if frame is not None else (0.0, 1.0)
+    if chunk.dim() != 2 or torch.as_tensor(centre).numel() not in (1, chunk.shape[1]):
+        return None  # (a chunk of another width: the model's own checks say so)
+    at = overflowing(chunk, centre, scale, model.value_limit)
+    if at is None:
+        return None
+    r, c = at
+    col = repr(columns[c]) if columns is not None else str(c)
+    where, v = f"row {r} column {col}: {float(chunk[r, c]):g} is too large for this model", model.value_limit
+    if frame is None:
+        return f"{where}: it takes values within +-{v:g}"
+    one = (lambda x: float(x[c] if isinstance(x, (list, tuple)) or getattr(x, "ndim", 0) else x))  # noqa: E731
+    return (f"{where}'s frame (centre {one(centre):.6g}, scale {one(scale):.6g}, from the stream's first {frame[2]} "
+            f"rows): it takes values within {v:g} scales of the centre, where its arithmetic holds")
 
 
 def frame_jacobian(state) -> float:
@@ -403,6 +426,12 @@ class Sampler(SamplerBase):
     def _scored(self, state: SGAISState, chunk: torch.Tensor, reservoir: Reservoir) -> tuple[SGAISState, ChunkResult, ReservoirWrites]:
         t0 = time.perf_counter()
         with torch.inference_mode():
+            fr = state.frame
+            # a value beyond what the model's kernels hold (``Model.value_limit``): refused before it
+            # diverges them (the mixture's float32 kernels: "SGHMC diverged ... lower lr" blamed the sampler)
+            beyond = beyond_limit(self.model, chunk, (fr[0], fr[1], self.model.warmup) if fr.numel() else None)
+            if beyond is not None:
+                raise TooLarge(beyond)
             try:
                 rows = prepare(self.model, self.config, state.n, framed(state, self.model, chunk), reservoir)
             except ValueError:

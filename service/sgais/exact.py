@@ -149,8 +149,8 @@ class ExactSampler(SamplerBase):
                 row = f"row {at[0]}, {float(chunk[at]):.6g}, overflows " if at is not None else ""
                 where = (f" ({row}in its frame: centre {fr['centre']}, scale {fr['scale']}, from the stream's first "
                          f"{fr['warmup_rows']} rows)")
-            raise TooLarge(f"the chunk's exact update is not finite (log predictive {lp}): a value in it is too "
-                           f"large for this model's sufficient statistics in float64{where}")
+            raise TooLarge(f"the chunk's exact update left float64 (its log predictive, {lp}, or its sufficient "
+                           f"statistics): a value in it is too large for this model{where}")
         b = int(rows.shape[0])
         new = ExactState(post=post, log_evidence=state.log_evidence + lp, n=state.n + b, chunks=state.chunks + 1,
                          rng=g.get_state(), layout=exact_layout(self.model, post))
