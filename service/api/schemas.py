@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, StrictInt, Tag, field_validator, model_validator
 
 from service.data import MAX_COLUMNS, MAX_MAGNITUDE
 from service.detect.config import DETECT_DEFAULT_CHUNKS
@@ -367,7 +367,7 @@ class SeriesPoint(BaseModel):
     """One point in the shape of Azure's change-point API: a timestamp and a value."""
 
     model_config = ConfigDict(extra="forbid")
-    timestamp: str | FiniteFloat = Field(..., description="RFC 3339 time or epoch seconds")
+    timestamp: str | StrictInt | FiniteFloat = Field(..., description="RFC 3339 time or epoch seconds")
     value: FiniteFloat | list[FiniteFloat] = Field(..., description="the value (or one row of values)")
 
 
@@ -396,7 +396,7 @@ class DetectIn(BaseModel):
     values: list[FiniteFloat] | list[list[FiniteFloat]] | None = Field(
         None, description=f"the series: numbers (one column) or rows of numbers (one value per column); at most "
                           f"{MAX_DETECT_ROWS:,} rows (413 beyond)")
-    times: list[str | FiniteFloat] | None = Field(
+    times: list[str | StrictInt | FiniteFloat] | None = Field(
         None, description="one time per row, strictly increasing: RFC 3339 strings (with an offset or Z) or epoch "
                           "seconds; change points then carry the time of their first row")
     series: list[SeriesPoint] | None = Field(
@@ -463,7 +463,7 @@ class DetectEvent(BaseModel):
     """A change point one model reported."""
 
     index: int = Field(description="index (0-based) of the first row of the new regime")
-    time: str | float | None = Field(None, description="that row's time, as given (null without times)")
+    time: str | int | float | None = Field(None, description="that row's time, as given (null without times)")
     detected_at: int = Field(description="rows seen when it was reported")
     confidence: float = Field(description="posterior probability of the change")
     log_bayes_factor: float
@@ -475,7 +475,7 @@ class DetectChange(BaseModel):
     (with one model, its own events)."""
 
     index: int = Field(description="index (0-based) of the first row of the new regime")
-    time: str | float | None = Field(None, description="that row's time, as given (null without times)")
+    time: str | int | float | None = Field(None, description="that row's time, as given (null without times)")
     detected_at: int = Field(description="rows seen when the evidence for it first reached the threshold")
     confidence: float = Field(description="a lower bound on the posterior probability of a change within one chunk of index")
     support: dict[str, tuple[float, float]] = Field(description="model -> [posterior probability (over no change and this change), event confidence]")

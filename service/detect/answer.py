@@ -90,6 +90,11 @@ class StreamAnswer:
         # supporting model's (p, confidence)), for ``cusp replay`` to say why a model's event is no
         # stream change (a new user saw two events and silence); not part of the state
         self.nearest: tuple[float, int, dict[str, tuple[float, float]]] | None = None
+        # likewise the place of the models' open challengers that one model found most probable,
+        # where none reported (that probability, the stream's there, location, each model's (p,
+        # probability there)), and the chunks taken: for ``notes``, not part of the state
+        self.open: tuple[float, float, int, dict[str, tuple[float, float]]] | None = None
+        self.taken = 0
 
     def step(self, n: int, rows: int, log_evidence: dict[str, float] | None,
              events: dict[str, list[Event]] | None = None,
@@ -103,6 +108,7 @@ class StreamAnswer:
         probability now), or None): that event counts with its probability now from here on.
         Returns the stream changes found at this chunk."""
         self.window = max(self.window, int(rows))
+        self.taken += 1
         for m, evs in sorted((events or {}).items()):
             if m not in self.models:
                 raise ValueError(f"events of model {m!r}, not one of the stream's {self.models}")
@@ -126,6 +132,15 @@ class StreamAnswer:
 
         probs = log_model_probabilities({m: float(log_evidence[m]) for m in self.models}, self.log_prior)
         self.probabilities, self.compared_n = dict(probs), int(n)
+        opened = {m: [(int(w), float(c)) for w, c in places] for m, places in (pending or {}).items() if m in probs and places}
+        for loc in sorted({w for places in opened.values() for w, _ in places}):
+            # the stream's probability of a change there, weighed as for reported events (``_with_changes``)
+            there = {m: max(c for w, c in places if abs(w - loc) <= self.window) for m, places in opened.items()
+                     if any(abs(w - loc) <= self.window for w, _ in places)}
+            weights = _with_changes(probs, there)
+            bound, top = sum(weights[m] * c for m, c in there.items()), max(there.values())
+            if self.open is None or (top, bound) > self.open[:2]:
+                self.open = (top, bound, loc, {m: (weights[m], c) for m, c in there.items()})
         found: list[StreamChange] = []
         # a model that reports a change at this chunk restarted there, its rivals not yet: for a chunk
         # or two the probabilities swing to it, and they say nothing about earlier places (seen: 5-minute
@@ -183,14 +198,19 @@ class StreamAnswer:
 
     def notes(self, scored: dict[str, int], warmup: int) -> list[str]:
         """What a user cannot tell from an answer without changes, in words (none when changes were
-        found and no candidate came near): all rows in the models' warm-up; fewer scored rows after
-        it than the warm-up itself (a change needs scored rows before it and about as many after it
-        to tell it from one wild reading: at the defaults, point by point, 20 sd at row 6 was found in
-        11 rows and in no fewer); the most probable candidate below the threshold. ``scored``: each
-        model's rows scored (not conditioned on), ``warmup``: the most rows a model conditions on
-        before it scores any (0 where none does). Said by ``POST /v1/detect`` (``notes``),
+        found and no candidate came near): every row in one chunk; all rows in the models' warm-up;
+        fewer scored rows after it than the warm-up itself (a change needs scored rows before it and
+        about as many after it to tell it from one wild reading: at the defaults, point by point, 20
+        sd at row 6 was found in 11 rows and in no fewer); the most probable candidate below the
+        threshold: one a model reported, else a model's open challenger (a new user's 15 yearly
+        values: no change and no note, with a candidate at 0.965). ``scored``: each model's rows
+        scored (not conditioned on), ``warmup``: the most rows a model conditions on before it
+        scores any (0 where none does). Said by ``POST /v1/detect`` (``notes``),
         ``cusp.Detector.notes`` and ``cusp replay --detect``."""
         out, most = [], max(scored.values(), default=0)
+        if self.taken == 1 and self.n > 1 and not self.changes:
+            out.append(f"all {self.n} rows came in one chunk: no change can be found inside a chunk (it needs rows "
+                       "before it to compare with); give a smaller chunk size")
         if self.n and warmup and most == 0:
             out.append(f"all {self.n} rows are the models' warm-up: their first {warmup} rows fix each model's frame "
                        "(its units) and are conditioned on, not scored, so no change can be found in them; a change "
@@ -203,6 +223,14 @@ class StreamAnswer:
             support = ", ".join(f"{m} p={p:.3g} confidence {c:.4f}" for m, (p, c) in sorted(near[2].items()))
             out.append(f"no change at observation {near[1]}: its probability reached {near[0]:.4f}, below the threshold "
                        f"{self.threshold:g} ({support})")
+        elif (near is None and self.open is not None and self.open[0] >= 0.5
+              and not any(abs(self.open[2] - c) <= self.window for c in self.changes)):
+            # (more likely than not under some model: noise always has a candidate, a few percent likely)
+            top, bound, where, there = self.open
+            model = max(there, key=lambda m: there[m][1])
+            support = ", ".join(f"{m} p={p:.3g} confidence {c:.4f}" for m, (p, c) in sorted(there.items()))
+            out.append(f"no model reported a change near observation {where}: {model} gave it {top:.4f}, below the "
+                       f"threshold {self.threshold:g}, and the stream {bound:.4f} with the models' weights ({support})")
         return out
 
     def _settled(self, n: int, loc: int, at: int) -> bool:

@@ -72,8 +72,8 @@ class DetectorConfig:
 
     def __post_init__(self) -> None:
         def need(cond: bool, msg: str) -> None:
-            if not cond:
-                raise ConfigError(f"detector: {msg}")
+            if not cond:  # (with the value given: a new user's "0.9", a string, read as a bad probability)
+                raise ConfigError(f"detector: {msg}, got {getattr(self, msg.split()[0])!r}")
 
         need(isinstance(self.enabled, bool), "enabled must be true or false")
         need(isinstance(self.adapt, bool), "adapt must be true or false")
