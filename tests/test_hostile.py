@@ -170,7 +170,9 @@ TEXT_CASES = [
     ("text/csv", "a,b\n1.0,-inf\n", 422, "is not finite"),
     ("text/csv", "a,b\n1e309,1.0\n", 422, "is not finite"),
     ("text/csv", "a,b\n1e308,1.0\n", 422, "too large"),
-    ("text/csv", "a,b\n1.0,2.0\n1.0\n", 422, "row 1: has 1 values"),
+    ("text/csv", "a,b\n1.0,2.0\n1.0\n", 422, "row 1 (line 3): has 1 values"),
+    # a blank line is no row; the body's line (1-based, the header's counted) goes with the row's index
+    ("text/csv", "a,b\n1.0,2.0\n\n3.0,x\n", 422, "row 1 (line 4) column 'b': 'x' is not a number"),
     ("text/csv", "a,b\n", 422, "empty chunk"),
     # a header that is not the stream's: said so (it read "row 0 column 'a': 'x' is not a number")
     ("text/csv", "x,y\n1.0,2.0\n", 422, "the header ['x', 'y'] is not the stream's columns ['a', 'b']"),

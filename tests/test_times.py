@@ -333,7 +333,7 @@ def test_what_a_new_user_tried(live):
     assert (r.status_code, r.json()["code"]) == (422, "invalid_time") and "column named 'time'" in r.json()["detail"], r.text
     r = post(f"/v1/streams/{s}/chunks?seq=1", content="time,v\n2036-11-05T00:00:00Z,1\n2036-11-05T00:00:01Z\n",
              headers={"content-type": "text/csv"})
-    assert r.status_code == 422 and "row 1: has 1 values, the header has 2" in r.json()["detail"], r.text
+    assert r.status_code == 422 and "row 1 (line 3): has 1 values, the header has 2" in r.json()["detail"], r.text
     soon = datetime.fromtimestamp(int(time.time()) + 3600, timezone.utc)  # after chunk 0's arrival, within the day ahead
     r = post(f"/v1/streams/{s}/chunks", json={"seq": 1, "rows": [[1.0], [2.0]], "time": [
         soon.strftime("%Y-%m-%dt%H:%M:%Sz"), (soon + timedelta(seconds=1)).strftime("%Y-%m-%d %H:%M:%S+00:00")]})

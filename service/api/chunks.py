@@ -259,10 +259,14 @@ def parse_csv(body: bytes, columns: list[str]) -> tuple[np.ndarray, np.ndarray |
     except UnicodeDecodeError:
         raise ChunkError("CSV body is not UTF-8", 400) from None
     try:
-        reader = list(csv.reader(io.StringIO(text)))
+        rdr = csv.reader(io.StringIO(text))
+        read = [(rdr.line_num, r) for r in rdr]
     except csv.Error as exc:  # a NUL byte, a field over the csv module's size limit
         raise ChunkError(f"CSV body cannot be read: {exc}", 400) from None
-    reader = [r for r in reader if r and any(c.strip() for c in r)]
+    # blank lines are no rows; each row's line in the body (1-based, the header's counted) goes
+    # with its index in errors (a new user's "row 2" was the body's fourth line)
+    read = [(ln, r) for ln, r in read if r and any(c.strip() for c in r)]
+    lines, reader = [ln for ln, _ in read], [r for _, r in read]
     stamps: list[object] | None = None
     header = [c.strip() for c in reader[0]] if reader else []
     if TIME in header and TIME not in columns and sorted(c for c in header if c != TIME) == sorted(columns) \
@@ -271,11 +275,12 @@ def parse_csv(body: bytes, columns: list[str]) -> tuple[np.ndarray, np.ndarray |
         order = [header.index(c) for c in columns]
         for i, r in enumerate(reader[1:]):
             if len(r) != len(header):
-                raise ChunkError(f"row {i}: has {len(r)} values, the header has {len(header)} (time and columns {columns})")
+                raise ChunkError(f"row {i} (line {lines[i + 1]}): has {len(r)} values, the header has {len(header)} (time "
+                                 f"and columns {columns})")
         stamps = [_csv_time(r[at].strip()) for r in reader[1:]]
-        reader = [[r[k] for k in order] for r in reader[1:]]
+        reader, lines = [[r[k] for k in order] for r in reader[1:]], lines[1:]
     elif header == columns:
-        reader = reader[1:]
+        reader, lines = reader[1:], lines[1:]
     elif header and len(header) == len(columns) + 1 and not all(_is_number(c) for c in header):
         extra = [c for c in header if c not in columns]
         raise ChunkError(f"the header {header} has column(s) {extra} beside the stream's {columns}; the rows' times go in a "
@@ -286,16 +291,16 @@ def parse_csv(body: bytes, columns: list[str]) -> tuple[np.ndarray, np.ndarray |
     out = np.empty((len(reader), len(columns)), dtype=np.float64)
     for i, row in enumerate(reader):
         if len(row) != len(columns):
-            raise ChunkError(f"row {i}: has {len(row)} values, the stream has {len(columns)} columns {columns}")
+            raise ChunkError(f"row {i} (line {lines[i]}): has {len(row)} values, the stream has {len(columns)} columns {columns}")
         for j, cell in enumerate(row):
             try:
                 if "_" in cell:  # float() reads '1_000' as 1000: a digit separator CSV does not have
                     raise ValueError
                 v = float(cell)
             except ValueError:
-                raise ChunkError(f"row {i} column {columns[j]!r}: {cell.strip()[:40]!r} is not a number") from None
+                raise ChunkError(f"row {i} (line {lines[i]}) column {columns[j]!r}: {cell.strip()[:40]!r} is not a number") from None
             if not math.isfinite(v):
-                raise ChunkError(f"row {i} column {columns[j]!r}: {cell.strip()!r} is not finite")
+                raise ChunkError(f"row {i} (line {lines[i]}) column {columns[j]!r}: {cell.strip()!r} is not finite")
             out[i, j] = v
     return out, None if stamps is None else _times(stamps, out.shape[0])
 
