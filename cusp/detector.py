@@ -61,7 +61,7 @@ class Detector:
     seed: the stream's seed (model i gets ``service.seeding.seed_for(seed, i)``, as a stream's
     models do). columns: the data's width, or its columns' names (default: from the first ``update``;
     a 1-D input is then a one-column series' values, so give it to update row by row). target: the
-    target column's index for regression models. priors: spec -> prior weight of the model.
+    target column's index for regression models. priors: spec (or name) -> prior weight of the model.
     Results are keyed by the models' names, as the service names them: the spec with ':' as '_'
     and '=' left out (``gmm:components=3``: ``gmm_components3``; ``level``: ``level``).
     sampler, sampler_settings: the SGAIS preset ('paper' or 'accurate') and overrides, e.g.
@@ -95,8 +95,8 @@ class Detector:
         if self.target is not None and self.columns is not None and self.target >= self.columns:
             raise InputError(f"target must be a column index below columns={self.columns}, got {self.target}")
         self.priors = dict(priors or {})
-        for spec, p in self.priors.items():
-            if self.models is not None and spec not in self.models:
+        for spec, p in self.priors.items():  # (keyed by a model's spec or its name, as results are)
+            if self.models is not None and spec not in self.models and spec not in map(default_model_name, self.models):
                 raise InputError(f"priors: {spec!r} is not one of the models {list(self.models)}")
             if not isinstance(p, numbers.Real) or isinstance(p, bool) or not (0 < p < math.inf):
                 raise InputError(f"priors[{spec!r}] must be a positive finite number, got {p!r}")
@@ -126,6 +126,7 @@ class Detector:
         det.priors = {m.name: m.prior for m in cfg.models}
         det.sampler, det.sampler_settings = cfg.sampler.get("preset", "paper"), dict(cfg.sampler.get("overrides", {}))
         det.settings, det.config = dict(cfg.detector), DetectorConfig.from_dict(cfg.detector)
+        det._given = cfg  # (``reset`` starts from it again: its names, targets and priors)
         det._reset()
         det._start(cfg)
         return det
@@ -134,7 +135,9 @@ class Detector:
     def reset(self) -> None:
         """Forget everything seen; the settings stay."""
         self._reset()
-        if self.columns is not None:
+        if getattr(self, "_given", None) is not None:
+            self._start(self._given)
+        elif self.columns is not None:
             self._start(self._stream_config(self.columns))
 
     def _reset(self) -> None:
@@ -468,8 +471,7 @@ class Detector:
         if self._answer is None:
             return []
         scored = {m: sum(r.rows - r.conditioned for r in res) for m, res in self._results.items()}
-        warmup = max((f["warmup_rows"] for f in self.frames.values() if f), default=0)
-        return self._answer.notes(scored, warmup)
+        return self._answer.notes(scored, {m: f["warmup_rows"] for m, f in self.frames.items() if f})
 
     @property
     def changepoints(self) -> list[StreamChange]:

@@ -19,6 +19,7 @@ strings and numbers are sent as given. pandas is never imported here.
 
 from __future__ import annotations
 
+import math
 import numbers
 from collections.abc import Sequence
 from datetime import date, datetime, timedelta, timezone
@@ -116,7 +117,11 @@ def _one(v: Any, where: str) -> tuple[Any, float]:
         return _one(_utc_strings([v], where)[0], where)
     if isinstance(v, bool) or not isinstance(v, numbers.Real):
         raise InputError(f"{where}: {v!r} is not a time (a timezone-aware datetime, an RFC 3339 string or epoch seconds)")
-    x = _service_seconds(float(v), where)
+    try:
+        f = float(v)
+    except OverflowError:  # an integer beyond float64 (10**400): out of the years any time has
+        f = math.inf if v > 0 else -math.inf
+    x = _service_seconds(f, where)
     return (int(v) if isinstance(v, numbers.Integral) else x), x
 
 

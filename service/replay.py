@@ -165,8 +165,8 @@ def run(args: argparse.Namespace) -> int:
             print(f"stream (model-averaged): no change found (threshold {dcfg.threshold:g})", file=sys.stderr)
         # why, where the answer cannot say: rows all warm-up, too few scored, a candidate below the threshold
         scored = {label: sum(t["rows"] - t["conditioned"] for t in traces[label]) for label in labels}
-        infos = [r.sampler.model.frame_info(getattr(r.state, "post", r.state)) for r in runs.values()]
-        for note in answer.notes(scored, max((i["warmup_rows"] for i in infos if i), default=0)):
+        infos = {label: r.sampler.model.frame_info(getattr(r.state, "post", r.state)) for label, r in runs.items()}
+        for note in answer.notes(scored, {label: i["warmup_rows"] for label, i in infos.items() if i}):
             print(f"stream (model-averaged): {note}", file=sys.stderr)
     final = {label: t[-1]["log_evidence"] for label, t in traces.items()}
     probs = log_model_probabilities(final)

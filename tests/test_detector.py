@@ -2,6 +2,7 @@
 for the same data, seed and chunking; buffering into chunks; bad input refused before anything
 is processed. Its agreement with a running service: tests/test_client.py."""
 
+import math
 import re
 import threading
 import warnings
@@ -465,3 +466,31 @@ def test_notes_say_why_an_answer_has_no_change():
     assert cusp.Detector(chunk_size=5).update(y).flush().changepoints[0].location == 15  # (in chunks: found)
     det = cusp.Detector(chunk_size=1).update(np.random.default_rng(1).normal(0, 1, 300)).flush()
     assert det.changepoints == [] and det.notes == []
+
+
+def test_priors_by_name_and_a_stream_detector_reset_keeps_its_config():
+    """A review (2026-12-07): results are keyed by name, priors were taken by spec only; and a
+    detector made for a stream's config (``for_stream``: ``POST /v1/detect``) lost its models' own
+    names, targets and priors on ``reset``."""
+    from service.api.crud import config_from_request
+    from service.api.schemas import StreamIn
+
+    det = cusp.Detector(models=["level", "gaussian:kappa0=0.5"], priors={"gaussian_kappa00.5": 3.0}, columns=1)
+    assert det._log_prior["gaussian_kappa00.5"] == pytest.approx(math.log(3.0))
+    with pytest.raises(cusp.InputError, match="priors: 'gaussian' is not one of the models"):
+        cusp.Detector(models=["level"], priors={"gaussian": 2.0})
+    cfg = config_from_request(StreamIn(name="s", columns=["y", "x"], models=[
+        {"spec": "linear-regression", "name": "reg", "target": "y", "prior": 3.0}, "gaussian"]))
+    det = cusp.Detector.for_stream(cfg, chunk_size=10)
+    before = (det.names, dict(det._log_prior), [e.target for e in det._cfg.models])
+    det.update(np.random.default_rng(0).normal(size=(20, 2)))
+    det.reset()
+    assert (det.names, dict(det._log_prior), [e.target for e in det._cfg.models]) == before and det.n == 0
+    assert before[0] == ["reg", "gaussian"] and before[2][0] == 0
+
+
+def test_an_integer_time_beyond_float64_is_refused_by_name():
+    """A review: ``times=[10**400, ...]`` raised OverflowError from float(); an InputError now, as for
+    any time outside the years 1-9999."""
+    with pytest.raises(cusp.InputError, match=r"^times\[0\]: inf epoch seconds is not a time between the years 1 and 9999"):
+        cusp.Detector().update([1.0, 2.0], times=[10**400, 10**401])

@@ -462,6 +462,27 @@ def test_a_value_too_large_only_in_a_models_frame_is_refused_before_it_is_stored
     assert live.client.delete(f"/v1/streams/{name}").status_code == 204
 
 
+def test_a_resend_of_a_chunk_stored_before_its_frame_is_answered_as_a_resend(live, redis_url):
+    """A chunk with 1e150 sent right after the warm-up, before the worker fixed the frame, is stored
+    (202) and dead-lettered. Its resend was refused as too large, "nothing stored" (a review,
+    2026-12-07): now answered as any resend, 200 for the same data and 409 for other data."""
+    name = "framed-resend"
+    assert live.client.post("/v1/streams", json={"name": name, "columns": ["y"], "models": ["level"]}).status_code == 201
+    warm = [[1.0 + 1e-5 * (i % 3)] for i in range(20)]
+    assert live.client.post(f"/v1/streams/{name}/chunks", json={"seq": 0, "rows": warm}).status_code == 202
+    big = {"seq": 1, "rows": [[1.0], [1e150]]}
+    assert live.client.post(f"/v1/streams/{name}/chunks", json=big).status_code == 202  # (no frame yet)
+    drain(redis_url)
+    assert live.client.get(f"/v1/streams/{name}").json()["dead_letters"] == 1
+    r = live.client.post(f"/v1/streams/{name}/chunks", json=big)
+    assert (r.status_code, r.json()["status"]) == (200, "duplicate"), r.text
+    r = live.client.post(f"/v1/streams/{name}/chunks", json={"seq": 1, "rows": [[1.0], [9e149]]})
+    assert r.status_code == 409, r.text
+    r = live.client.post(f"/v1/streams/{name}/chunks", json={"seq": 2, "rows": [[1.0], [1e150]]})
+    assert r.status_code == 422 and "too large for this model's frame" in r.json()["detail"], r.text
+    assert live.client.delete(f"/v1/streams/{name}").status_code == 204
+
+
 WS_CASES = [
     (b"\x00\x01\x02 binary", 400, "not valid JSON"),
     (b"", 400, "not valid JSON"),

@@ -196,7 +196,7 @@ class StreamAnswer:
                 self.nearest = (bound, best[top][2], support)
         return found
 
-    def notes(self, scored: dict[str, int], warmup: int) -> list[str]:
+    def notes(self, scored: dict[str, int], warmups: dict[str, int]) -> list[str]:
         """What a user cannot tell from an answer without changes, in words (none when changes were
         found and no candidate came near): every row in one chunk; all rows in the models' warm-up;
         fewer scored rows after it than the warm-up itself (a change needs scored rows before it and
@@ -204,20 +204,24 @@ class StreamAnswer:
         sd at row 6 was found in 11 rows and in no fewer); the most probable candidate below the
         threshold: one a model reported, else a model's open challenger (a new user's 15 yearly
         values: no change and no note, with a candidate at 0.965). ``scored``: each model's rows
-        scored (not conditioned on), ``warmup``: the most rows a model conditions on before it
-        scores any (0 where none does). Said by ``POST /v1/detect`` (``notes``),
+        scored (not conditioned on), ``warmups``: the rows each conditions on before it scores any
+        (0 or missing where none). Said by ``POST /v1/detect`` (``notes``),
         ``cusp.Detector.notes`` and ``cusp replay --detect``."""
         out, most = [], max(scored.values(), default=0)
+        framed = sorted(w for w in warmups.values() if w > 0)
+        best = max(scored, key=lambda m: scored[m], default=None)  # (the model that scored the most rows)
         if self.taken == 1 and self.n > 1 and not self.changes:
             out.append(f"all {self.n} rows came in one chunk: no change can be found inside a chunk (it needs rows "
                        "before it to compare with); give a smaller chunk size")
-        if self.n and warmup and most == 0:
-            out.append(f"all {self.n} rows are the models' warm-up: their first {warmup} rows fix each model's frame "
+        if self.n and framed and most == 0:
+            span = f"{framed[0]}" if framed[0] == framed[-1] else f"{framed[0]} to {framed[-1]}"
+            out.append(f"all {self.n} rows are the models' warm-up: their first {span} rows fix each model's frame "
                        "(its units) and are conditioned on, not scored, so no change can be found in them; a change "
-                       f"is found from row {warmup} on, with scored rows after it")
-        elif not self.changes and warmup and 0 < most < warmup:
-            out.append(f"only {most} rows were scored after the models' warm-up of {warmup}: a change is found only with "
-                       "scored rows before it and about as many after it as the warm-up, to tell it from one wild reading")
+                       f"is found from row {framed[0]} on, with scored rows after it")
+        elif not self.changes and best is not None and 0 < most < warmups.get(best, 0):
+            out.append(f"only {most} rows were scored after the models' warm-up of {warmups[best]}: a change is found only "
+                       "with scored rows before it and about as many after it as the warm-up, to tell it from one wild "
+                       "reading")
         near = self.nearest
         if near is not None and not any(abs(near[1] - c) <= self.window for c in self.changes):
             support = ", ".join(f"{m} p={p:.3g} confidence {c:.4f}" for m, (p, c) in sorted(near[2].items()))

@@ -533,6 +533,8 @@ class Detector:
                                      before=before if self.shifts and b == 1 else None, standing=standing_before))
         # runs of a repeated value (``FlatRun``), counted on every chunk, the warm-up's too
         flat_starts = new.flat.update(chunk.numpy(), start, self.flat_tail)
+        if flat_starts and not (scored and counted):
+            new.flat.defer(flat_starts)  # (no nomination is taken here: the run nominates again at its next row)
         x, steps = lp / max(scored, 1), float(result.annealing_steps)
         if not scored:
             pass  # a warm-up chunk, conditioned on: nothing to compare

@@ -163,6 +163,11 @@ class ApiStore:
         """A model's saved sampler state (its bytes; None before the stream exists)."""
         return await self.r.hget(keys.state(stream, model), "state")
 
+    async def last_seq(self, stream: str) -> int | None:
+        """The stream's last accepted seq (None before its first chunk)."""
+        v = await self.r.get(keys.seq(stream))
+        return None if v is None else int(v)
+
     async def progress(self, cfg: StreamConfig) -> StreamProgress:
         return (await self.progress_many([cfg]))[0]
 
