@@ -377,7 +377,7 @@ class Detector:
                 continue  # (in the data's units: checked with the rows)
             else:
                 frame = None
-            why = beyond_limit(model, t, frame, self._cfg.columns)
+            why = beyond_limit(model, t, frame, self._cfg.columns, first=self.n)  # (named by observation, as in a series)
             if why is not None:
                 err = InputError(f"model {name!r}: {why}")
                 err.too_large = True  # (POST /v1/detect: the series' fault)

@@ -135,10 +135,10 @@ def test_the_codes_name_the_series_and_the_request_not_a_stream(live, body, code
     ({"values": [1.0, 2.0], "models": [{"spec": "level", "prior": 0}]}, 422, "^body.models.0.object.prior: Input should be greater than 0$"),
     # within +-1e150, but beyond float64 in a mixture's frame from a warm-up with an sd of 1e-5 (was a 500: a bare ValueError)
     ({"values": [1.0 + 1e-5 * (i % 3) for i in range(20)] + [1e150, 1.0], "models": ["gmm:warmup=5"], "chunk_size": 4}, 422,
-     "^model 'gmm_warmup5': row 0 column 'x0': 1e\\+150 is too large for this model's frame \\(centre 1.00001, scale "
+     "^model 'gmm_warmup5': observation 20 column 'x0': 1e\\+150 is too large for this model's frame \\(centre 1.00001, scale "
      "8.3666e-06, from the stream's first 5 rows\\): it takes values within 1e\\+30 scales of the centre"),
     ({"values": [1.0 + 1e-5 * (i % 3) for i in range(20)] + [1.0, 1e150], "models": ["level"], "chunk_size": 4}, 422,
-     "^model 'level': row 1 column 'x0': 1e\\+150 is too large for this model's frame .*: it takes values within 1e\\+150 "
+     "^model 'level': observation 21 column 'x0': 1e\\+150 is too large for this model's frame .*: it takes values within 1e\\+150 "
      "scales"),
 ])
 def test_bad_input_answers_4xx_naming_it_and_stores_nothing(live, redis_url, body, status, message):

@@ -187,13 +187,13 @@ def test_a_value_too_large_only_in_a_models_frame_is_taken_by_no_model():
     det = cusp.Detector(models=["gmm:warmup=5", "student-t", "level"])
     det.update(y[:18, None])
     before = (det.n, det.pending, det.evidence, {k: len(v) for k, v in det.results.items()})
-    with pytest.raises(cusp.InputError, match="model 'gmm_warmup5': row 1 column 'x0': 1e\\+150 is too large for this "
+    with pytest.raises(cusp.InputError, match="model 'gmm_warmup5': observation 19 column 'x0': 1e\\+150 is too large for this "
                                               "model's frame"):
         det.update([[1.0], [1e150]])
     assert (det.n, det.pending, det.evidence, {k: len(v) for k, v in det.results.items()}) == before
     one = cusp.Detector(models=["gaussian", "level"])  # (``gaussian``'s prior in the data's units takes it)
     one.update(y[:18, None])
-    with pytest.raises(cusp.InputError, match="model 'level': row 1 column 'x0': 1e\\+150 is too large for this model's "
+    with pytest.raises(cusp.InputError, match="model 'level': observation 19 column 'x0': 1e\\+150 is too large for this model's "
                                               "frame .*: it takes values within 1e\\+150 scales of the centre"):
         one.update([[1.0], [1e150]])
     assert len(one.results["gaussian"]) == 1 and one.n == 18
@@ -201,13 +201,13 @@ def test_a_value_too_large_only_in_a_models_frame_is_taken_by_no_model():
     # the stream's student-t alone dead-lettered it); past its value limit, refused before any model
     t = cusp.Detector(models=["level", "student-t"])
     t.update(y[:18, None])
-    with pytest.raises(cusp.InputError, match="model 'level': row 1 column 'x0': 1e\\+149 is too large"):
+    with pytest.raises(cusp.InputError, match="model 'level': observation 19 column 'x0': 1e\\+149 is too large"):
         t.update([[1.0], [1e149]])
     assert t.n == 18 and [len(v) for v in t.results.values()] == [1, 1]
     # a mixture in the data's units: past 1e30 (its float32 kernels end at 3.4e38; 1e40 diverged
     # SGHMC, "lower lr"), refused by the detector and, for a worker, by the engine itself
     mix = cusp.Detector(models=["gaussian", "gmm:components=2"], columns=1)
-    with pytest.raises(cusp.InputError, match=r"^model 'gmm_components2': row 1 column 'x0': -1e\+40 is too large for this "
+    with pytest.raises(cusp.InputError, match=r"^model 'gmm_components2': observation 1 column 'x0': -1e\+40 is too large for this "
                                               r"model: it takes values within \+-1e\+30$"):
         mix.update([[1.0], [-1e40]])
     assert mix.n == 0

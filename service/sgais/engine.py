@@ -244,14 +244,16 @@ def overflowing(chunk: torch.Tensor, centre, scale, limit: float = math.inf) -> 
     return (int(bad[0, 0]), int(bad[0, 1])) if len(bad) else None
 
 
-def beyond_limit(model: Model, chunk: torch.Tensor, frame: tuple | None = None, columns=None) -> str | None:
+def beyond_limit(model: Model, chunk: torch.Tensor, frame: tuple | None = None, columns=None,
+                 first: int | None = None) -> str | None:
     """Why raw ``chunk [B, C]`` is too large for ``model`` (its first value beyond
     ``model.value_limit`` in the model's frame ``(centre, scale, warm-up rows)``, or in the data's
     units where ``frame`` is None), or None. One check and one message for the API (before a chunk
     is stored), ``cusp.Detector`` (before any model takes it) and the SGAIS engine (a worker). The
     exact update (``exact.py``) does not call it: it refuses only what leaves float64 in its
     statistics, further out (1e153 frame scales took), so a chunk that reached a worker before its
-    model's frame was fixed is taken there if the statistics hold it."""
+    model's frame was fixed is taken there if the statistics hold it. ``first``: the chunk's first
+    observation in the series, to name the value by its observation rather than its row in the chunk."""
     centre, scale = (frame[0], frame[1]) if frame is not None else (0.0, 1.0)
     if chunk.dim() != 2 or torch.as_tensor(centre).numel() not in (1, chunk.shape[1]):
         return None  # (a chunk of another width: the model's own checks say so)
@@ -260,7 +262,8 @@ def beyond_limit(model: Model, chunk: torch.Tensor, frame: tuple | None = None, 
         return None
     r, c = at
     col = repr(columns[c]) if columns is not None else str(c)
-    where, v = f"row {r} column {col}: {float(chunk[r, c]):g} is too large for this model", model.value_limit
+    at = f"row {r}" if first is None else f"observation {first + r}"
+    where, v = f"{at} column {col}: {float(chunk[r, c]):g} is too large for this model", model.value_limit
     if frame is None:
         return f"{where}: it takes values within +-{v:g}"
     one = (lambda x: float(x[c] if isinstance(x, (list, tuple)) or getattr(x, "ndim", 0) else x))  # noqa: E731
