@@ -34,6 +34,7 @@ from models import ModelError
 from models.registry import build_model, default_portfolio, parse_spec, spec_problem
 from service.data import MAX_COLUMNS, MAX_MAGNITUDE, log_model_probabilities, too_large
 from service.detect import DetectorConfig, Event, OfflineRun, StreamAnswer, StreamChange, stream_window
+from service.detect.answer import CountWatch, counts_note
 from service.runtime import build, model_seed, sampler_config
 from service.sgais import ChunkResult, ConfigError, EngineError, TooLarge
 from service.sgais.engine import beyond_limit
@@ -150,6 +151,7 @@ class Detector:
         self._pending = np.zeros((0, self.columns or 0))
         self._answer: StreamAnswer | None = None
         self._changes: list[StreamChange] = []
+        self._counts = CountWatch()  # (``notes``: a hint where a column looks like sparse counts)
         self._width: int | None = self.columns
         self._stamps: list[float] = []  # each row's time (epoch seconds), pending rows included
         self._timed: bool | None = None  # whether the updates give times (None: no update yet)
@@ -400,6 +402,7 @@ class Detector:
             self._events[name] += new[name]
             evidence[name] = (result.n, result.log_evidence)
         self._chunks.append((self.n, int(chunk.shape[0])))
+        self._counts.take(chunk)
         self._changes += self._answer.chunk(int(chunk.shape[0]), evidence, new,
                                             {name: run.pending for name, run in self._runs.items()},
                                             {name: run.standing for name, run in self._runs.items()})
@@ -471,7 +474,9 @@ class Detector:
         if self._answer is None:
             return []
         scored = {m: sum(r.rows - r.conditioned for r in res) for m, res in self._results.items()}
-        return self._answer.notes(scored, {m: f["warmup_rows"] for m, f in self.frames.items() if f})
+        out = self._answer.notes(scored, {m: f["warmup_rows"] for m, f in self.frames.items() if f})
+        hint = counts_note(self._counts, self._cfg.columns, [e.spec for e in self._cfg.models])
+        return out + ([hint] if hint else [])
 
     @property
     def changepoints(self) -> list[StreamChange]:

@@ -19,6 +19,7 @@ from models.registry import default_portfolio
 from service import times as T
 from service.data import TIME_COLUMNS, DataError, log_model_probabilities, read_series, resolve_target
 from service.detect import DetectorConfig, OfflineRun, StreamAnswer, stream_window
+from service.detect.answer import CountWatch, counts_note
 from service.detect.config import DETECT_DEFAULT_CHUNKS
 from service.seeding import seed_for
 from service.store.keys import default_model_name
@@ -168,6 +169,11 @@ def run(args: argparse.Namespace) -> int:
         infos = {label: r.sampler.model.frame_info(getattr(r.state, "post", r.state)) for label, r in runs.items()}
         for note in answer.notes(scored, {label: i["warmup_rows"] for label, i in infos.items() if i}):
             print(f"stream (model-averaged): {note}", file=sys.stderr)
+        watch = CountWatch()
+        watch.take(data)
+        hint = counts_note(watch, names or [f"x{j}" for j in range(data.shape[1])], specs)
+        if hint:
+            print(f"note: {hint}", file=sys.stderr)
     final = {label: t[-1]["log_evidence"] for label, t in traces.items()}
     probs = log_model_probabilities(final)
     for label in labels:

@@ -466,6 +466,14 @@ def test_notes_say_why_an_answer_has_no_change():
     assert cusp.Detector(chunk_size=5).update(y).flush().changepoints[0].location == 15  # (in chunks: found)
     det = cusp.Detector(chunk_size=1).update(np.random.default_rng(1).normal(0, 1, 300)).flush()
     assert det.changepoints == [] and det.notes == []
+    # sparse counts (errors a minute, Poisson 0.3) without a count model: a hint that names them
+    errors = np.random.default_rng(101).poisson(0.3, 300).astype(float)
+    det = cusp.Detector(chunk_size=10).update(errors).flush()
+    assert det.notes[-1] == ("column 'x0' holds whole numbers from 0 to 3, 74% of them 0: counts? These models read it as "
+                             "a continuous reading; on sparse counts student-t can take chance bumps for changes (README, "
+                             "Models for metric series): for counts, name poisson or negbin"), det.notes
+    assert cusp.Detector(models=["level", "poisson"], chunk_size=10).update(errors).flush().notes == []
+    assert cusp.Detector(chunk_size=10).update(np.random.default_rng(1).poisson(20, 300).astype(float)).flush().notes == []
 
 
 def test_priors_by_name_and_a_stream_detector_reset_keeps_its_config():

@@ -316,6 +316,53 @@ def _with_changes(probs: dict[str, float], pending: dict[str, float]) -> dict[st
 _MAX_CONFIDENCE = 1.0 - 1e-12
 
 
+#: the count models: a stream with one of them needs no hint that its data are counts
+COUNT_MODELS = ("poisson", "negbin", "negative-binomial")
+
+
+class CountWatch:
+    """Per column, over the rows seen: are they all whole numbers >= 0, and how many are 0? For
+    ``counts_note`` (a new user's errors per minute, Poisson 0.3, 1,500 rows and no change: the
+    default portfolio's `student-t` took nearly all the weight, a narrow density on the zeros, and
+    reported chance bumps as changes on 3 of 8 series; `poisson` or `negbin` alone, none)."""
+
+    def __init__(self) -> None:
+        self.rows = 0
+        self.whole: list[bool] = []
+        self.zeros: list[int] = []
+        self.top: list[float] = []
+
+    def take(self, rows) -> None:
+        import numpy as np
+
+        x = np.asarray(rows, dtype=np.float64)
+        if not x.size:
+            return
+        whole = ((x >= 0) & (x == np.floor(x))).all(axis=0).tolist()
+        zeros, top = (x == 0).sum(axis=0).tolist(), x.max(axis=0).tolist()
+        if not self.whole:
+            self.whole, self.zeros, self.top = whole, zeros, top
+        else:
+            self.whole = [a and b for a, b in zip(self.whole, whole)]
+            self.zeros = [a + b for a, b in zip(self.zeros, zeros)]
+            self.top = [max(a, b) for a, b in zip(self.top, top)]
+        self.rows += int(x.shape[0])
+
+
+def counts_note(watch: CountWatch, columns: Sequence[str], specs: Sequence[str]) -> str | None:
+    """A hint where a column looks like sparse counts (whole numbers >= 0, at least a quarter of them
+    0, over 20 rows or more) and no count model runs: the models read it as a continuous reading."""
+    if watch.rows < 20 or any(s.split(":", 1)[0].strip() in COUNT_MODELS for s in specs):
+        return None
+    sparse = [c for c in range(len(watch.whole)) if watch.whole[c] and watch.zeros[c] >= watch.rows / 4]
+    if not sparse:
+        return None
+    c = sparse[0]
+    return (f"column {columns[c]!r} holds whole numbers from 0 to {watch.top[c]:g}, {watch.zeros[c] / watch.rows:.0%} of them "
+            "0: counts? These models read it as a continuous reading; on sparse counts student-t can take chance "
+            "bumps for changes (README, Models for metric series): for counts, name poisson or negbin")
+
+
 def model_averaged_changes(events: dict[str, list[Event]], log_evidence: dict[str, list[tuple[int, float]]],
                            window: int, threshold: float = 0.99,
                            log_prior: dict[str, float] | None = None,
