@@ -471,8 +471,12 @@ def test_notes_say_why_an_answer_has_no_change():
     det = cusp.Detector(chunk_size=10).update(errors).flush()
     assert det.notes[-1] == ("column 'x0' holds whole numbers from 0 to 3, 74% of them 0: counts? These models read it as "
                              "a continuous reading; on sparse counts student-t can take chance bumps for changes (README, "
-                             "Models for metric series): for counts, name poisson or negbin"), det.notes
+                             "Models for metric series): for counts, name poisson or negbin, without student-t (its "
+                             "narrow density on the zeros outweighs their probabilities)"), det.notes
     assert cusp.Detector(models=["level", "poisson"], chunk_size=10).update(errors).flush().notes == []
+    # beside a count model student-t still takes the weight (a density on the zeros, not a probability)
+    both = cusp.Detector(models=["student-t", "poisson"], chunk_size=10, enabled=False).update(errors).flush()
+    assert both.probabilities["student-t"] > 0.99 and both.notes[-1].startswith("column 'x0' holds whole numbers")
     assert cusp.Detector(chunk_size=10).update(np.random.default_rng(1).poisson(20, 300).astype(float)).flush().notes == []
 
 

@@ -351,8 +351,11 @@ class CountWatch:
 
 def counts_note(watch: CountWatch, columns: Sequence[str], specs: Sequence[str]) -> str | None:
     """A hint where a column looks like sparse counts (whole numbers >= 0, at least a quarter of them
-    0, over 20 rows or more) and no count model runs: the models read it as a continuous reading."""
-    if watch.rows < 20 or any(s.split(":", 1)[0].strip() in COUNT_MODELS for s in specs):
+    0, over 20 rows or more) and no count model runs, or `student-t` does: its narrow density on the
+    zeros outweighs a count model's probabilities (Poisson 0.3, 1,500 rows: +0.19 nats a row as a
+    density against `poisson`'s -0.68 as a probability), so it takes the weight beside them too."""
+    kinds = {s.split(":", 1)[0].strip() for s in specs}
+    if watch.rows < 20 or (kinds & set(COUNT_MODELS) and "student-t" not in kinds):
         return None
     sparse = [c for c in range(len(watch.whole)) if watch.whole[c] and watch.zeros[c] >= watch.rows / 4]
     if not sparse:
@@ -360,7 +363,8 @@ def counts_note(watch: CountWatch, columns: Sequence[str], specs: Sequence[str])
     c = sparse[0]
     return (f"column {columns[c]!r} holds whole numbers from 0 to {watch.top[c]:g}, {watch.zeros[c] / watch.rows:.0%} of them "
             "0: counts? These models read it as a continuous reading; on sparse counts student-t can take chance "
-            "bumps for changes (README, Models for metric series): for counts, name poisson or negbin")
+            "bumps for changes (README, Models for metric series): for counts, name poisson or negbin, without "
+            "student-t (its narrow density on the zeros outweighs their probabilities)")
 
 
 def model_averaged_changes(events: dict[str, list[Event]], log_evidence: dict[str, list[tuple[int, float]]],
