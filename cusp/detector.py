@@ -369,17 +369,9 @@ class Detector:
         # every model takes the chunk, or none does (one that cannot leaves the others as they were);
         # first a value beyond what a model holds (``Model.value_limit``), as the API refuses it
         for name, run in self._runs.items():
-            model = run.sampler.model
-            if model.has_frame:
-                info = model.frame_info(getattr(run.state, "post", run.state))
-                if info is None or info["centre"] is None:
-                    continue  # (its warm-up: no frame yet)
-                frame = (info["centre"], info["scale"], info["warmup_rows"])
-            elif model.value_limit >= MAX_MAGNITUDE:
-                continue  # (in the data's units: checked with the rows)
-            else:
-                frame = None
-            why = beyond_limit(model, t, frame, self._cfg.columns, first=self.n)  # (named by observation, as in a series)
+            info = run.sampler.model.frame_info(getattr(run.state, "post", run.state))
+            frame = (info["centre"], info["scale"], info["warmup_rows"]) if info and info["centre"] is not None else None
+            why = beyond_limit(run.sampler.model, t, frame, self._cfg.columns, first=self.n)  # (by observation, as in a series)
             if why is not None:
                 err = InputError(f"model {name!r}: {why}")
                 err.too_large = True  # (POST /v1/detect: the series' fault)

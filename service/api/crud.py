@@ -298,16 +298,8 @@ async def check_frames(store: ApiStore, cfg: StreamConfig, data: np.ndarray) -> 
                 _FRAMES[(cfg.uid, m.name)] = (info.centre, info.scale, info.warmup_rows)
     tensor = torch.from_numpy(data)
     for m in cfg.models:
-        model = cached_model(m.spec, len(cfg.columns), m.target)
-        if model.has_frame:
-            frame = _FRAMES.get((cfg.uid, m.name))
-            if frame is None:
-                continue
-        elif model.value_limit >= MAX_MAGNITUDE:
-            continue  # (in the data's units: the stream's own limit, checked already)
-        else:
-            frame = None
-        why = beyond_limit(model, tensor, frame, cfg.columns)
+        why = beyond_limit(cached_model(m.spec, len(cfg.columns), m.target), tensor, _FRAMES.get((cfg.uid, m.name)),
+                           cfg.columns)
         if why is not None:
             raise ChunkError(f"model {m.name!r}: {why}; nothing stored")
 

@@ -248,12 +248,15 @@ def beyond_limit(model: Model, chunk: torch.Tensor, frame: tuple | None = None, 
                  first: int | None = None) -> str | None:
     """Why raw ``chunk [B, C]`` is too large for ``model`` (its first value beyond
     ``model.value_limit`` in the model's frame ``(centre, scale, warm-up rows)``, or in the data's
-    units where ``frame`` is None), or None. One check and one message for the API (before a chunk
+    units for a model without one), or None; None too for a model with a frame when ``frame`` is
+    None (not fixed yet: nothing to check against). One check and one message for the API (before a chunk
     is stored), ``cusp.Detector`` (before any model takes it) and the SGAIS engine (a worker). The
     exact update (``exact.py``) does not call it: it refuses only what leaves float64 in its
     statistics, further out (1e153 frame scales took), so a chunk that reached a worker before its
     model's frame was fixed is taken there if the statistics hold it. ``first``: the chunk's first
     observation in the series, to name the value by its observation rather than its row in the chunk."""
+    if frame is None and model.has_frame:
+        return None
     centre, scale = (frame[0], frame[1]) if frame is not None else (0.0, 1.0)
     if chunk.dim() != 2 or torch.as_tensor(centre).numel() not in (1, chunk.shape[1]):
         return None  # (a chunk of another width: the model's own checks say so)
