@@ -270,8 +270,7 @@ class FlatRun:
                 if fired[i]:
                     continue
                 # a run's probability only falls as it grows: its length at the chunk's end decides
-                r, m, n = rep + 0.5, pair + 1.0, length - 1.0
-                if math.lgamma(r + n) - math.lgamma(r) - math.lgamma(m + n) + math.lgamma(m) <= log_tail:
+                if _log_run(rep, pair, length) <= log_tail:
                     fired[i] = True
                     out.add(int(starts[i]))
             self.last[c], self.run[c], self.start[c], self.fired[c] = float(x[-1, c]), int(lengths[-1]), int(starts[-1]), fired[-1]
@@ -290,8 +289,7 @@ class FlatRun:
                         self.pairs[c] += self.run[c]
                     self.last[c], self.run[c], self.start[c], self.fired[c] = v, 1, first + k, False
                 if self.run[c] >= 3 and not self.fired[c]:
-                    r, m, n = self.repeats[c] + 0.5, self.pairs[c] + 1.0, self.run[c] - 1
-                    if math.lgamma(r + n) - math.lgamma(r) - math.lgamma(m + n) + math.lgamma(m) <= log_tail:
+                    if _log_run(self.repeats[c], self.pairs[c], self.run[c]) <= log_tail:
                         self.fired[c] = True
                         out.add(self.start[c])
         for c in range(len(self.last)):
@@ -308,6 +306,13 @@ class FlatRun:
     def reset(self) -> None:
         """A new regime: the repeat rates start again (the current runs go on)."""
         self.repeats, self.pairs = [0] * len(self.last), [0] * len(self.last)
+
+
+def _log_run(repeats: int, pairs: int, length: int) -> float:
+    """log P(a run of ``length`` rows) after ``repeats`` repeats in ``pairs`` pairs (``FlatRun``):
+    prod_{i < length - 1} (repeats + 1/2 + i) / (pairs + 1 + i)."""
+    r, m, n = repeats + 0.5, pairs + 1.0, length - 1.0
+    return math.lgamma(r + n) - math.lgamma(r) - math.lgamma(m + n) + math.lgamma(m)
 
 
 def chi2_quantile(df: int, z: float) -> float:
