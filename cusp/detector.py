@@ -184,7 +184,7 @@ class Detector:
         self._results = {name: [] for name in runs}
         self._events = {name: [] for name in runs}
         self._answer = StreamAnswer(list(runs), stream_window([r.sampler.model for r in runs.values()], self.config),
-                                    self.config.threshold, self._log_prior)
+                                    self.config.threshold, self._log_prior, explain=True)
         self._pending = np.zeros((0, self._width))
 
     # --- input --------------------------------------------------------------------------------

@@ -122,7 +122,8 @@ def run(args: argparse.Namespace) -> int:
         # model i of the list gets the seed the service gives the i-th model of a stream seeded --seed
         runs = {label: OfflineRun(s, seed_for(args.seed, i), dcfg) for i, (label, s) in enumerate(samplers.items())}
         # the stream's answer: each model's events weighted by its posterior probability, chunk by chunk as the service does
-        answer = StreamAnswer(labels, stream_window([s.model for s in samplers.values()], dcfg), dcfg.threshold)
+        answer = StreamAnswer(labels, stream_window([s.model for s in samplers.values()], dcfg), dcfg.threshold,
+                              explain=True)
         for chunk, lo in enumerate(range(0, data.shape[0], args.chunk_size)):
             rows = data[lo : lo + args.chunk_size]
             end = None if stamps is None else float(stamps[lo + rows.shape[0] - 1])

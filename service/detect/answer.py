@@ -71,7 +71,7 @@ class StreamAnswer:
     MAX_CHANGES = 64
 
     def __init__(self, models: Sequence[str], window: int, threshold: float = 0.99,
-                 log_prior: dict[str, float] | None = None):
+                 log_prior: dict[str, float] | None = None, explain: bool = False):
         self.models = sorted(models)
         if not self.models:
             raise ValueError("a stream answer needs at least one model")
@@ -92,7 +92,10 @@ class StreamAnswer:
         self.nearest: tuple[float, int, dict[str, tuple[float, float]]] | None = None
         # likewise the place of the models' open challengers that one model found most probable,
         # where none reported (that probability, the stream's there, location, each model's (p,
-        # probability there)), and the chunks taken: for ``notes``, not part of the state
+        # probability there)), and the chunks taken: for ``notes``, not part of the state. ``open``
+        # is followed only with ``explain`` (``cusp.Detector``, ``cusp replay``): the workers never
+        # ask for notes, and weighing every open challenger cost about 0.14 ms a chunk (5 models)
+        self.explain = explain
         self.open: tuple[float, float, int, dict[str, tuple[float, float]]] | None = None
         self.taken = 0
 
@@ -132,7 +135,8 @@ class StreamAnswer:
 
         probs = log_model_probabilities({m: float(log_evidence[m]) for m in self.models}, self.log_prior)
         self.probabilities, self.compared_n = dict(probs), int(n)
-        opened = {m: [(int(w), float(c)) for w, c in places] for m, places in (pending or {}).items() if m in probs and places}
+        opened = {m: [(int(w), float(c)) for w, c in places] for m, places in (pending or {}).items()
+                  if self.explain and m in probs and places}
         for loc in sorted({w for places in opened.values() for w, _ in places}):
             # the stream's probability of a change there, weighed as for reported events (``_with_changes``)
             there = {m: max(c for w, c in places if abs(w - loc) <= self.window) for m, places in opened.items()
@@ -202,7 +206,7 @@ class StreamAnswer:
         fewer scored rows after it than the warm-up itself (a change needs scored rows before it and
         about as many after it to tell it from one wild reading: at the defaults, point by point, 20
         sd at row 6 was found in 11 rows and in no fewer); the most probable candidate below the
-        threshold: one a model reported, else a model's open challenger (a new user's 15 yearly
+        threshold: one a model reported, else (with ``explain``) a model's open challenger (a new user's 15 yearly
         values: no change and no note, with a candidate at 0.965). ``scored``: each model's rows
         scored (not conditioned on), ``warmups``: the rows each conditions on before it scores any
         (0 or missing where none). Said by ``POST /v1/detect`` (``notes``),
