@@ -508,5 +508,6 @@ class DetectOut(BaseModel):
     confidence_scores: list[float] = Field(description="per row: the change point's confidence there, else 0")
     models: list[DetectModel]
     chunks: list[DetectChunk]
-    notes: list[str] = Field(default_factory=list, description="what the answer cannot say by itself: every row in the "
-                             "models' warm-up, too few scored after it, a candidate that stayed below the threshold")
+    notes: list[str] = Field(default_factory=list, description="what the answer cannot say by itself: every row in one "
+                             "chunk or in the models' warm-up, too few scored after it, a candidate that stayed below "
+                             "the threshold, a column that looks like sparse counts")
