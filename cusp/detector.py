@@ -39,7 +39,7 @@ from service.runtime import build, model_seed, sampler_config
 from service.sgais import ChunkResult, ConfigError, EngineError, TooLarge
 from service.sgais.engine import beyond_limit
 from service.store import ModelEntry, StreamConfig
-from service.store.keys import default_model_name
+from models.registry import default_model_name
 from service.times import seconds_per_row
 
 #: the largest seed the service accepts (``POST /v1/streams``)

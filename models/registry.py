@@ -44,6 +44,15 @@ DEFAULT_PORTFOLIO = {1: ("level", "ar", "trend", "student-t", "seasonal")}
 DEFAULT_MULTI_COLUMN = ("gaussian:warmup=5",)
 
 
+def default_model_name(spec: str) -> str:
+    """A model's name where none was given: its spec with ':' as '_', '=' left out and any other
+    character outside a name's ('_', '.', '-', letters, digits) as '_', at most 64 characters
+    (``gmm:components=5`` -> ``gmm_components5``). The API, ``cusp.Detector`` and ``cusp replay``
+    name models so; the result may still fail ``service.store.keys.MODEL_NAME`` (a spec starting
+    with '_')."""
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", spec.replace(":", "_").replace("=", ""))[:64]
+
+
 def default_portfolio(n_columns: int) -> tuple[str, ...]:
     """The model specs of a stream with ``n_columns`` columns created without a model list."""
     return DEFAULT_PORTFOLIO.get(n_columns, DEFAULT_MULTI_COLUMN)

@@ -15,14 +15,13 @@ import numpy as np
 import torch
 
 from models import ModelError, build_model
-from models.registry import default_portfolio
+from models.registry import default_model_name, default_portfolio
 from service import times as T
 from service.data import TIME_COLUMNS, DataError, log_model_probabilities, read_series, resolve_target
 from service.detect import DetectorConfig, OfflineRun, StreamAnswer, stream_window
 from service.detect.answer import CountWatch, counts_note
 from service.detect.config import DETECT_DEFAULT_CHUNKS
 from service.seeding import seed_for
-from service.store.keys import default_model_name
 from service.sgais import WARNINGS, ConfigError, EngineError, SGAISConfig, build_sampler
 
 

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from models import ModelError, build_model
-from models.registry import SUPERVISED, default_portfolio, spec_problem
+from models.registry import SUPERVISED, default_model_name, default_portfolio, spec_problem
 from service import metrics as M
 from service import times as T
 from service.api.chunks import ChunkError
@@ -69,7 +69,7 @@ def config_from_request(body: StreamIn) -> StreamConfig:
     entries: list[ModelEntry] = []
     for i, m in enumerate(body.models or default_portfolio(len(body.columns))):
         m = ModelIn(spec=m) if isinstance(m, str) else m
-        name = m.name if m.name is not None else keys.default_model_name(m.spec)
+        name = m.name if m.name is not None else default_model_name(m.spec)
         if not keys.MODEL_NAME.fullmatch(name):
             raise ApiError(422, "invalid_model", f"model {i}: name {name!r} must be 1-64 letters, digits, '_', '.' or '-'")
         if any(e.name == name for e in entries):

@@ -19,18 +19,20 @@ import json
 import logging
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
-import redis
-import redis.asyncio as aredis
-import redis.asyncio.cluster as acluster
-import redis.asyncio.sentinel as asentinel
-import redis.cluster as cluster
-import redis.sentinel as sentinel
-from redis.backoff import NoBackoff
-from redis.retry import Retry
-
 from service.store import keys, scripts
+
+if TYPE_CHECKING:
+    import redis
+    import redis.asyncio as aredis
+    import redis.asyncio.cluster as acluster
+    import redis.cluster as cluster
+
+# redis-py is imported where a connection is made: the stream configs (ModelEntry,
+# StreamConfig, below) are also what ``cusp.Detector`` and ``cusp replay`` build models from, and they
+# need no Redis client (importing redis-py takes about 0.14 s)
 
 log = logging.getLogger("cusp.store")
 
@@ -50,6 +52,10 @@ class EmbeddedRedis:
         """Save and stop the server. SHUTDOWN drops the connection it came on, which a client with
         retries reads as a failure and retries (redis-py 8's default: 10 tries with backoff, 4.5 s
         measured) against a server that is gone; so it goes on a client of its own without them."""
+        import redis
+        from redis.backoff import NoBackoff
+        from redis.retry import Retry
+
         once = redis.Redis(unix_socket_path=self._server.socket_file, retry=Retry(NoBackoff(), 0))
         try:
             once.shutdown(save=True)  # redis 6.2 refuses NOW/FORCE (7.0 options): the server kept running
@@ -139,6 +145,10 @@ def sentinel_spec(url: str) -> SentinelSpec:
 
 
 def connect(url: str) -> redis.Redis | cluster.RedisCluster:
+    import redis
+    import redis.cluster as cluster
+    import redis.sentinel as sentinel
+
     options = dict(socket_timeout=10, socket_connect_timeout=5, health_check_interval=30)
     if is_sentinel(url):
         sp = sentinel_spec(url)
@@ -151,6 +161,10 @@ def connect(url: str) -> redis.Redis | cluster.RedisCluster:
 
 
 def connect_async(url: str) -> aredis.Redis | acluster.RedisCluster:
+    import redis.asyncio as aredis
+    import redis.asyncio.cluster as acluster
+    import redis.asyncio.sentinel as asentinel
+
     options = dict(socket_connect_timeout=5, health_check_interval=30)
     if is_sentinel(url):
         sp = sentinel_spec(url)

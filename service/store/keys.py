@@ -39,14 +39,6 @@ import re
 STREAM_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
-
-def default_model_name(spec: str) -> str:
-    """A model's name where none was given: its spec with ':' as '_', '=' left out and any other
-    character outside a name's ('_', '.', '-', letters, digits) as '_', at most 64 characters
-    (``gmm:components=5`` -> ``gmm_components5``). The API, ``cusp.Detector`` and ``cusp replay``
-    name models so; the result may still fail ``MODEL_NAME`` (a spec starting with '_')."""
-    return re.sub(r"[^A-Za-z0-9_.-]", "_", spec.replace(":", "_").replace("=", ""))[:64]
-
 STREAMS = "cusp:streams"
 
 
