@@ -352,7 +352,7 @@ class Detector:
             try:
                 feats = run.sampler.model.featurize(t)
             except ModelError as exc:
-                raise InputError(f"model {name!r}: {exc}") from None
+                raise InputError(f"model {name!r}: {exc.naming(self.column_names or ())}") from None
             if not bool(torch.isfinite(feats).all()):
                 raise InputError(f"model {name!r}: values too large (their squares overflow float64)")
 

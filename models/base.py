@@ -34,7 +34,32 @@ RunGradient = Callable[[torch.Tensor, int], torch.Tensor]
 
 
 class ModelError(ValueError):
-    """A model specification or a data set that does not fit a model (bad settings, wrong width, bad labels)."""
+    """A model specification or a data set that does not fit a model (bad settings, wrong width, bad labels).
+    ``row`` and ``column``: the value it names, where it names one (``column j`` in the message)."""
+
+    def __init__(self, message: str, *, row: int | None = None, column: int | None = None):
+        super().__init__(message)
+        self.row, self.column = row, column
+
+    def naming(self, columns) -> str:
+        """The message with its column named as the stream names it (a new user's trial: `poisson` said
+        "row 0, column 0 has 1.5" where every other error said column 'errors')."""
+        text = str(self)
+        if self.column is None or not 0 <= self.column < len(columns):
+            return text
+        return text.replace(f"column {self.column} ", f"column {columns[self.column]!r} ", 1)
+
+
+def check_counts(name: str, y: torch.Tensor) -> torch.Tensor:
+    """``y`` as float64 when every value is a whole number >= 0 (at most 2^53), else a ModelError
+    naming the first that is not (the count models' ``featurize``)."""
+    y = y.to(torch.float64)
+    bad = ~torch.isfinite(y) | (y < 0) | (y != torch.round(y)) | (y > 2**53)
+    if bool(bad.any()):
+        i, j = (int(v) for v in torch.nonzero(bad)[0])
+        raise ModelError(f"{name}: counts must be whole numbers >= 0; row {i}, column {j} has {float(y[i, j])!r}",
+                         row=i, column=j)
+    return y
 
 
 @dataclass(frozen=True)

@@ -45,7 +45,7 @@ from dataclasses import dataclass
 
 import torch
 
-from models.base import ModelError
+from models.base import ModelError, check_counts
 from models.timeseries import _check_positive, _check_warmup, _Exact, skip_counted
 
 
@@ -148,12 +148,7 @@ class NegativeBinomial(_Exact):
 
     def featurize(self, data: torch.Tensor) -> torch.Tensor:
         self.check_width(data)
-        y = data.to(torch.float64)
-        bad = ~torch.isfinite(y) | (y < 0) | (y != torch.round(y)) | (y > 2**53)
-        if bool(bad.any()):
-            i, j = (int(v) for v in torch.nonzero(bad)[0])
-            raise ModelError(f"{self.name}: counts must be whole numbers >= 0; row {i}, column {j} has {float(y[i, j])!r}")
-        return y
+        return check_counts(self.name, data)
 
     # --- posterior layout --------------------------------------------------------------------------
     def _parts(self, post: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:

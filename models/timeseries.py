@@ -44,7 +44,7 @@ from typing import ClassVar
 import numpy as np
 import torch
 
-from models.base import LOG_2PI, Model, ModelError
+from models.base import LOG_2PI, Model, ModelError, check_counts
 from models.native import kernels
 
 
@@ -98,7 +98,7 @@ def _check_finite(name: str, y: torch.Tensor) -> torch.Tensor:
     bad = ~torch.isfinite(y)
     if bool(bad.any()):
         i, j = (int(v) for v in torch.nonzero(bad)[0])
-        raise ModelError(f"{name}: values must be finite numbers; row {i}, column {j} has {float(y[i, j])!r}")
+        raise ModelError(f"{name}: values must be finite numbers; row {i}, column {j} has {float(y[i, j])!r}", row=i, column=j)
     return y
 
 
@@ -818,12 +818,7 @@ class Poisson(_Exact):
 
     def featurize(self, data: torch.Tensor) -> torch.Tensor:
         self.check_width(data)
-        y = data.to(torch.float64)
-        bad = ~torch.isfinite(y) | (y < 0) | (y != torch.round(y)) | (y > 2**53)
-        if bool(bad.any()):
-            i, j = (int(v) for v in torch.nonzero(bad)[0])
-            raise ModelError(f"poisson: counts must be whole numbers >= 0; row {i}, column {j} has {float(y[i, j])!r}")
-        return y
+        return check_counts(self.name, data)
 
     def exact_init(self) -> torch.Tensor:
         c = self.n_columns

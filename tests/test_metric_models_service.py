@@ -151,3 +151,13 @@ def test_a_refused_model_is_named_as_the_request_gave_it(live):
     r = live.client.post("/v1/streams", json={"name": "n" + uuid.uuid4().hex[:8], "columns": ["x"],
                                               "models": [{"spec": "level:warmup=1", "name": "base"}]})
     assert r.status_code == 422 and "model 'base' ('level:warmup=1'): level: warmup" in r.text, r.text
+
+
+def test_a_value_a_count_model_refuses_is_named_by_its_column(live):
+    """As every other chunk error does: column 'errors', not "column 0" (a new user's trial); and
+    nothing stored: the stream still expects seq 0."""
+    s = "n" + uuid.uuid4().hex[:8]
+    assert live.client.post("/v1/streams", json={"name": s, "columns": ["errors"], "models": ["poisson", "negbin"]}).status_code == 201
+    r = live.client.post(f"/v1/streams/{s}/chunks", json={"seq": 0, "rows": [[0], [1.5]]})
+    assert r.status_code == 422 and "row 1, column 'errors' has 1.5" in r.text, r.text
+    assert live.client.get(f"/v1/streams/{s}").json()["next_seq"] == 0

@@ -264,7 +264,7 @@ def check_chunk(settings: Settings, cfg: StreamConfig, data: np.ndarray) -> None
         try:
             feats = model.featurize(tensor)
         except ModelError as exc:
-            raise ChunkError(f"model {m.name!r}: {exc}") from None
+            raise ChunkError(f"model {m.name!r}: {exc.naming(cfg.columns)}") from None
         if not bool(torch.isfinite(feats).all()):
             raise ChunkError(f"model {m.name!r}: values too large (their squares overflow float64)")
 
