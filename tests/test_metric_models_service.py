@@ -41,6 +41,8 @@ def _through_the_api(live, redis_url, column: str, models: list[str], y: np.ndar
     named = {re.sub(r"[^A-Za-z0-9_.-]", "_", m.replace(":", "_").replace("=", "")): m for m in models}
     assert {named[m]: v for m, v in by_model.items()} == {m: [e.location for e in evs] for m, evs in per_model.items() if evs}
     assert [c["location"] for c in got["stream"]] == [c.location for c in stream]
+    # each with how late it was found, as a model's event has (a new user saw one found 458 rows late)
+    assert [c["delay"] for c in got["stream"]] == [c.detected_at - c.location for c in stream]
     return per_model, stream, {named[m["name"]]: m for m in live.client.get(f"/v1/streams/{s}").json()["models"]}
 
 def test_counts_and_heavy_tails_through_the_api(live, redis_url):

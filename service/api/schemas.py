@@ -254,7 +254,8 @@ class ChangepointEntry(BaseModel):
     id: str
     model: str
     kind: Literal["changepoint"]
-    seq: int = None
+    seq: int = Field(None, description="the chunk that holds location (row: its index in that chunk); a stream "
+                                       "change point's seq is the chunk after which it was found")
     location: int = Field(None, description="index (0-based, over the whole stream) of the first observation of the new regime")
     chunk: int = None
     detected_at: int = Field(None, description="observations seen when it was reported")
@@ -281,9 +282,13 @@ class StreamChangepointEntry(BaseModel):
     id: str
     model: Literal["*"]
     kind: Literal["stream_changepoint"]
-    seq: int = Field(None, description="the chunk after which it was found")
+    seq: int = Field(None, description="the chunk after which it was found (a model's change point gives the chunk "
+                                       "that holds location instead)")
     location: int = Field(None, description="index (0-based, over the whole stream) of the first observation of the new regime")
     detected_at: int = Field(None, description="observations seen when it was found")
+    delay: int = Field(None, description="detected_at - location: observations seen after location when it was found "
+                                         "(a change found late, after later ones, has a large delay; absent on entries "
+                                         "stored before 2026-12-07)")
     confidence: float = Field(None, description="a lower bound on the posterior probability of a change within the "
                                                 "stream's resolution of location")
     support: dict[str, tuple[float, float]] = Field(None, description="model -> [posterior probability (over no change and this change), event confidence]")

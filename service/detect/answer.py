@@ -26,8 +26,13 @@ class StreamChange:
     support: dict[str, tuple[float, float]]
     location_time: float | None = None
 
+    @property
+    def delay(self) -> int:
+        """Observations seen after location when it was found (a model's event has the same)."""
+        return self.detected_at - self.location
+
     def to_dict(self) -> dict:
-        return asdict(self)
+        return {**asdict(self), "delay": self.delay}
 
 
 class StreamAnswer:
