@@ -517,3 +517,30 @@ def test_an_integer_time_beyond_float64_is_refused_by_name():
     any time outside the years 1-9999."""
     with pytest.raises(cusp.InputError, match=r"^times\[0\]: inf epoch seconds is not a time between the years 1 and 9999"):
         cusp.Detector().update([1.0, 2.0], times=[10**400, 10**401])
+
+
+def test_count_change_prior_takes_each_change_at_its_prior_in_the_evidence():
+    """``count_change_prior``: a restart's evidence is the model's over no change and the changes
+    it compared, p(y | no change) (1 + sum_l e^(L_l + q_l)), not p(y | change) alone. With one place
+    at a time (its kinds of restart compared side by side, at most 3) the winner's posterior log odds
+    are logit(confidence), so the evidence differs from the run without the setting by
+    -log(1 - confidence) - log BF at each change, plus at most log 3 for the other kinds, and by
+    nothing before the first; the decisions are the same (the offset enters no comparison)."""
+    y = shifted(150, 4.0, seed=2)
+    runs = {flag: cusp.Detector(models=["level"], chunk_size=1, max_challengers=1, count_change_prior=flag)
+            for flag in (False, True)}
+    for d in runs.values():
+        d.update(y)
+    off, on = runs[False], runs[True]
+    ev = on.events["level"]
+    assert [(e.location, e.confidence) for e in ev] == [(e.location, e.confidence) for e in off.events["level"]]
+    assert len(ev) >= 1 and abs(ev[0].location - 150) <= 2, ev
+    term = sum(-math.log1p(-e.confidence) - e.log_bayes_factor for e in ev)
+    assert term < -3.0  # the change's prior: about -5 nats at this place (auto hazard), for each
+    extra = on.evidence["level"] - off.evidence["level"] - term
+    assert -1e-6 < extra < len(ev) * math.log(3), extra  # measured 0.66 (one change: two kinds alike)
+    first = ev[0].detected_at
+    r_on, r_off = on.results["level"], off.results["level"]
+    assert all(a.log_evidence == b.log_evidence for a, b in zip(r_on, r_off) if a.n < first)
+    with pytest.raises(cusp.InputError, match="count_change_prior must be true or false, got 'yes'"):
+        cusp.Detector(models=["level"], count_change_prior="yes")

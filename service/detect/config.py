@@ -53,7 +53,11 @@ class DetectorConfig:
     max(train, 10), ``Detector.long_age``; at least 8 of its first chunks; at most the reservoir capacity); warmup: chunks of running level needed
     after a start or a change before nominating; smoothing: weight of the newest chunk in
     the running levels (before ``warmup`` chunks, a chunk whose log predictive per
-    observation falls below the mean so far is a candidate); enabled: run the detector at all."""
+    observation falls below the mean so far is a candidate); count_change_prior: a restart adds
+    the change's prior log odds to the model's running log-evidence, so that it is the model's
+    evidence over the hypotheses it compared, not given the change it adopted
+    (``Detector.change_evidence_term``; off by default: README, "The default portfolio");
+    enabled: run the detector at all."""
 
     enabled: bool = True
     expected_run_length: float | str = AUTO
@@ -69,6 +73,7 @@ class DetectorConfig:
     max_age: int = 0
     warmup: int = 5
     smoothing: float = 0.1
+    count_change_prior: bool = False
 
     def __post_init__(self) -> None:
         def need(cond: bool, msg: str) -> None:
@@ -77,6 +82,7 @@ class DetectorConfig:
 
         need(isinstance(self.enabled, bool), "enabled must be true or false")
         need(isinstance(self.adapt, bool), "adapt must be true or false")
+        need(isinstance(self.count_change_prior, bool), "count_change_prior must be true or false")
         if self.expected_run_length == AUTO:
             pass
         elif isinstance(self.expected_run_length, str):
