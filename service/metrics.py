@@ -100,6 +100,11 @@ REJECTED = Counter("cusp_ingest_rejected", "Ingest requests rejected, by reason.
 HTTP_REQUESTS = Counter("cusp_http_requests", "HTTP requests answered, by route template and status class.", ("route", "status"), registry=REGISTRY)
 REDIS_UP = Gauge("cusp_redis_up", "1 if the last Redis round trip of this process succeeded, else 0.", registry=REGISTRY)
 STREAMS = Gauge("cusp_streams", "Streams that exist.", registry=REGISTRY)
+SPARSE_COUNTS = Gauge(
+    "cusp_stream_sparse_counts",
+    "1 where a column of the stream looks like sparse counts (whole numbers >= 0, a quarter or more 0) and no count "
+    "model runs or student-t runs beside one (GET /v1/streams/{s} notes it), else 0.", ("stream",), registry=REGISTRY,
+)
 
 
 def forget(stream: str, model: str | None = None) -> int:
@@ -111,7 +116,7 @@ def forget(stream: str, model: str | None = None) -> int:
 
 #: the API's own series of a stream (the API forgets them when it deletes the stream); a worker's
 #: ``forget_stream`` leaves them, should a worker run in the API's process (tests do)
-API_SERIES = (INGESTED_CHUNKS, INGESTED_ROWS)
+API_SERIES = (INGESTED_CHUNKS, INGESTED_ROWS, SPARSE_COUNTS)
 
 
 def forget_stream(stream: str) -> int:

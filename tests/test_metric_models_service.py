@@ -163,3 +163,34 @@ def test_a_value_a_count_model_refuses_is_named_by_its_column(live):
     r = live.client.post(f"/v1/streams/{s}/chunks", json={"seq": 0, "rows": [[0], [1.5]]})
     assert r.status_code == 422 and "row 1, column 'errors' has 1.5" in r.text, r.text
     assert live.client.get(f"/v1/streams/{s}").json()["next_seq"] == 0
+
+
+def test_a_stream_of_sparse_counts_says_so_where_no_count_model_reads_it(live):
+    """A new user's hourly error counts on a default stream: `student-t` took all the weight and GET
+    said nothing, where `cusp replay` named the count models. The ingest counts whole numbers >= 0,
+    zeros and the largest value per column; GET notes sparse counts as ``POST /v1/detect`` does, and
+    ``cusp_stream_sparse_counts`` is 1. A resend counts nothing; count models alone, or readings that
+    are not whole numbers, get no note."""
+    y = np.random.default_rng(1).poisson(0.3, 60).astype(float)  # 58 % zeros; 60 % were the resend counted
+    names = {k: "n" + uuid.uuid4().hex[:8] for k in ("default", "counts", "float")}
+    bodies = {"default": {"columns": ["errors"]}, "counts": {"columns": ["errors"], "models": ["poisson", "negbin"]},
+              "float": {"columns": ["errors"]}}
+    for k, s in names.items():
+        assert live.client.post("/v1/streams", json={"name": s, **bodies[k]}).status_code == 201
+        data = y + 0.5 if k == "float" else y
+        for seq, lo in enumerate(range(0, 60, 10)):
+            body = {"seq": seq, "rows": [[v] for v in data[lo : lo + 10].tolist()]}
+            assert live.client.post(f"/v1/streams/{s}/chunks", json=body).status_code == 202
+            if seq == 2:  # a resend: answered 200, counted once
+                assert live.client.post(f"/v1/streams/{s}/chunks", json=body).status_code == 200
+    got = live.client.get(f"/v1/streams/{names['default']}").json()
+    zeros = int((y == 0).sum())
+    assert got["notes"] == [f"column 'errors' holds whole numbers from 0 to {y.max():g}, {zeros / 60:.0%} of them 0: counts? "
+                            "These models read it as a continuous reading; on sparse counts student-t can take chance bumps "
+                            "for changes (README, Models for metric series): for counts, name poisson or negbin, without "
+                            "student-t (its narrow density on the zeros outweighs their probabilities)"], got["notes"]
+    assert live.client.get(f"/v1/streams/{names['counts']}").json()["notes"] == []
+    assert live.client.get(f"/v1/streams/{names['float']}").json()["notes"] == []
+    text = live.client.get("/metrics").text
+    assert f'cusp_stream_sparse_counts{{stream="{names["default"]}"}} 1.0' in text
+    assert f'cusp_stream_sparse_counts{{stream="{names["counts"]}"}} 0.0' in text

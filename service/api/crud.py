@@ -25,12 +25,13 @@ from service.api.errors import ApiError
 from service.api.schemas import ModelFrame, ModelIn, ModelOut, StreamIn, StreamOut
 from service.data import MAX_MAGNITUDE, log_model_probabilities, too_large
 from service.detect import DetectorConfig
+from service.detect.answer import counts_note
 from service.runtime import build, cached_model, log_model_priors, model_seed, sampler_config
 from service.settings import Settings
 from service.sgais import ConfigError, load_state
 from service.sgais.engine import beyond_limit
 from service.store import ModelEntry, StreamConfig, digest, keys
-from service.store.api import ApiStore
+from service.store.api import ApiStore, StreamProgress
 
 #: seconds a client refused for a full backlog is asked to wait (Retry-After)
 BACKLOG_RETRY_AFTER = 1
@@ -209,7 +210,16 @@ async def stream_out(store: ApiStore, cfg: StreamConfig) -> StreamOut:
                      sampler_settings=effective(lambda: dataclasses.asdict(sampler_config(cfg))),
                      detector_settings=effective(lambda: DetectorConfig.from_dict(cfg.detector).to_dict()),
                      max_backlog=cfg.max_backlog, last_seq=last_seq, next_seq=last_seq + 1, dead_letters=dead, models=models,
-                     rows=p.rows, first_time=T.format(p.first_time), last_time=T.format(p.last_time))
+                     rows=p.rows, first_time=T.format(p.first_time), last_time=T.format(p.last_time),
+                     notes=stream_notes(cfg, p))
+
+
+def stream_notes(cfg: StreamConfig, p: StreamProgress) -> list[str]:
+    """What ``POST /v1/detect`` would note and a stream can know from its counts: sparse counts where
+    no count model runs, or `student-t` beside one (a new user's hourly errors on a default stream:
+    `student-t` took all the weight and GET said nothing, where `cusp replay` named the count models)."""
+    note = counts_note(p.counts, cfg.columns, [m.spec for m in cfg.models]) if p.counts is not None else None
+    return [note] if note else []
 
 
 #: stream name -> (its incarnation id, its config): a config never changes within an incarnation
@@ -239,6 +249,7 @@ async def refresh_stream_gauges(store: ApiStore) -> None:
     M.STREAMS.set(len(names))
     for cfg, p in zip(cfgs, await store.progress_many(cfgs)):
         _, _, models = await model_rows(store, cfg, p)
+        M.SPARSE_COUNTS.labels(cfg.name).set(1 if stream_notes(cfg, p) else 0)
         for row in models:
             if row.posterior_probability is not None:
                 M.MODEL_POSTERIOR.labels(cfg.name, row.name).set(row.posterior_probability)
@@ -331,7 +342,7 @@ async def ingest(store: ApiStore, settings: Settings, cfg: StreamConfig, seq: in
     # a resend must repeat the times it was sent with (or again none)
     payload_digest = digest(raw) if times is None else digest(raw + b"t" + T.to_bytes(times))
     kind, val = await store.ingest(cfg.name, seq, raw, data.shape[0], payload_digest, settings.dedup_window, cfg.uid,
-                                   [m.name for m in cfg.models], cfg.max_backlog, times, time.time())
+                                   [m.name for m in cfg.models], cfg.max_backlog, times, time.time(), data)
     if kind == "ok":
         M.INGESTED_CHUNKS.labels(cfg.name).inc()
         M.INGESTED_ROWS.labels(cfg.name).inc(data.shape[0])

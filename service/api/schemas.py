@@ -122,6 +122,9 @@ class StreamOut(BaseModel):
     rows: int = Field(0, description="rows accepted")
     first_time: str | None = Field(None, description="the first row's time (RFC 3339, UTC; null before the first chunk)")
     last_time: str | None = Field(None, description="the last row's time: a chunk's own times must start after it")
+    notes: list[str] = Field(default_factory=list, description="what the stream's answer cannot say by itself: a column "
+                             "that looks like sparse counts (whole numbers >= 0, a quarter or more of them 0, over 20 rows "
+                             "or more) where no count model runs or student-t runs beside one, as POST /v1/detect says")
 
 
 TIMES_DOC = ("the rows' times, one per row, strictly increasing and after the stream's last time: RFC 3339 strings with "

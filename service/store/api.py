@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from service import times as T
+from service.detect.answer import CountWatch
 from service.store import StreamConfig, connect_async, keys, scripts
 
 #: the largest result id; nothing can follow it (and Redis refuses it as an exclusive start)
@@ -45,11 +46,27 @@ class StreamProgress:
     compared_n: int | None = None
     first_time: float | None = None  # the first and last row's times (epoch seconds); None before the first chunk
     last_time: float | None = None
+    # per column over the rows counted at ingest (``ingest``'s ``data``; None before any): for the
+    # sparse-counts note (``service.detect.answer.counts_note``)
+    counts: CountWatch | None = None
 
 
 def entry(eid: bytes, fields: dict) -> dict:
     """A result-stream entry as the API answers it: id, model, kind, then the entry's JSON data."""
     return {"id": eid.decode(), "model": fields[b"model"].decode(), "kind": fields[b"kind"].decode(), **json.loads(fields[b"data"])}
+
+
+def _counted(fields: list, columns: int) -> CountWatch | None:
+    """The clock hash's per-column counts (``progress_many``: w, z0.., f0.., m0..) as a CountWatch."""
+    if not fields or fields[0] is None:
+        return None
+    watch = CountWatch()
+    watch.rows = int(fields[0])
+    z, f, m = fields[1 : 1 + columns], fields[1 + columns : 1 + 2 * columns], fields[1 + 2 * columns :]
+    watch.zeros = [int(v or 0) for v in z]
+    watch.whole = [v is None for v in f]
+    watch.top = [float(v) if v is not None else 0.0 for v in m]
+    return watch
 
 
 class ApiStore:
@@ -177,14 +194,16 @@ class ApiStore:
         for cfg in cfgs:
             pipe.get(keys.seq(cfg.name))
             pipe.xlen(keys.dead(cfg.name))
-            pipe.hmget(keys.clock(cfg.name), "rows", "first", "last")
+            c = range(len(cfg.columns))
+            pipe.hmget(keys.clock(cfg.name), "rows", "first", "last", "w", *(f"z{j}" for j in c), *(f"f{j}" for j in c),
+                       *(f"m{j}" for j in c))
             pipe.hget(keys.answer(cfg.name), "probabilities")
             for m in cfg.models:
                 pipe.hmget(keys.state(cfg.name, m.name), "n", "chunks", "last_seq", "log_evidence", "error")
         got = await pipe.execute() if cfgs else []
         out, i = [], 0
         for cfg in cfgs:
-            last_in, dead, (n_rows, first, last), probs = got[i], got[i + 1], got[i + 2], got[i + 3]
+            last_in, dead, (n_rows, first, last, *counted), probs = got[i], got[i + 1], got[i + 2], got[i + 3]
             rows = got[i + 4 : i + 4 + len(cfg.models)]
             i += 4 + len(cfg.models)
             probs = json.loads(probs) if probs else {}
@@ -194,7 +213,7 @@ class ApiStore:
             out.append(StreamProgress(last_seq=int(last_in) if last_in is not None else -1, dead_letters=int(dead), models=models,
                                       rows=int(n_rows or 0), first_time=None if first is None else float(first),
                                       last_time=None if last is None else float(last), probabilities=probs.get("p"),
-                                      compared_n=probs.get("n")))
+                                      compared_n=probs.get("n"), counts=_counted(counted, len(cfg.columns))))
         return out
 
     async def uids(self, names: Sequence[str]) -> list[bytes | None]:
@@ -207,18 +226,25 @@ class ApiStore:
     # --- ingest -------------------------------------------------------------------------------
     async def ingest(self, stream: str, seq: int, raw: bytes, rows: int, digest: str, window: int,
                      uid: str = "", models: Sequence[str] = (), max_backlog: int = 0,
-                     times: np.ndarray | None = None, now: float = 0.0) -> tuple[str, str]:
+                     times: np.ndarray | None = None, now: float = 0.0, data: np.ndarray | None = None) -> tuple[str, str]:
         """Append one chunk (``raw``: its float64 rows; ``times``: its rows' epoch seconds, None to
         stamp them with ``now``) unless its seq is taken or out of order, or the stream is not (any
         more) the incarnation ``uid``, or (``max_backlog`` > 0) the slowest of ``models`` has
         ``max_backlog`` accepted chunks still to apply, or its first time is not after the stream's
         last. Returns ("ok", entry id) | ("dup", stored digest) | ("old", expected seq) |
-        ("gap", expected seq) | ("busy", backlog) | ("late", the stream's last time) | ("gone", "")."""
+        ("gap", expected seq) | ("busy", backlog) | ("late", the stream's last time) | ("gone", "").
+        ``data``: the chunk's rows, to count per column whole numbers >= 0, zeros and the largest
+        value with the chunk (the sparse-counts note; ``stream_counts``)."""
         await self.load_scripts()
         stamp = [b"", "", ""] if times is None else [T.to_bytes(times), repr(float(times[0])), repr(float(times[-1]))]
+        counted: list = []
+        if data is not None and data.size:
+            whole = ((data >= 0) & (data == np.floor(data))).all(axis=0)
+            counted = [data.shape[1], *(data == 0).sum(axis=0).tolist(), *("1" if w else "0" for w in whole),
+                       *(repr(float(v)) for v in data.max(axis=0))]
         res = await self._ingest(keys=[keys.seq(stream), keys.inbox(stream), keys.seen(stream), keys.config(stream),
                                        keys.uid(stream), keys.clock(stream), *[keys.state(stream, m) for m in models]],
-                                 args=[seq, raw, rows, digest, window, uid, max_backlog, *stamp, repr(float(now))])
+                                 args=[seq, raw, rows, digest, window, uid, max_backlog, *stamp, repr(float(now)), *counted])
         return res[0].decode(), res[1].decode()
 
     # --- results ------------------------------------------------------------------------------

@@ -5,7 +5,11 @@ stream's keys (all tagged ``{stream}``) or one global key; never both (see keys.
 
 # Ingest one chunk. KEYS: seq, inbox, seen, config, uid, clock, then every model's state hash. ARGV:
 # seq, rows(bytes), n_rows, digest, seen_window, uid, max_backlog, times(bytes, '' when the chunk
-# gave none), first time, last time, now (epoch seconds as decimal strings). Nothing is written
+# gave none), first time, last time, now (epoch seconds as decimal strings), then (optional) the
+# number of columns C and per column its zeros, whether all its values are whole numbers >= 0
+# ('1'/'0') and its largest value (C values each): the clock hash counts them over the rows taken
+# since ('w' rows, 'z<c>', 'f<c>' once a value was not a whole number >= 0, 'm<c>'), for the
+# sparse-counts note of GET /v1/streams/{s} (service.detect.answer.counts_note). Nothing is written
 # unless the stream exists and is the incarnation ``uid`` (returns {'gone'}): a chunk sent to a
 # deleted stream cannot leave keys behind or become a chunk of the next stream of that name.
 # Backpressure: with max_backlog > 0, a new chunk is refused ({'busy', backlog}) while the slowest
@@ -58,6 +62,17 @@ end
 redis.call('HSETNX', KEYS[6], 'first', first_t)
 redis.call('HSET', KEYS[6], 'last', end_t)
 redis.call('HINCRBY', KEYS[6], 'rows', ARGV[3])
+local nc = tonumber(ARGV[12] or '0')
+if nc > 0 then
+  redis.call('HINCRBY', KEYS[6], 'w', ARGV[3])
+  for c = 1, nc do
+    local k = tostring(c - 1)
+    redis.call('HINCRBY', KEYS[6], 'z' .. k, ARGV[12 + c])
+    if ARGV[12 + nc + c] == '0' then redis.call('HSET', KEYS[6], 'f' .. k, '1') end
+    local top, old = ARGV[12 + 2 * nc + c], redis.call('HGET', KEYS[6], 'm' .. k)
+    if not old or tonumber(top) > tonumber(old) then redis.call('HSET', KEYS[6], 'm' .. k, top) end
+  end
+end
 redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[5], (s + 1) .. '-0', 'd', ARGV[4])
 redis.call('SET', KEYS[1], s)
 redis.call('PUBLISH', 'cusp:wake', KEYS[1])
