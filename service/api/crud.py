@@ -63,6 +63,12 @@ def check_names(body: StreamIn) -> None:
         raise ApiError(422, "invalid_stream", "stream name must be 1-64 letters, digits, '_', '.' or '-', starting with a letter or digit")
     if len(set(body.columns)) != len(body.columns) or any(not c.strip() for c in body.columns):
         raise ApiError(422, "invalid_stream", f"column names must be non-empty and distinct, got {body.columns}")
+    # (a CSV header's cells are read stripped, and a control character cannot be typed in one: a new
+    # user's "a\nb" and " x" were accepted, and no CSV chunk could then name them)
+    odd = [c for c in body.columns if c != c.strip() or any(ord(ch) < 32 or ord(ch) == 127 for ch in c)]
+    if odd:
+        raise ApiError(422, "invalid_stream", f"column name {odd[0]!r} starts or ends with a space or holds a control "
+                                              "character: a CSV header could not name it")
 
 
 def config_from_request(body: StreamIn) -> StreamConfig:
