@@ -476,7 +476,10 @@ class Detector:
         (``service.detect.StreamAnswer``; with one model, its own events). Each has
         ``location`` (index of the first observation of the new regime), ``detected_at``,
         ``confidence``, ``support`` (model -> [posterior probability over no change and this change, event confidence]) and
-        ``location_time`` (epoch seconds, where ``update`` was given times; else None)."""
+        ``location_time`` (epoch seconds, where ``update`` was given times; else None), and
+        ``delay`` (``detected_at - location``). Sorted by location; the service's
+        ``GET /v1/streams/{s}/changepoints`` lists them in the order they were found (a change can be
+        found after a later one: sort by ``location`` to compare)."""
         return sorted(self._changes, key=lambda c: c.location)
 
     def __repr__(self) -> str:

@@ -337,7 +337,9 @@ Entry = Annotated[Annotated[ResultEntry, Tag("result")] | Annotated[ChangepointE
 class ChangepointList(BaseModel):
     changepoints: list[ChangepointEntry] = Field(description="each model's change points, in the order they were reported")
     stream: list[StreamChangepointEntry] = Field(
-        description="the stream's change points, in the order they were found: each model's events weighted by its "
+        description="the stream's change points, in the order they were found (not always by location: one can be "
+                    "found after a later one, its delay then large; cusp.Detector.changepoints sorts by location): "
+                    "each model's events weighted by its "
                     "posterior probability (with one model: its events). Kept in their own store, apart from the "
                     "results: trimming the result stream does not lose them (CUSP_CHANGEPOINT_MAXLEN caps it)")
 
