@@ -141,6 +141,20 @@ def _remove(stream: str, model: str | None, chosen) -> int:
     return removed
 
 
+def keep_streams(collectors, streams) -> int:
+    """Remove the series of ``collectors`` whose stream is not one of ``streams``; returns how many.
+    The API's scrape sets these gauges for every stream it reads; a stream deleted through another
+    API replica was forgotten only there, and its series stayed here (a review)."""
+    keep, removed = set(streams), 0
+    for collector in collectors:
+        si = collector._labelnames.index("stream")  # noqa: SLF001
+        for labels in list(collector._metrics):  # noqa: SLF001
+            if labels[si] not in keep:
+                collector.remove(*labels)
+                removed += 1
+    return removed
+
+
 def metric_names() -> set[str]:
     """Every sample name this module can expose (with _total/_bucket/_sum/_count suffixes)."""
     names: set[str] = set()

@@ -76,7 +76,7 @@ def test_every_kind_of_error_is_a_problem_with_its_code(live):
     assert_problem(c.post(f"/v1/streams/{s}/chunks", json={"seq": 0, "rows": [[5.0, 6.0]]}), 409, "seq_conflict")
     assert_problem(c.post("/v1/streams", json={"name": s, "columns": ["a"], "models": ["gaussian"]}), 409, "stream_exists")
     assert_problem(c.post("/v1/streams", json={"name": "x y", "columns": ["a"]}), 422, "invalid_stream")
-    for odd in ("a\nb", " x", "x\t"):  # no CSV header could name them (a new user's trial); nothing created
+    for odd in ("a\nb", " x", "x\t", "x\x9b"):  # no CSV header could name them (a new user's trial); nothing created
         doc = assert_problem(c.post("/v1/streams", json={"name": "odd1", "columns": ["a", odd]}), 422, "invalid_stream")
         assert repr(odd) in doc["detail"] and "a CSV header could not name it" in doc["detail"], doc
     assert c.get("/v1/streams/odd1").status_code == 404

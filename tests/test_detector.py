@@ -520,27 +520,34 @@ def test_an_integer_time_beyond_float64_is_refused_by_name():
 
 
 def test_count_change_prior_takes_each_change_at_its_prior_in_the_evidence():
-    """``count_change_prior``: a restart's evidence is the model's over no change and the changes
-    it compared, p(y | no change) (1 + sum_l e^(L_l + q_l)), not p(y | change) alone. With one place
-    at a time (its kinds of restart compared side by side, at most 3) the winner's posterior log odds
-    are logit(confidence), so the evidence differs from the run without the setting by
-    -log(1 - confidence) - log BF at each change, plus at most log 3 for the other kinds, and by
-    nothing before the first; the decisions are the same (the offset enters no comparison)."""
+    """``count_change_prior``: at a restart the running evidence becomes the model's over no change
+    and the places it compared, p(y | no change) (1 + sum_l e^(L_l + q_l)), the restart as realised
+    one of them (its L the realised gain over no change, q its event's prior log odds), not
+    p(y | change) alone. So at the chunk of the change it is the no-change evidence (the run with
+    ``adapt`` off, identical until then) plus at least log(1 + e^(L + q)) of the realised restart
+    (the run without the setting gives L) and at most log 4 more (the compared places, one here
+    with at most three kinds of restart, each below it: measured +0.0); from then on it differs
+    from the run without the setting by a constant until the next change; the decisions are the
+    same (the offset enters no comparison)."""
     y = shifted(150, 4.0, seed=2)
-    runs = {flag: cusp.Detector(models=["level"], chunk_size=1, max_challengers=1, count_change_prior=flag)
-            for flag in (False, True)}
-    for d in runs.values():
-        d.update(y)
-    off, on = runs[False], runs[True]
+    runs = {}
+    for key, kw in {"off": {}, "on": {"count_change_prior": True}, "fixed": {"adapt": False}}.items():
+        runs[key] = cusp.Detector(models=["level"], chunk_size=1, max_challengers=1, **kw)
+        runs[key].update(y)
+    off, on, fixed = (runs[k] for k in ("off", "on", "fixed"))
     ev = on.events["level"]
     assert [(e.location, e.confidence) for e in ev] == [(e.location, e.confidence) for e in off.events["level"]]
     assert len(ev) >= 1 and abs(ev[0].location - 150) <= 2, ev
-    term = sum(-math.log1p(-e.confidence) - e.log_bayes_factor for e in ev)
-    assert term < -3.0  # the change's prior: about -5 nats at this place (auto hazard), for each
-    extra = on.evidence["level"] - off.evidence["level"] - term
-    assert -1e-6 < extra < len(ev) * math.log(3), extra  # measured 0.66 (one change: two kinds alike)
-    first = ev[0].detected_at
-    r_on, r_off = on.results["level"], off.results["level"]
-    assert all(a.log_evidence == b.log_evidence for a, b in zip(r_on, r_off) if a.n < first)
+    r_on, r_off, r_fixed = on.results["level"], off.results["level"], fixed.results["level"]
+    at = next(i for i, r in enumerate(r_on) if r.n == ev[0].detected_at)
+    assert all(r_on[i].log_evidence == r_off[i].log_evidence == r_fixed[i].log_evidence for i in range(at))
+    gain = r_on[at].log_evidence - r_fixed[at].log_evidence
+    realised = r_off[at].log_evidence - r_fixed[at].log_evidence  # measured 39.3 (the challenger's log BF: 16.7)
+    least = math.log1p(math.exp(realised + ev[0].log_prior_odds))
+    assert least - 1e-9 <= gain <= least + math.log(4), (gain, least)
+    assert realised - gain > 3.0  # the change's prior (about -8 nats here), no longer free
+    end = next((e.detected_at for e in ev[1:]), None)
+    shift = {round(a.log_evidence - b.log_evidence, 9) for a, b in zip(r_on[at:], r_off[at:]) if end is None or a.n < end}
+    assert len(shift) == 1 and shift.pop() < -3.0
     with pytest.raises(cusp.InputError, match="count_change_prior must be true or false, got 'yes'"):
         cusp.Detector(models=["level"], count_change_prior="yes")

@@ -10,6 +10,7 @@ import dataclasses
 import json
 import re
 import time
+import unicodedata
 import uuid
 from collections.abc import Callable
 
@@ -65,7 +66,7 @@ def check_names(body: StreamIn) -> None:
         raise ApiError(422, "invalid_stream", f"column names must be non-empty and distinct, got {body.columns}")
     # (a CSV header's cells are read stripped, and a control character cannot be typed in one: a new
     # user's "a\nb" and " x" were accepted, and no CSV chunk could then name them)
-    odd = [c for c in body.columns if c != c.strip() or any(ord(ch) < 32 or ord(ch) == 127 for ch in c)]
+    odd = [c for c in body.columns if c != c.strip() or any(unicodedata.category(ch) == "Cc" for ch in c)]
     if odd:
         raise ApiError(422, "invalid_stream", f"column name {odd[0]!r} starts or ends with a space or holds a control "
                                               "character: a CSV header could not name it")
@@ -252,6 +253,7 @@ async def refresh_stream_gauges(store: ApiStore) -> None:
         cfgs.append(cached[1])
     for gone in set(_SCRAPE_CONFIGS) - set(names):
         del _SCRAPE_CONFIGS[gone]
+    M.keep_streams((M.SPARSE_COUNTS, M.MODEL_POSTERIOR, M.INGEST_LAG), [c.name for c in cfgs])
     M.STREAMS.set(len(names))
     for cfg, p in zip(cfgs, await store.progress_many(cfgs)):
         _, _, models = await model_rows(store, cfg, p)

@@ -53,10 +53,10 @@ class DetectorConfig:
     max(train, 10), ``Detector.long_age``; at least 8 of its first chunks; at most the reservoir capacity); warmup: chunks of running level needed
     after a start or a change before nominating; smoothing: weight of the newest chunk in
     the running levels (before ``warmup`` chunks, a chunk whose log predictive per
-    observation falls below the mean so far is a candidate); count_change_prior: a restart adds
-    the change's prior log odds to the model's running log-evidence, so that it is the model's
-    evidence over the hypotheses it compared, not given the change it adopted
-    (``Detector.change_evidence_term``; off by default: README, "The default portfolio");
+    observation falls below the mean so far is a candidate); count_change_prior: at a restart
+    the model's running log-evidence becomes its evidence over the hypotheses it compared (no
+    change, a change at each challenger's place, at their prior odds), not the evidence given
+    the change it adopted (``Detector.marginal_gain``; off by default: README, "The default portfolio");
     enabled: run the detector at all."""
 
     enabled: bool = True

@@ -65,13 +65,17 @@ redis.call('HINCRBY', KEYS[6], 'rows', ARGV[3])
 local nc = tonumber(ARGV[12] or '0')
 if nc > 0 then
   redis.call('HINCRBY', KEYS[6], 'w', ARGV[3])
+  local names = {}
+  for c = 1, nc do names[c] = 'm' .. (c - 1) end
+  local tops, set = redis.call('HMGET', KEYS[6], unpack(names)), {}
   for c = 1, nc do
     local k = tostring(c - 1)
-    redis.call('HINCRBY', KEYS[6], 'z' .. k, ARGV[12 + c])
-    if ARGV[12 + nc + c] == '0' then redis.call('HSET', KEYS[6], 'f' .. k, '1') end
-    local top, old = ARGV[12 + 2 * nc + c], redis.call('HGET', KEYS[6], 'm' .. k)
-    if not old or tonumber(top) > tonumber(old) then redis.call('HSET', KEYS[6], 'm' .. k, top) end
+    if ARGV[12 + c] ~= '0' then redis.call('HINCRBY', KEYS[6], 'z' .. k, ARGV[12 + c]) end
+    if ARGV[12 + nc + c] == '0' then set[#set + 1] = 'f' .. k; set[#set + 1] = '1' end
+    local top = ARGV[12 + 2 * nc + c]
+    if not tops[c] or tonumber(top) > tonumber(tops[c]) then set[#set + 1] = 'm' .. k; set[#set + 1] = top end
   end
+  if #set > 0 then redis.call('HSET', KEYS[6], unpack(set)) end
 end
 redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[5], (s + 1) .. '-0', 'd', ARGV[4])
 redis.call('SET', KEYS[1], s)
