@@ -659,7 +659,6 @@ class Detector:
         if outlier is not None:
             step.promoted = after
         if best is not None:
-            # every compared place's posterior log odds, before the restart moves the offsets
             # with ``count_change_prior``: the no-change evidence and each compared place's log odds
             # (``marginal_gain``), taken before the restart moves the offsets
             pre = new.offset_log_evidence + after.log_evidence
