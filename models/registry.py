@@ -53,6 +53,14 @@ def default_model_name(spec: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]", "_", spec.replace(":", "_").replace("=", ""))[:64]
 
 
+def same_name(spec: str, others) -> str | None:
+    """The first of ``others`` that ``default_model_name`` names as it names ``spec`` (two models
+    that would share a name: ``cusp replay`` and ``cusp.Detector`` refuse such a list, as the API
+    does), else None."""
+    name = default_model_name(spec)
+    return next((s for s in others if default_model_name(s) == name), None)
+
+
 def default_portfolio(n_columns: int) -> tuple[str, ...]:
     """The model specs of a stream with ``n_columns`` columns created without a model list."""
     return DEFAULT_PORTFOLIO.get(n_columns, DEFAULT_MULTI_COLUMN)

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from models import ModelError, build_model
-from models.registry import default_model_name, default_portfolio
+from models.registry import default_model_name, default_portfolio, same_name
 from service import times as T
 from service.data import TIME_COLUMNS, DataError, log_model_probabilities, read_series, resolve_target
 from service.detect import DetectorConfig, OfflineRun, StreamAnswer, stream_window
@@ -99,8 +99,9 @@ def run(args: argparse.Namespace) -> int:
     # each model named as the service names it (``gmm:components=3``: ``gmm_components3``), its spec beside it
     labels = [default_model_name(s) for s in specs]
     for i, label in enumerate(labels):
-        if label in labels[:i]:
-            raise ConfigError(f"--model {specs[i]} is named {label!r}, as --model {specs[labels.index(label)]} is (a model "
+        same = same_name(specs[i], specs[:i])
+        if same is not None:
+            raise ConfigError(f"--model {specs[i]} is named {label!r}, as --model {same} is (a model "
                               "is named by its spec with ':' as '_' and '=' left out): drop one")
     spec_of = dict(zip(labels, specs))
     if args.detector and not args.detect:  # (was ignored without a word: a new user's trial)

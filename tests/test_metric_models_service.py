@@ -2,7 +2,6 @@
 worker, the frame shown, the same change points as the offline `detect_stream`), bad settings
 refused with nothing stored, and `cusp replay`."""
 
-import re
 import subprocess
 import sys
 import uuid
@@ -10,6 +9,7 @@ import uuid
 import numpy as np
 import pytest
 
+from models.registry import default_model_name
 from service.detect import detect_stream
 from tests.service_fixtures import LiveServer, drain
 
@@ -38,7 +38,7 @@ def _through_the_api(live, redis_url, column: str, models: list[str], y: np.ndar
     for e in got["changepoints"]:
         by_model.setdefault(e["model"], []).append(e["location"])
     # (the API names a model by its spec, ':' and '=' and ',' mended: `gmm:components=3` is `gmm_components3`)
-    named = {re.sub(r"[^A-Za-z0-9_.-]", "_", m.replace(":", "_").replace("=", "")): m for m in models}
+    named = {default_model_name(m): m for m in models}
     assert {named[m]: v for m, v in by_model.items()} == {m: [e.location for e in evs] for m, evs in per_model.items() if evs}
     assert [c["location"] for c in got["stream"]] == [c.location for c in stream]
     # each with how late it was found, as a model's event has (a new user saw one found 458 rows late)

@@ -342,20 +342,32 @@ class CountWatch:
         self.top: list[float] = []
 
     def take(self, rows) -> None:
-        import numpy as np
+        """Count the rows ``[B, C]`` in (``column_counts``)."""
+        counted = column_counts(rows)
+        if counted is not None:
+            self.add(len(rows), *counted)
 
-        x = np.asarray(rows, dtype=np.float64)
-        if not x.size:
-            return
-        whole = ((x >= 0) & (x == np.floor(x))).all(axis=0).tolist()
-        zeros, top = (x == 0).sum(axis=0).tolist(), x.max(axis=0).tolist()
+    def add(self, rows: int, whole: list[bool], zeros: list[int], top: list[float]) -> None:
+        """Count in ``rows`` rows summed up per column (``column_counts``; the service keeps the
+        sums in the stream's clock hash, ``service.store.api``)."""
         if not self.whole:
-            self.whole, self.zeros, self.top = whole, zeros, top
+            self.whole, self.zeros, self.top = list(whole), list(zeros), list(top)
         else:
             self.whole = [a and b for a, b in zip(self.whole, whole)]
             self.zeros = [a + b for a, b in zip(self.zeros, zeros)]
             self.top = [max(a, b) for a, b in zip(self.top, top)]
-        self.rows += int(x.shape[0])
+        self.rows += int(rows)
+
+
+def column_counts(rows) -> tuple[list[bool], list[int], list[float]] | None:
+    """Per column of ``rows [B, C]``: whether every value is a whole number >= 0, how many are 0,
+    the largest (None for no rows): what ``CountWatch`` and the ingest script count."""
+    import numpy as np
+
+    x = np.asarray(rows, dtype=np.float64)
+    if not x.size:
+        return None
+    return ((x >= 0) & (x == np.floor(x))).all(axis=0).tolist(), (x == 0).sum(axis=0).tolist(), x.max(axis=0).tolist()
 
 
 def counts_note(watch: CountWatch, columns: Sequence[str], specs: Sequence[str]) -> str | None:

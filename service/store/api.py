@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from service import times as T
-from service.detect.answer import CountWatch
+from service.detect.answer import CountWatch, column_counts
 from service.store import StreamConfig, connect_async, keys, scripts
 
 #: the largest result id; nothing can follow it (and Redis refuses it as an exclusive start)
@@ -60,12 +60,9 @@ def _counted(fields: list, columns: int) -> CountWatch | None:
     """The clock hash's per-column counts (``progress_many``: w, z0.., f0.., m0..) as a CountWatch."""
     if not fields or fields[0] is None:
         return None
-    watch = CountWatch()
-    watch.rows = int(fields[0])
     z, f, m = fields[1 : 1 + columns], fields[1 + columns : 1 + 2 * columns], fields[1 + 2 * columns :]
-    watch.zeros = [int(v or 0) for v in z]
-    watch.whole = [v is None for v in f]
-    watch.top = [float(v) if v is not None else 0.0 for v in m]
+    watch = CountWatch()
+    watch.add(int(fields[0]), [v is None for v in f], [int(v or 0) for v in z], [float(v) if v is not None else 0.0 for v in m])
     return watch
 
 
@@ -237,11 +234,9 @@ class ApiStore:
         value with the chunk (the sparse-counts note; ``stream_counts``)."""
         await self.load_scripts()
         stamp = [b"", "", ""] if times is None else [T.to_bytes(times), repr(float(times[0])), repr(float(times[-1]))]
-        counted: list = []
-        if data is not None and data.size:
-            whole = ((data >= 0) & (data == np.floor(data))).all(axis=0)
-            counted = [data.shape[1], *(data == 0).sum(axis=0).tolist(), *("1" if w else "0" for w in whole),
-                       *(repr(float(v)) for v in data.max(axis=0))]
+        counts = column_counts(data) if data is not None else None
+        counted = [] if counts is None else [len(counts[0]), *counts[1], *("1" if w else "0" for w in counts[0]),
+                                             *(repr(float(v)) for v in counts[2])]
         res = await self._ingest(keys=[keys.seq(stream), keys.inbox(stream), keys.seen(stream), keys.config(stream),
                                        keys.uid(stream), keys.clock(stream), *[keys.state(stream, m) for m in models]],
                                  args=[seq, raw, rows, digest, window, uid, max_backlog, *stamp, repr(float(now)), *counted])
