@@ -277,8 +277,7 @@ class Detector:
         user's trial). Off by default: it also takes detections from short series, where `ar`,
         `trend` and `seasonal` explain a lone jump without a change (README, "The default
         portfolio", measured)."""
-        top = max([0.0, *log_odds])
-        return top + math.log(math.exp(-top) + sum(math.exp(v - top) for v in log_odds))
+        return _logsumexp([0.0, *log_odds])
 
     def _log_odds(self, c: Challenger, since: int, s: DetectorState | None = None) -> float:
         """What ``decide`` adds to a challenger's log Bayes factor for its posterior log odds of a
