@@ -307,14 +307,26 @@ class StudentT(_Exact):
         return (float(post[1]), float(post[2])) if int(post[0]) >= self.warmup else None
 
     def exact_restart(self, post: torch.Tensor) -> torch.Tensor:
-        """As the regressions: the prior in the incumbent's frame, scored from its first row; during
-        the incumbent's warm-up, the prior with a warm-up."""
+        """As the regressions (``TimeSeriesRegression.exact_restart``): the prior in the incumbent's
+        scale, centred at its posterior mean of the level (``_location``), scored from its first
+        row; during the incumbent's warm-up, the prior with a warm-up. (Centred at the warm-up's
+        centre, a restart of a series that had wandered far from where it began met data its prior
+        of mu, N(0, sigma^2 coef_scale^2), conflicted with, and took sigma for too large.)"""
         if self.n_columns > 1:
             return torch.cat([self._one.exact_restart(p) for p in self._columns(post)])
         new = self.exact_init()
         if int(post[0]) >= self.warmup:
-            new[0], new[1], new[2] = float(self.warmup), post[1], post[2]
+            new[0], new[1], new[2] = float(self.warmup), float(post[1]) + self._location(post) * float(post[2]), post[2]
         return new
+
+    def _location(self, post: torch.Tensor) -> float:
+        """The posterior mean of mu in the frame, over every nu's nodes (each weighted by its
+        posterior mass: the stored log joints, less their log total)."""
+        boxes, logjs = self._grids(post)
+        lam, sh, logw = self._nodes_all(boxes)
+        lj = logw + logjs
+        p = torch.exp(lj - torch.logsumexp(lj.flatten(), 0))
+        return float((p * self._mu(boxes, sh, lam)).sum())
 
     # --- densities --------------------------------------------------------------------------------
     def _log_prior(self, mu: torch.Tensor, lam: torch.Tensor) -> torch.Tensor:

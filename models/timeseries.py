@@ -372,36 +372,70 @@ class TimeSeriesRegression(_Framed):
         return self._join(torch.zeros(3, dtype=torch.float64), parts)
 
     def exact_restart(self, post: torch.Tensor) -> torch.Tensor:
-        """A restart at a change point keeps the incumbent's frame, fixed from data before the
+        """A restart at a change point keeps the incumbent's scale, fixed from data before the
         change, and so needs no warm-up of its own: it is scored from its first row, under the
-        prior in the old regime's units (a new level within a few old standard deviations is
-        likely, one 1e6 away is not). Its lags start at 0 (the old centre), its time index at
-        ``warmup`` (where a new series' first scored row is), the weights of several components at
-        their prior. During the incumbent's own warm-up there
-        is no frame yet: the prior, with a warm-up."""
+        prior in the old regime's units, centred where the incumbent expected the next row
+        (``_next_mean``): a new level within a few old standard deviations of the old regime's
+        is likely, one 1e6 away is not. Its lags are the incumbent's (the rows before it, in the
+        moved frame), its time index starts at ``warmup`` (where a new series' first scored row
+        is), the weights of several components at their prior. During the incumbent's own warm-up
+        there is no frame yet: the prior, with a warm-up.
+
+        Why centred there and not at the warm-up's centre: the frame's centre is where the series
+        began, and a series that grew or wandered is far from it in the warm-up's sds. The prior
+        of the intercept, N(0, s2 coef_scale^2), then conflicts with the data, and the conjugate
+        posterior pays for it in the noise variance: a rising series (+350 a step, noise 200,
+        `sim:trend-shift`) was 140 frame units from its centre at its level shift at 200; `trend`'s
+        restart there took s2 for 24 times the truth after 5 rows and 19 times after 100 (b grew by
+        140^2 / (2 coef_scale^2) = 98), predicted about 1 nat a row worse than a fresh `trend` on
+        the same rows, and lost the stream's weight to `ar` within 60 rows. Moving the centre
+        (not the scale) leaves the evidence in the data's units as it is: log scale per row."""
         new = self.exact_init(self._count(post))
         if int(post[0]) >= self.warmup:
-            new[0], new[1], new[2] = float(self.warmup), post[1], post[2]
+            shift = self._next_mean(post)
+            new[0], new[1], new[2] = float(self.warmup), float(post[1]) + shift * float(post[2]), post[2]
+            if self.order:
+                o_lags, o_w = self._offsets(self._count(post))[:2]
+                new[o_lags:o_w] = self._parts(post)["lags"] - shift
         return new
+
+    def _next_mean(self, post: torch.Tensor, lags: torch.Tensor | None = None, t: int | None = None) -> float:
+        """The predictive mean of the next row (at time index ``t``, after ``lags``; by default the
+        state's own), in the frame: each component's posterior mean of the coefficients on the row's
+        features, mixed by the components' weights."""
+        parts = self._parts(post)
+        count = len(parts["ab"])
+        mean = torch.linalg.solve_triangular(parts["r"], parts["z"][..., None], upper=True)[..., 0]  # [K, D]
+        weight = torch.softmax(parts["logw"], 0) if "logw" in parts else torch.ones(1, dtype=torch.float64)
+        phi, _ = self._design(torch.zeros(1, dtype=torch.float64), parts["lags"] if lags is None else lags,
+                              int(post[0]) if t is None else t, count)  # [K, 1, D]
+        return float((weight * (phi[:, 0, :] * mean).sum(-1)).sum())
 
     def exact_shift(self, post: torch.Tensor) -> torch.Tensor | None:
         """A restart at a level shift: the series' level jumps to a new value and everything else
         holds. The posterior ``post`` (the incumbent's, given the rows before the change) with the
-        intercept's information replaced by its prior, N(0, s2 coef_scale^2) in the frame, drawn
-        afresh: the slope, the seasonal terms, the lags' coefficients and the noise variance keep
-        what the old regime taught (and several components their weights: the period is not
-        what changed), and the lags and the time index go on. Exact: the intercept is the first
-        coefficient, so the marginal posterior of the others is the lower-right block of the
-        square-root information R (and of z), and (a, b) of the noise variance are those of the
-        joint posterior. The detector compares it after one training row, its one new parameter
-        (``service.detect.detector.SHIFT_TRAIN``). None during the warm-up (no frame yet)."""
+        intercept's jump, N(0, s2 coef_scale^2), added to its variance: the slope, the seasonal
+        terms, the lags' coefficients and the noise variance keep what the old regime taught (and
+        several components their weights: the period is not what changed), and the lags and the
+        time index go on. Exact: a Gaussian jump independent of the rest leaves (a, b) of the noise
+        variance as they were. The detector compares it after one training row, its one new
+        parameter (``service.detect.detector.SHIFT_TRAIN``). None during the warm-up (no frame yet).
+
+        The new level was drawn from the prior N(0, s2 coef_scale^2) around the warm-up's centre
+        until 2026-12-07: where the series had moved far from it (a trend after 200 rows, a random
+        walk) the data after the shift conflicted with that prior and the noise variance paid for it
+        (``exact_restart``)."""
         if int(post[0]) < self.warmup:
             return None
         new = post.clone()
         parts = self._parts(new)  # views into ``new``
-        parts["r"][:, 0] = 0.0  # R is upper triangular: its first row is all the intercept's information
-        parts["r"][:, 0, 0] = 1.0 / self.coef_scale
-        parts["z"][:, 0] = 0.0
+        # R is upper triangular: its first row is all the intercept's information, and adding
+        # coef_scale^2 to the intercept's variance (over s2) scales that row, and z's first entry
+        # (z = R m, the mean kept), by 1 / sqrt(1 + coef_scale^2 R00^2): the rank-one downdate of
+        # R^T R by (R^T R e0)(R^T R e0)^T coef_scale^2 / (1 + coef_scale^2 R00^2)
+        f = 1.0 / torch.sqrt(1.0 + (self.coef_scale * parts["r"][:, 0, 0]) ** 2)
+        parts["r"][:, 0] *= f[:, None]
+        parts["z"][:, 0] *= f
         return new
 
     def exact_kink(self, post: torch.Tensor, jump: bool = False) -> torch.Tensor | None:
@@ -523,15 +557,11 @@ class TimeSeriesRegression(_Framed):
         new = post.clone()
         new[0] = seen + b
         if self.order:
-            parts = self._parts(post)
-            count = len(parts["ab"])
-            mean = torch.linalg.solve_triangular(parts["r"], parts["z"][..., None], upper=True)[..., 0]  # [K, D]
-            weight = torch.softmax(parts["logw"], 0) if "logw" in parts else torch.ones(1, dtype=torch.float64)
-            lags = parts["lags"]
+            count = self._count(post)
+            lags = self._parts(post)["lags"]
             for i in range(b):
-                phi, _ = self._design(torch.zeros(1, dtype=torch.float64), lags, seen + i, count)  # [K, 1, D]
-                guess = (weight * (phi[:, 0, :] * mean).sum(-1)).sum()
-                _, lags = self._design(guess.reshape(1), lags, seen + i, count)
+                guess = self._next_mean(post, lags, seen + i)
+                _, lags = self._design(torch.tensor([guess], dtype=torch.float64), lags, seen + i, count)
             o_lags, o_w = self._offsets(count)[:2]
             new[o_lags:o_w] = lags
         return new
@@ -1022,12 +1052,18 @@ class LocalTrend(_Framed):
                           post[3 : 3 + self.warmup].tolist(), logw, states)
 
     def exact_restart(self, post: torch.Tensor) -> torch.Tensor:
-        """A restart at a change point keeps the incumbent's frame (no warm-up of its own) and
-        starts from the prior in it, with the prior weights; during the incumbent's own warm-up,
-        the prior with a warm-up."""
+        """A restart at a change point keeps the incumbent's scale (no warm-up of its own) and
+        starts from the prior in it, centred where the incumbent expected the next row (its
+        components' level plus slope, mixed by their weights; as ``TimeSeriesRegression.
+        exact_restart``, for a series that has moved far from where it began), with the prior
+        weights; during the incumbent's own warm-up, the prior with a warm-up."""
         new = self.exact_init()
         if int(post[0]) >= self.warmup:
             new[: 3 + self.warmup] = post[: 3 + self.warmup]
+            logw, states = self._states(post)
+            w = torch.softmax(torch.tensor(logw, dtype=torch.float64), 0).tolist()
+            ahead = sum(wk * (st[0] + st[1]) for wk, st in zip(w, states))
+            new[1] = float(post[1]) + ahead * float(post[2])
         return new
 
     def exact_shift(self, post: torch.Tensor) -> torch.Tensor | None:
@@ -1278,12 +1314,20 @@ class LocalSeasonal(LocalTrend):
                           post[3 : 3 + self.warmup].tolist(), last, logw, m, cov, a, b)
 
     def exact_restart(self, post: torch.Tensor) -> torch.Tensor:
-        """A restart at a change point keeps the incumbent's frame and the last value (the AR term's
-        regressor goes on) and starts from the prior in it, with the prior weights; during the
-        incumbent's own warm-up, the prior with a warm-up."""
+        """A restart at a change point keeps the incumbent's scale and the last value (the AR term's
+        regressor goes on) and starts from the prior in it, centred where the incumbent expected
+        the next row (as ``LocalTrend.exact_restart``; the last value in the moved frame), with the
+        prior weights; during the incumbent's own warm-up, the prior with a warm-up."""
         new = self.exact_init()
         if int(post[0]) >= self.warmup:
             new[: 4 + self.warmup] = post[: 4 + self.warmup]
+            last, logw, m, cov, _, _ = self._unpack(post)
+            g, f, d = self._system()
+            am = self._ahead(m, cov, last, g, f, d)[0]
+            w = np.exp(logw - logw.max())
+            ahead = float((w * np.einsum("ki,ki->k", f, am)).sum() / w.sum())
+            new[1] = float(post[1]) + ahead * float(post[2])
+            new[3 + self.warmup] = last - ahead
         return new
 
     def exact_shift(self, post: torch.Tensor) -> torch.Tensor | None:

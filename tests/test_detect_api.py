@@ -39,11 +39,14 @@ def test_a_series_in_its_change_points_out_and_nothing_stored(live, redis_url):
     level = out["models"][0]
     assert level["method"] == "exact" and len(level["log_predictive"]) == 30 and level["warnings"] == []
     assert level["annealing_steps"] == [0] * 30 and all(np.isfinite(level["log_predictive"]))
-    # the effective prior's frame, as the stream's GET shows it: the first 5 values' mean and sd
-    head = np.asarray(shifted()[:5])
+    # the effective prior's frame, as the stream's GET shows it: the first 5 values' sd, and the
+    # centre where the old regime expected the next row when `level` restarted at 150: the posterior
+    # mean of its level given rows 0-149, their mean shrunk towards the warm-up's by 1 / (1 + 150 x
+    # coef_scale^2) of the 0.05 frame units between them
+    values = np.asarray(shifted())
     assert level["frame"]["warmup_rows"] == 5 and level["frame"]["periods"] is None
-    assert level["frame"]["centre"] == pytest.approx(head.mean(), rel=1e-12)
-    assert level["frame"]["scale"] == pytest.approx(head.std(ddof=1), rel=1e-12)
+    assert level["frame"]["centre"] == pytest.approx(values[:150].mean(), rel=1e-6)
+    assert level["frame"]["scale"] == pytest.approx(values[:5].std(ddof=1), rel=1e-12)
     assert out["notes"] == []  # a change found, no candidate below the threshold: nothing to add
     assert connect(redis_url).dbsize() == before
 

@@ -178,14 +178,17 @@ def test_row_predictive_is_the_one_step_update():
         assert torch.allclose(got, one, rtol=0, atol=tol), (upto, got - one)
 
 
-def test_a_restart_keeps_the_frame():
+def test_a_restart_keeps_the_scale_centred_at_the_posterior_mean_of_the_level():
     m = build_model("student-t", 1)
     y = torch.from_numpy(np.linspace(10.0, 12.0, 40)[:, None])
     early, _ = m.exact_update(m.exact_init(), y[:3])
     assert torch.equal(m.exact_restart(early), m.exact_init()) and m.frame(early) is None
     post, _ = m.exact_update(m.exact_init(), y)
     fresh = m.exact_restart(post)
-    assert m.frame(fresh) == m.frame(post) and m.exact_conditioned(fresh, 10) == 0
+    (centre, scale), (moved, same) = m.frame(post), m.frame(fresh)
+    # the 40 rows' mean is 11, far (20 of the warm-up's robust sds) from the warm-up's centre
+    assert same == scale and moved == pytest.approx(11.0, abs=0.05) and m.exact_conditioned(fresh, 10) == 0
+    assert moved == pytest.approx(centre + m._location(post) * scale, rel=1e-15)
     _, lp = m.exact_update(fresh, y[:1])
     assert math.isfinite(lp)
 

@@ -288,9 +288,12 @@ def check_chunk(settings: Settings, cfg: StreamConfig, data: np.ndarray) -> None
             raise ChunkError(f"model {m.name!r}: values too large (their squares overflow float64)")
 
 
-#: (stream uid, model name) -> the model's frame (centre, scale, warm-up rows) once its worker fixed it: a frame
-#: never changes within a stream's incarnation (a restart keeps it), so each API process reads a
-#: model's state for it only until then (``check_frames``); bounded, cleared when full
+#: (stream uid, model name) -> the model's frame (centre, scale, warm-up rows) once its worker fixed it: its
+#: scale never changes within a stream's incarnation (a restart keeps it, centred where the old regime
+#: expected the next row: within the data seen, so within ``value_limit`` scales of the first centre,
+#: and a value within that of the first centre stays within twice it of the new one, far inside
+#: float64), so each API process reads a model's state for it only until then (``check_frames``);
+#: bounded, cleared when full
 _FRAMES: dict[tuple[str, str], tuple] = {}
 MAX_CACHED_FRAMES = 50_000
 

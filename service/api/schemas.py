@@ -68,7 +68,9 @@ class ModelFrame(BaseModel):
     """The reference frame a metric-series model fixed from its first rows: its prior is on
     (y - centre) / scale, so this is the effective, data-dependent prior (README, "Models for
     metric series"); centre and scale are null until the warm-up is done, and one per column for
-    ``gaussian`` with a warm-up (the default of a stream of several columns)."""
+    ``gaussian`` with a warm-up (the default of a stream of several columns). The scale is fixed;
+    for the metric-series models the centre moves at a change the model adopts, to where the old
+    regime expected the next row (the new regime's prior is centred there)."""
 
     warmup_rows: int
     centre: float | list[float] | None
@@ -100,7 +102,8 @@ class ModelOut(BaseModel):
     frame: ModelFrame | None = Field(None, description="metric-series models (level, ar, trend, seasonal, local-trend, local-seasonal, "
                                                        "negbin, student-t; one centre and scale per column for student-t of several "
                                                        "columns) and gaussian or gmm with a warmup (one per column): the frame fixed "
-                                                       "from their warm-up, i.e. their effective prior")
+                                                       "from their warm-up, i.e. their effective prior (the centre moves "
+                                                       "to the old regime's expected level at a change the model adopts)")
 
 
 class StreamOut(BaseModel):
