@@ -32,6 +32,9 @@ def test_a_series_in_its_change_points_out_and_nothing_stored(live, redis_url):
     assert [(c["index"], c["time"]) for c in out["changepoints"]] == [(150, times[150])]
     assert isinstance(out["changepoints"][0]["time"], int)  # as given (an integer came back as 1700009000.0)
     assert out["changepoints"][0]["confidence"] >= 0.99
+    first = out["changepoints"][0]
+    assert first["delay"] == first["detected_at"] - first["index"] > 0  # (a new user missed it here)
+    assert all(e["delay"] == e["detected_at"] - e["index"] for m in out["models"] for e in m["changepoints"])
     assert [i for i, b in enumerate(out["is_change_point"]) if b] == [150]
     assert out["confidence_scores"][150] == out["changepoints"][0]["confidence"] and sum(out["confidence_scores"]) < 1.0 + 1e-9
     assert [m["name"] for m in out["models"]] == ["level", "ar", "trend", "student-t", "seasonal"]  # the default portfolio

@@ -477,6 +477,14 @@ def test_notes_say_why_an_answer_has_no_change():
     assert cusp.Detector(chunk_size=5).update(y).flush().changepoints[0].location == 15  # (in chunks: found)
     det = cusp.Detector(chunk_size=1).update(np.random.default_rng(1).normal(0, 1, 300)).flush()
     assert det.changepoints == [] and det.notes == []
+    # a candidate's support names each model's own place where it differs (a new user's 25 yearly
+    # values rising 3 a year, noise 4, a drop of 20 at 15: the note named `level`'s false event at 8,
+    # with `trend`'s 0.74 for the drop at 15 among its support, as if it were at 8)
+    t = np.arange(25)
+    y = (50 + 3 * t + 4 * np.random.default_rng(7000).standard_normal(25) - 20 * (t >= 15)).round(1)
+    det = cusp.Detector(chunk_size=1).update(y).flush()
+    assert det.changepoints == [] and re.match(r"no change at observation 8: .*trend p=0\.0\d+ confidence 0\.7\d+ at 15\)",
+                                               det.notes[0]), det.notes
     # sparse counts (errors a minute, Poisson 0.3) without a count model: a hint that names them
     errors = np.random.default_rng(101).poisson(0.3, 300).astype(float)
     det = cusp.Detector(chunk_size=10).update(errors).flush()

@@ -478,6 +478,8 @@ class DetectEvent(BaseModel):
     index: int = Field(description="index (0-based) of the first row of the new regime")
     time: str | int | float | None = Field(None, description="that row's time, as given (null without times)")
     detected_at: int = Field(description="rows seen when it was reported")
+    delay: int = Field(description="detected_at - index: rows seen after index when it was reported (as a stream's "
+                       "change points and cusp replay say)")
     confidence: float = Field(description="posterior probability of the change")
     log_bayes_factor: float
     log_prior_odds: float
@@ -490,6 +492,8 @@ class DetectChange(BaseModel):
     index: int = Field(description="index (0-based) of the first row of the new regime")
     time: str | int | float | None = Field(None, description="that row's time, as given (null without times)")
     detected_at: int = Field(description="rows seen when the evidence for it first reached the threshold")
+    delay: int = Field(description="detected_at - index: rows seen after index when it was found (as a stream's "
+                       "change points and cusp replay say; a new user missed it here)")
     confidence: float = Field(description="a lower bound on the posterior probability of a change within one chunk of index")
     support: dict[str, tuple[float, float]] = Field(description="model -> [posterior probability (over no change and this change), event confidence]")
 

@@ -92,9 +92,10 @@ class StreamAnswer:
         self.probabilities: dict[str, float] | None = None
         self.compared_n: int | None = None
         # the most probable candidate that stayed below ``threshold``, (probability, location, each
-        # supporting model's (p, confidence)), for ``cusp replay`` to say why a model's event is no
-        # stream change (a new user saw two events and silence); not part of the state
-        self.nearest: tuple[float, int, dict[str, tuple[float, float]]] | None = None
+        # supporting model's (p, confidence), and the place each put it), for ``cusp replay`` to say
+        # why a model's event is no stream change (a new user saw two events and silence); not part
+        # of the state
+        self.nearest: tuple[float, int, dict[str, tuple[float, float]], dict[str, int]] | None = None
         # likewise the place of the models' open challengers that one model found most probable,
         # where none reported (that probability, the stream's there, location, each model's (p,
         # probability there)), and the chunks taken: for ``notes``, not part of the state. ``open``
@@ -202,7 +203,7 @@ class StreamAnswer:
                 self.changes = (self.changes + [best[top][2]])[-self.MAX_CHANGES:]
                 self.found = (self.found + [int(n)])[-self.MAX_CHANGES:]
             elif self.nearest is None or bound > self.nearest[0]:
-                self.nearest = (bound, best[top][2], support)
+                self.nearest = (bound, best[top][2], support, {m: where for m, (_, _, where, _) in best.items()})
         return found
 
     def notes(self, scored: dict[str, int], warmups: dict[str, int]) -> list[str]:
@@ -233,7 +234,11 @@ class StreamAnswer:
                        "reading")
         near = self.nearest
         if near is not None and not any(abs(near[1] - c) <= self.window for c in self.changes):
-            support = ", ".join(f"{m} p={p:.3g} confidence {c:.4f}" for m, (p, c) in sorted(near[2].items()))
+            # each model's own place where it is not the candidate's (within the stream's resolution:
+            # a new user's 25 yearly values, a drop of 5 sd at 15, read "no change at observation 8"
+            # with `trend`'s 0.74 among its support, which `trend` gave the drop at 15)
+            support = ", ".join(f"{m} p={p:.3g} confidence {c:.4f}" + (f" at {near[3][m]}" if near[3][m] != near[1] else "")
+                                for m, (p, c) in sorted(near[2].items()))
             out.append(f"no change at observation {near[1]}: its probability reached {near[0]:.4f}, below the threshold "
                        f"{self.threshold:g} ({support})")
         elif (near is None and self.open is not None and self.open[0] >= 0.5

@@ -159,13 +159,13 @@ def answer(det: Detector, times: list | None) -> DetectOut:
     probs, results, events, frames = det.probabilities, det.results, det.events, det.frames
     return DetectOut(
         rows=det.n, chunk_size=max(r for _, r in det.chunks),
-        changepoints=[DetectChange(index=c.location, time=when(c.location), detected_at=c.detected_at, confidence=c.confidence,
-                                   support=c.support) for c in changes],
+        changepoints=[DetectChange(index=c.location, time=when(c.location), detected_at=c.detected_at, delay=c.delay,
+                                   confidence=c.confidence, support=c.support) for c in changes],
         is_change_point=is_cp, confidence_scores=conf,
         models=[DetectModel(name=m, spec=spec, method=results[m][-1].method, log_evidence=results[m][-1].log_evidence,
                             posterior_probability=probs[m],
                             changepoints=[DetectEvent(index=e.location, time=when(e.location), detected_at=e.detected_at,
-                                                      confidence=e.confidence, log_bayes_factor=e.log_bayes_factor,
+                                                      delay=e.delay, confidence=e.confidence, log_bayes_factor=e.log_bayes_factor,
                                                       log_prior_odds=e.log_prior_odds) for e in events[m]],
                             log_predictive=[r.log_predictive for r in results[m]],
                             annealing_steps=[r.annealing_steps for r in results[m]],
