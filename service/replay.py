@@ -51,6 +51,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="detect change points (printed to stderr, 'changepoint' lines in the trace, marks on the plot)")
     p.add_argument("--detector", action="append", default=[], metavar="KEY=VALUE",
                    help="detector setting, e.g. threshold=0.999 (repeatable; see README)")
+    p.add_argument("--model-events", action="store_true",
+                   help="with several models, print each model's own change points as they come (always in the trace); "
+                        "without it, a count per model at the end: the stream's change points are the answer")
 
 
 #: column names that usually number the rows rather than measure anything (``run``'s note)
@@ -118,6 +121,10 @@ def run(args: argparse.Namespace) -> int:
     traces: dict[str, list[dict]] = {label: [] for label in labels}
     found: dict[str, list] = {label: [] for label in labels}
     stream_found: list[int] = []  # the stream's (model-averaged) change points, for the plot
+    # each model's own events as they come: with one model (they are the stream's), or when asked; with
+    # several, a count at the end (a new user's random walk: about 100 such lines, `level`, `trend` and
+    # `student-t` following the walk by restarts, and no stream change, read as 100 changes)
+    own_lines = len(labels) == 1 or args.model_events
     try:
         # model i of the list gets the seed the service gives the i-th model of a stream seeded --seed
         runs = {label: OfflineRun(s, seed_for(args.seed, i), dcfg) for i, (label, s) in enumerate(samplers.items())}
@@ -146,9 +153,10 @@ def run(args: argparse.Namespace) -> int:
                     timed = T.timed(ev.location_time, end) if stamps is not None else {}
                     out.write(json.dumps({"model": label, "spec": spec_of[label], "kind": "changepoint", **ev.to_dict(),
                                           **timed}) + "\n")
-                    print(f"{label}: change point at observation {ev.location}{at(timed)} (chunk {ev.chunk}), confidence "
-                          f"{ev.confidence:.4f}, log Bayes factor {ev.log_bayes_factor:.1f}, detected at {ev.detected_at}",
-                          file=sys.stderr)
+                    if own_lines:
+                        print(f"{label}: change point at observation {ev.location}{at(timed)} (chunk {ev.chunk}), confidence "
+                              f"{ev.confidence:.4f}, log Bayes factor {ev.log_bayes_factor:.1f}, detected at {ev.detected_at}",
+                              file=sys.stderr)
             pending = {label: run.pending for label, run in runs.items()}
             standing = {label: run.standing for label, run in runs.items()}
             for c in answer.chunk(rows.shape[0], evidence, new, pending, standing) if args.detect else ():
@@ -165,6 +173,10 @@ def run(args: argparse.Namespace) -> int:
     if args.detect:
         if not stream_found:  # (nothing was printed about change points: a new user's trial)
             print(f"stream (model-averaged): no change found (threshold {dcfg.threshold:g})", file=sys.stderr)
+        if not own_lines and any(found.values()):
+            counts = ", ".join(f"{label} {len(found[label])}" for label in labels)
+            print(f"each model's own change points (not the stream's: it weighs them by the models' probabilities; "
+                  f"'changepoint' lines in the trace, --model-events to print them): {counts}", file=sys.stderr)
         # why, where the answer cannot say: rows all warm-up, too few scored, a candidate below the threshold
         scored = {label: sum(t["rows"] - t["conditioned"] for t in traces[label]) for label in labels}
         infos = {label: r.sampler.model.frame_info(getattr(r.state, "post", r.state)) for label, r in runs.items()}
@@ -184,7 +196,8 @@ def run(args: argparse.Namespace) -> int:
         info = model.frame_info(getattr(state, "post", state))  # (a sampled model's frame is in its state)
         if info is not None:  # a data-dependent prior: say which (issue 20)
             print(f"{label}: prior on (y - centre) / scale, centre {_g(info['centre'])}, scale {_g(info['scale'])} (from its "
-                  f"first {model.warmup} rows; they are conditioned on, not scored)" if info["centre"] is not None else
+                  f"first {model.warmup} rows, which are conditioned on, not scored; after a change the model adopted, "
+                  "centred where the old regime expected the next row)" if info["centre"] is not None else
                   f"{label}: still in its warm-up of {model.warmup} rows (no frame yet)", file=sys.stderr)
         periods = info["periods"] if info is not None else None  # (its keys are the periods as {p:g})
         if periods:

@@ -9,8 +9,14 @@ import uuid
 import numpy as np
 import pytest
 
+import torch
+
+from models import build_model
 from models.registry import default_model_name
-from service.detect import detect_stream
+from service.detect import DetectorConfig, detect_stream
+from service.detect.offline import OfflineRun
+from service.seeding import seed_for
+from service.sgais import SGAISConfig, build_sampler
 from tests.service_fixtures import LiveServer, drain
 
 
@@ -45,11 +51,20 @@ def _through_the_api(live, redis_url, column: str, models: list[str], y: np.ndar
     assert [c["delay"] for c in got["stream"]] == [c.detected_at - c.location for c in stream]
     return per_model, stream, {named[m["name"]]: m for m in live.client.get(f"/v1/streams/{s}").json()["models"]}
 
+def _offline_centre(spec: str, y: np.ndarray, chunk: int, seed: int) -> float:
+    """The frame's centre of ``spec`` after ``y`` in chunks of ``chunk`` offline with its detector
+    (a restart moves it to where the old regime expected the next row)."""
+    offline = OfflineRun(build_sampler(build_model(spec, 1), SGAISConfig()), seed, DetectorConfig())
+    for lo in range(0, len(y), chunk):
+        offline.step(torch.from_numpy(y[lo : lo + chunk, None]))
+    return offline.sampler.model.frame(offline.state.post)[0]
+
+
 def test_counts_and_heavy_tails_through_the_api(live, redis_url):
     """A count series (negative binomial r = 4, mean 40 -> 90 at 150) to a stream of `negbin` and
     `student-t`: the API's change points are the offline detector's, and each model shows its
-    frame (negbin: centre 0, scale the warm-up mean; student-t: the warm-up's median and 1.4826 x
-    MAD)."""
+    frame (negbin: centre 0, scale the warm-up mean; student-t: the scale 1.4826 x the warm-up's
+    MAD, the centre where the old regime expected the next row at its last change)."""
     rng = np.random.default_rng(5)
     mean = np.r_[np.full(150, 40.0), np.full(100, 90.0)]
     y = rng.negative_binomial(4, 4 / (4 + mean)).astype(float)
@@ -58,22 +73,27 @@ def test_counts_and_heavy_tails_through_the_api(live, redis_url):
     assert info["negbin"]["frame"] == {"warmup_rows": 5, "centre": 0.0, "scale": pytest.approx(float(np.mean(y[:5]))),
                                        "periods": None}
     med = float(np.median(y[:5]))
-    assert info["student-t"]["frame"] == {"warmup_rows": 5, "centre": pytest.approx(med),
-                                          "scale": pytest.approx(1.4826 * float(np.median(np.abs(y[:5] - med)))),
-                                          "periods": None}
+    # the scale the warm-up's; the centre where the regime before the last change `student-t` adopted
+    # expected the next row (its level there, near the old mean of 40): the offline run's, to the bit
+    centre = _offline_centre("student-t", y, 10, seed_for(3, 1))
+    assert 30 < centre < 50 and info["student-t"]["frame"] == {
+        "warmup_rows": 5, "centre": centre, "scale": pytest.approx(1.4826 * float(np.median(np.abs(y[:5] - med)))),
+        "periods": None}
 
 
 def test_a_local_trend_through_the_api(live, redis_url):
     """A bending rise in raw units with a jump (+25, 5 sd, at 200) to a stream of `local-trend` and
     `trend`, in chunks of 10: the API's change points are the offline detector's, bit for bit,
-    and `local-trend` shows its frame (the warm-up's mean and sd)."""
+    and `local-trend` shows its frame (the warm-up's sd; the centre where it expected row 200 when it
+    restarted there, about 250 + 0.5 x 200 + 0.001 x 200^2 = 390)."""
     t = np.arange(300)
     y = 250 + 0.5 * t + 0.001 * t**2 + np.random.default_rng(1).normal(0, 5, 300)
     y[200:] += 25
     per_model, _, info = _through_the_api(live, redis_url, "ms", ["local-trend", "trend"], y, 10, 4)
     assert [e.location for e in per_model["local-trend"]] == [200]
-    assert info["local-trend"]["frame"] == {"warmup_rows": 5, "centre": pytest.approx(float(np.mean(y[:5]))),
-                                            "scale": pytest.approx(float(np.std(y[:5], ddof=1))), "periods": None}
+    centre = _offline_centre("local-trend", y, 10, seed_for(4, 0))
+    assert abs(centre - 390) < 15 and info["local-trend"]["frame"] == {
+        "warmup_rows": 5, "centre": centre, "scale": pytest.approx(float(np.std(y[:5], ddof=1))), "periods": None}
 
 
 def test_a_local_seasonal_stream_through_the_api(live, redis_url):

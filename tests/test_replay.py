@@ -1,6 +1,8 @@
 """``cusp replay`` on good and bad files, run as a real subprocess."""
 
+import collections
 import json
+import re
 import subprocess
 import sys
 
@@ -281,6 +283,16 @@ def test_replay_detect_chunks_a_short_series_as_post_detect_does(tmp_path):
     assert out.returncode == 0, out.stderr
     assert "chunks of 1 row (--chunk-size to change)" in out.stderr
     assert "stream (model-averaged): change point at observation 12," in out.stderr, out.stderr
+    # several models: each one's own change points are counted at the end, not printed one by one (a new
+    # user's random walk printed about 100 of them and no stream change), unless asked; the trace has them
+    events = [json.loads(line) for line in (tmp_path / "t.jsonl").read_text().splitlines()]
+    own = collections.Counter(e["model"] for e in events if e.get("kind") == "changepoint")
+    assert own and not re.search(r"^(level|ar|trend|student-t|seasonal): change point", out.stderr, re.M), out.stderr
+    assert ("each model's own change points (not the stream's: it weighs them by the models' probabilities; "
+            "'changepoint' lines in the trace, --model-events to print them): " + ", ".join(
+                f"{m} {own[m]}" for m in ["level", "ar", "trend", "student-t", "seasonal"])) in out.stderr, out.stderr
+    listed = cusp(str(p), "--detect", "--model-events", "--out", str(tmp_path / "t.jsonl"))
+    assert len(re.findall(r"^(?:level|ar|trend|student-t|seasonal): change point at", listed.stderr, re.M)) == sum(own.values())
     old = cusp(str(p), "--detect", "--chunk-size", "500", "--out", str(tmp_path / "t.jsonl"))
     assert old.returncode == 0 and "stream (model-averaged): change point" not in old.stderr, old.stderr
     assert "stream (model-averaged): no change found" in old.stderr, old.stderr
