@@ -1510,12 +1510,18 @@ class Gaussian(Model):
         return max(0, min(rows, self.warmup - int(post[0]))) if self.warmup else 0
 
     def exact_restart(self, post: torch.Tensor) -> torch.Tensor:
-        """The prior; with a warm-up, in the incumbent's frame (fixed from rows before the change),
-        scored from its first row, as the metric-series models restart (during the incumbent's own
-        warm-up: the prior, with a warm-up)."""
+        """The prior; with a warm-up, in the incumbent's scale (fixed from rows before the change),
+        centred per column at the incumbent's posterior mean, scored from its first row, as the
+        metric-series models restart (``TimeSeriesRegression.exact_restart``: centred at the warm-up's
+        mean, the prior's mean term, kappa0 (ybar - 0)^2 / 2, went into the noise the restart
+        expected wherever the columns had moved far from their first rows; during the incumbent's
+        own warm-up: the prior, with a warm-up)."""
         if not (self.warmup and int(post[0]) >= self.warmup):
             return self.exact_init()
-        head = torch.cat([torch.tensor([float(self.warmup)], dtype=torch.float64), post[1 : 1 + 2 * self.n_columns]])
+        d = self.n_columns
+        centre, scale = post[1 : 1 + d], post[1 + d : 1 + 2 * d]
+        mean = post[post.numel() - 4 * d : post.numel() - 3 * d]  # the posterior's mu, in the frame
+        head = torch.cat([torch.tensor([float(self.warmup)], dtype=torch.float64), centre + mean * scale, scale])
         return torch.cat([head, self._prior_nig()])
 
     def exact_skip(self, post: torch.Tensor, rows: torch.Tensor) -> torch.Tensor | None:
