@@ -115,7 +115,7 @@ def training_rows(model, config: DetectorConfig) -> int:
     """Observations a restart sees before it is compared (``DetectorConfig.train``; 0 = auto). A
     restart must not be charged for the vagueness of its prior. A model with a frame from data
     (models/timeseries.py, models/heavy.py, ``gaussian:warmup=N``) restarts in the incumbent's
-    frame, so its prior is already in the
+    scale, centred where the incumbent expected the next row, so its prior is already in the
     data's units, and the minimal training sample of an intrinsic Bayes factor suffices (Berger
     and Pericchi 1996): as many rows as parameters (coefficients and noise variance; a model
     averaged over components of several sizes may name fewer, ``training_dim``). Others:

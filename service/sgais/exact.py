@@ -103,7 +103,8 @@ class ExactSampler(SamplerBase):
 
     def restart(self, seed: int, incumbent: ExactState) -> ExactState:
         """A fresh posterior for a restart at a change point: ``Model.exact_restart`` (a model with a
-        warm-up frame keeps the incumbent's frame, so the restart is scored from its first row)."""
+        warm-up frame keeps the incumbent's scale, centred where the incumbent expected the next row,
+        so the restart is scored from its first row)."""
         g = torch.Generator().manual_seed(int(seed))
         return self._fresh(self.model.exact_restart(incumbent.post), g)
 
