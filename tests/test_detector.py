@@ -559,3 +559,20 @@ def test_count_change_prior_takes_each_change_at_its_prior_in_the_evidence():
     assert len(shift) == 1 and shift.pop() < -3.0
     with pytest.raises(cusp.InputError, match="count_change_prior must be true or false, got 'yes'"):
         cusp.Detector(models=["level"], count_change_prior="yes")
+
+
+def test_a_rising_series_keeps_its_trend_model_after_a_level_shift():
+    """A rising series (+350 a step, noise 200, around 1e5) with +1,500 at 200, point by point, the
+    default portfolio: the change at 200, and `trend`, which is how the data were made, holds the
+    weight at the end. Before restarts were centred where the old regime expected the next row
+    (2026-12-07), `trend`'s restart at 200 met a prior around the warm-up's centre, 140 of its sds
+    away, took its noise for 19 times too large, and lost the weight to `ar` (0.90 and 0.71 on these
+    two data seeds, `trend` 0.00; 1.00 on the other four of 0-5 either way)."""
+    for seed in (0, 2):
+        rng = np.random.default_rng([seed, 45])
+        t = np.arange(320)
+        y = 1e5 + 350 * t + rng.normal(0, 200, 320)
+        y[200:] += 1500
+        det = cusp.Detector(chunk_size=1).update(y).flush()
+        assert [c.location for c in det.changepoints] == [200], det.changepoints
+        assert det.probabilities["trend"] > 0.99, (seed, det.probabilities)
