@@ -566,9 +566,10 @@ def test_a_rising_series_keeps_its_trend_model_after_a_level_shift():
     default portfolio: the change at 200, and `trend`, which is how the data were made, holds the
     weight at the end. Before restarts were centred where the old regime expected the next row
     (2026-12-07), `trend`'s restart at 200 met a prior around the warm-up's centre, 140 of its sds
-    away, took its noise for 19 times too large, and lost the weight to `ar` (0.90 and 0.71 on these
-    two data seeds, `trend` 0.00; 1.00 on the other four of 0-5 either way)."""
-    for seed in (0, 2):
+    away, took its noise for 19 times too large, and lost the weight to `ar` (0.90 on this data seed
+    and 0.71 on seed 2, `trend` 0.00; `trend` 1.00 on the other four of seeds 0-5 either way; one
+    seed here, 10 s)."""
+    for seed in (0,):
         rng = np.random.default_rng([seed, 45])
         t = np.arange(320)
         y = 1e5 + 350 * t + rng.normal(0, 200, 320)
