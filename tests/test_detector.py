@@ -577,3 +577,48 @@ def test_a_rising_series_keeps_its_trend_model_after_a_level_shift():
         det = cusp.Detector(chunk_size=1).update(y).flush()
         assert [c.location for c in det.changepoints] == [200], det.changepoints
         assert det.probabilities["trend"] > 0.99, (seed, det.probabilities)
+
+
+def _uneven_chunks(n: int, rng: np.random.Generator) -> list[int]:
+    sizes = []
+    while sum(sizes) < n:
+        sizes.append(int(rng.integers(10, 61)))
+    sizes[-1] -= sum(sizes) - n
+    return [c for c in sizes if c]
+
+
+def test_a_change_is_placed_in_the_chunk_after_the_winners_when_the_data_put_it_there():
+    """A new SRE's three columns (latency 250 +- 20 ms, an error rate 0.01 +- 0.002, CPU 40 +- 5 %),
+    +60 ms at 900, posted in chunks of 10-60 rows: a restart nominated a chunk before the change
+    (839, by noise) adapts to the new level faster than the incumbent and wins, and with places only
+    in that chunk and the one before, the change was put at 856, 858 or 861 on 3 of 16 data seeds,
+    followed by a false one at 920 or 1,123 on two. The chunk after is a place too now: on those
+    data seeds (103, 107 of the latency shift; the first is here) the change is within 3 rows of
+    900 and no other is reported (measured on the 7 seeds of the trial's shifts: 897-900)."""
+    rng = np.random.default_rng(103)
+    x = np.array([250.0, 0.01, 40.0]) + np.array([20.0, 0.002, 5.0]) * rng.standard_normal((1500, 3))
+    x[900:, 0] += 60.0
+    det = cusp.Detector()  # (each update one chunk)
+    for rows in np.split(x, np.cumsum(_uneven_chunks(1500, rng))[:-1]):
+        det.update(rows)
+    det.flush()
+    assert [c.location for c in det.changepoints] in ([897], [898], [899], [900]), det.changepoints
+
+
+def test_a_level_shift_that_also_changes_the_noise_restarts_in_full_at_any_chunking():
+    """A gauge at 0 for 50 rows (a service starting), then 100 +- 5, `level`: the change at 50 and the
+    same evidence however the rows are chunked. With row 50 the last of its chunk a level shift
+    started there won (one new parameter, compared after one row), kept the flat start's noise and
+    lost 137 nats over 600 rows against chunks of 25, where a full restart won; at the placed row
+    the more probable of the two restarts is taken now (-1659.7 both; -1796.8 before)."""
+    y = 100.0 + 5.0 * np.random.default_rng(401).standard_normal(600)
+    y[:50] = 0.0
+    out = {}
+    for name, sizes in (("row 50 last", [26, 25] + [31] * 17 + [22]), ("row 50 first", [25] * 24)):
+        det = cusp.Detector(models=["level"])  # (each update one chunk)
+        for rows in np.split(y, np.cumsum(sizes)[:-1]):
+            det.update(rows)
+        det.flush()
+        assert [c.location for c in det.changepoints] == [50], (name, det.changepoints)
+        out[name] = det.results["level"][-1].log_evidence
+    assert abs(out["row 50 last"] - out["row 50 first"]) < 1.0, out
