@@ -399,17 +399,24 @@ class TimeSeriesRegression(_Framed):
                 new[o_lags:o_w] = self._parts(post)["lags"] - shift
         return new
 
-    def _next_mean(self, post: torch.Tensor, lags: torch.Tensor | None = None, t: int | None = None) -> float:
-        """The predictive mean of the next row (at time index ``t``, after ``lags``; by default the
-        state's own), in the frame: each component's posterior mean of the coefficients on the row's
-        features, mixed by the components' weights."""
+    def _next_mean(self, post: torch.Tensor) -> float:
+        """The predictive mean of the state's next row, in the frame (``_predictor``)."""
+        return self._predictor(post)(self._parts(post)["lags"], int(post[0]))
+
+    def _predictor(self, post: torch.Tensor):
+        """``predict(lags, t)``: the predictive mean of a row at time index ``t`` after ``lags``, in
+        the frame: each component's posterior mean of the coefficients (solved once, here) on the
+        row's features, mixed by the components' weights."""
         parts = self._parts(post)
         count = len(parts["ab"])
         mean = torch.linalg.solve_triangular(parts["r"], parts["z"][..., None], upper=True)[..., 0]  # [K, D]
         weight = torch.softmax(parts["logw"], 0) if "logw" in parts else torch.ones(1, dtype=torch.float64)
-        phi, _ = self._design(torch.zeros(1, dtype=torch.float64), parts["lags"] if lags is None else lags,
-                              int(post[0]) if t is None else t, count)  # [K, 1, D]
-        return float((weight * (phi[:, 0, :] * mean).sum(-1)).sum())
+
+        def predict(lags: torch.Tensor, t: int) -> float:
+            phi, _ = self._design(torch.zeros(1, dtype=torch.float64), lags, t, count)  # [K, 1, D]
+            return float((weight * (phi[:, 0, :] * mean).sum(-1)).sum())
+
+        return predict
 
     def exact_shift(self, post: torch.Tensor) -> torch.Tensor | None:
         """A restart at a level shift: the series' level jumps to a new value and everything else
@@ -559,8 +566,9 @@ class TimeSeriesRegression(_Framed):
         if self.order:
             count = self._count(post)
             lags = self._parts(post)["lags"]
+            predict = self._predictor(post)  # (the coefficients' means solved once for the rows)
             for i in range(b):
-                guess = self._next_mean(post, lags, seen + i)
+                guess = predict(lags, seen + i)
                 _, lags = self._design(torch.tensor([guess], dtype=torch.float64), lags, seen + i, count)
             o_lags, o_w = self._offsets(count)[:2]
             new[o_lags:o_w] = lags
