@@ -36,7 +36,7 @@ RETRY_STATUSES = {429, 502, 503, 504}
 #: the ways results can be followed live
 TRANSPORTS = ("sse", "ws")
 #: result entry kinds (``GET /v1/streams/{s}/evidence?kind=``)
-KINDS = ("result", "changepoint", "stream_changepoint", "dead_letter")
+KINDS = ("result", "changepoint", "stream_changepoint", "stream_changepoint_withdrawn", "dead_letter")
 
 
 # --- effects: what a flow asks its driver to do ------------------------------------------------
@@ -191,7 +191,7 @@ class BaseClient:
     def results(self, name: str, since: str | None = None, *, follow: bool = False, transport: str = "sse",
                 model: str | None = None, kind: str | Sequence[str] | None = None):
         """The stream's result entries (kinds 'result', 'changepoint', 'stream_changepoint',
-        'dead_letter') after the result id ``since`` (None: from the start), oldest first;
+        'stream_changepoint_withdrawn', 'dead_letter') after the result id ``since`` (None: from the start), oldest first;
         ``model`` and ``kind`` (one kind or several) filter them.
 
         follow False: those stored now (``/evidence`` pages, filtered by the server), then stop.
@@ -215,7 +215,7 @@ class BaseClient:
 
     def changepoints(self, name: str, model: str | None = None):
         """``{"changepoints": each model's events (only ``model``'s where given), "stream": the
-        model-averaged change points}``."""
+        model-averaged change points, "withdrawn": those of them withdrawn since}``."""
         _name(name)
         if model is not None and not isinstance(model, str):
             raise InputError(f"model must be a model's name or spec (a string), got {model!r}")

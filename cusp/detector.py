@@ -33,8 +33,8 @@ from cusp.times import epoch_seconds
 from models import ModelError
 from models.registry import build_model, default_model_name, default_portfolio, parse_spec, same_name, spec_problem
 from service.data import MAX_COLUMNS, MAX_MAGNITUDE, log_model_probabilities, too_large
-from service.detect import DetectorConfig, Event, OfflineRun, StreamAnswer, StreamChange, stream_window
-from service.detect.answer import CountWatch, counts_note
+from service.detect import DetectorConfig, Event, OfflineRun, StreamAnswer, StreamChange, StreamWithdrawal, stream_window
+from service.detect.answer import CountWatch, counts_note, standing_changes
 from service.runtime import build, model_seed, sampler_config
 from service.sgais import ChunkResult, ConfigError, EngineError, TooLarge
 from service.sgais.engine import beyond_limit
@@ -150,6 +150,7 @@ class Detector:
         self._pending = np.zeros((0, self.columns or 0))
         self._answer: StreamAnswer | None = None
         self._changes: list[StreamChange] = []
+        self._withdrawn: list[StreamWithdrawal] = []
         self._counts = CountWatch()  # (``notes``: a hint where a column looks like sparse counts)
         self._width: int | None = self.columns
         self._stamps: list[float] = []  # each row's time (epoch seconds), pending rows included
@@ -399,6 +400,7 @@ class Detector:
         self._changes += self._answer.chunk(int(chunk.shape[0]), evidence, new,
                                             {name: run.pending for name, run in self._runs.items()},
                                             {name: run.standing for name, run in self._runs.items()})
+        self._withdrawn += self._answer.withdrawn
 
     # --- answers ------------------------------------------------------------------------------
     @property
@@ -480,8 +482,18 @@ class Detector:
         ``location_time`` (epoch seconds, where ``update`` was given times; else None), and
         ``delay`` (``detected_at - location``). Sorted by location; the service's
         ``GET /v1/streams/{s}/changepoints`` lists them in the order they were found (a change can be
-        found after a later one: sort by ``location`` to compare)."""
-        return sorted(self._changes, key=lambda c: c.location)
+        found after a later one: sort by ``location`` to compare). A change the evidence rejected
+        later is not among them: it is in ``withdrawn``."""
+        return sorted(standing_changes(self._changes, self._withdrawn), key=lambda c: c.location)
+
+    @property
+    def withdrawn(self) -> list[StreamWithdrawal]:
+        """The stream changes withdrawn: judged again ``StreamAnswer.HORIZON`` resolutions after
+        each was found, with a probability below ``StreamAnswer.WITHDRAW`` (0.5) then. Each has
+        ``location``, ``detected_at``, ``withdrawn_at``, ``confidence`` (its probability when withdrawn),
+        ``support`` and ``location_time``; in the order withdrawn. As the service lists them
+        (``GET /v1/streams/{s}/changepoints``'s ``withdrawn``)."""
+        return list(self._withdrawn)
 
     def __repr__(self) -> str:
         return (f"Detector(models={list(self._runs) or self.models}, chunk_size={self.chunk_size}, seed={self.seed}, "

@@ -67,6 +67,13 @@ STREAM_CHANGEPOINTS = Counter(
     ("stream",),
     registry=REGISTRY,
 )
+STREAM_CHANGEPOINTS_WITHDRAWN = Counter(
+    "cusp_stream_changepoints_withdrawn",
+    "The stream's change points withdrawn: judged again a horizon (20 resolutions) after each was found, with a "
+    "probability below 0.5 then (cusp_stream_changepoints_total counted each when it was found).",
+    ("stream",),
+    registry=REGISTRY,
+)
 STREAM_CHANGEPOINT_CONFIDENCE = Gauge(
     "cusp_stream_changepoint_last_confidence", "Confidence (a lower bound on its posterior probability) of the stream's last change point.",
     ("stream",), registry=REGISTRY,

@@ -120,7 +120,8 @@ def run(args: argparse.Namespace) -> int:
     progress = Progress(data.shape[0], sys.stderr.isatty())
     traces: dict[str, list[dict]] = {label: [] for label in labels}
     found: dict[str, list] = {label: [] for label in labels}
-    stream_found: list[int] = []  # the stream's (model-averaged) change points, for the plot
+    stream_found: list[int] = []  # the stream's (model-averaged) change points standing, for the plot
+    withdrawn = 0  # and how many were withdrawn
     # each model's own events as they come: with one model (they are the stream's), or when asked; with
     # several, a count at the end (a new user's random walk: about 100 such lines, `level`, `trend` and
     # `student-t` following the walk by restarts, and no stream change, read as 100 changes)
@@ -159,7 +160,17 @@ def run(args: argparse.Namespace) -> int:
                               file=sys.stderr)
             pending = {label: run.pending for label, run in runs.items()}
             standing = {label: run.standing for label, run in runs.items()}
-            for c in answer.chunk(rows.shape[0], evidence, new, pending, standing) if args.detect else ():
+            made = answer.chunk(rows.shape[0], evidence, new, pending, standing) if args.detect else []
+            for w in answer.withdrawn if args.detect else ():  # (judged before the chunk's new changes, as the service)
+                stream_found.remove(w.location)
+                withdrawn += 1
+                out.write(json.dumps({"model": "*", "kind": "stream_changepoint_withdrawn", **w.to_dict(),
+                                      **({} if stamps is None else {"location_time": T.format(w.location_time),
+                                                                    "withdrawn_time": T.format(end)})}) + "\n")
+                support = ", ".join(f"{m} p={p:.3g} probability {c:.3g}" for m, (p, c) in sorted(w.support.items()))
+                print(f"stream (model-averaged): change point at observation {w.location} (found at {w.detected_at}) "
+                      f"withdrawn at {w.withdrawn_at}: its probability is {w.confidence:.4f} now ({support})", file=sys.stderr)
+            for c in made:
                 stream_found.append(c.location)
                 timed = T.timed(c.location_time, end) if stamps is not None else {}
                 out.write(json.dumps({"model": "*", "kind": "stream_changepoint", **c.to_dict(), **timed}) + "\n")
@@ -172,7 +183,8 @@ def run(args: argparse.Namespace) -> int:
             out.close()
     if args.detect:
         if not stream_found:  # (nothing was printed about change points: a new user's trial)
-            print(f"stream (model-averaged): no change found (threshold {dcfg.threshold:g})", file=sys.stderr)
+            print(f"stream (model-averaged): no change {'stands' if withdrawn else 'found'} (threshold {dcfg.threshold:g}"
+                  f"{f'; {withdrawn} withdrawn' if withdrawn else ''})", file=sys.stderr)
         if not own_lines and any(found.values()):
             counts = ", ".join(f"{label} {len(found[label])}" for label in labels)
             print(f"each model's own change points (not the stream's: it weighs them by the models' probabilities; "

@@ -57,7 +57,7 @@ import torch
 from models import ModelError
 from service import metrics as M
 from service import times as T
-from service.detect import Detector, DetectorConfig, DetectorState, Event, StreamChange, detector_seed
+from service.detect import Detector, DetectorConfig, DetectorState, Event, StreamChange, StreamWithdrawal, detector_seed
 from service.runtime import build, model_seed, rows_from_bytes, stream_answer
 from service.sgais import WARNINGS, EngineError, Reservoir, Sampler, SGAISState, TooLarge, load_state
 from service.store import StreamConfig
@@ -805,6 +805,8 @@ class Worker:
         answer = stream_answer(cfg).load(json.loads(raw_state) if raw_state else None)
         taken: list[str] = []
         found: list[tuple[int, StreamChange, float | None]] = []  # (seq, change, its chunk's last time)
+        entries: list[tuple[str, str]] = []  # (kind, JSON) of the changes and withdrawals, in the order made
+        withdrawn: list[tuple[int, StreamWithdrawal]] = []
         seq = start + 1
         while len(taken) < ANSWER_MAX_CHUNKS * len(names):
             span = range(seq, seq + ANSWER_BATCH)
@@ -819,8 +821,15 @@ class Worker:
                 events = {m: [Event(**e) for e in r.get("events", ())] for m, r in zip(names, recs)}
                 pending = {m: [(int(a), float(p)) for a, p in r.get("pending", ())] for m, r in zip(names, recs)}
                 standing = {m: (int(r["standing"][0]), float(r["standing"][1])) for m, r in zip(names, recs) if "standing" in r}
-                found += [(q, c, recs[0].get("time_end"))
-                          for c in answer.chunk(recs[0]["rows"], evidence, events, pending, standing)]
+                new = answer.chunk(recs[0]["rows"], evidence, events, pending, standing)
+                end = recs[0].get("time_end")
+                for w in answer.withdrawn:  # (judged before the chunk's new changes)
+                    withdrawn.append((q, w))
+                    entries.append(("stream_changepoint_withdrawn", json.dumps(
+                        {"seq": q, **w.to_dict(), "location_time": T.format(w.location_time), "withdrawn_time": T.format(end)})))
+                for c in new:
+                    found.append((q, c, end))
+                    entries.append(("stream_changepoint", json.dumps({"seq": q, **c.to_dict(), **T.timed(c.location_time, end)})))
                 taken += [tally_field(q, m) for m in names]
                 seq = q + 1
             else:
@@ -829,14 +838,19 @@ class Worker:
         if not taken:
             return
         status = self.store.commit_answer(s, uid, cursor, seq - 1, json.dumps(answer.to_dict()), taken,
-                                          [json.dumps({"seq": q, **c.to_dict(), **T.timed(c.location_time, end)})
-                                           for q, c, end in found],
+                                          entries,
                                           self.changepoint_maxlen, self.result_maxlen,
                                           "" if answer.probabilities is None else
                                           json.dumps({"n": answer.compared_n, "p": answer.probabilities}))
         if status != "ok":  # another worker took these chunks (it computed the same), or the stream is gone
             return
-        M.STREAM_CHANGEPOINTS.labels(s).inc(0)  # the series exists from the stream's first answer on
+        M.STREAM_CHANGEPOINTS.labels(s).inc(0)  # the series exist from the stream's first answer on
+        M.STREAM_CHANGEPOINTS_WITHDRAWN.labels(s).inc(0)
+        for q, w in withdrawn:
+            M.STREAM_CHANGEPOINTS_WITHDRAWN.labels(s).inc()
+            support = ", ".join(f"{m} p={p:.3g} probability {c:.3g}" for m, (p, c) in sorted(w.support.items()))
+            log.info("stream %s: change point at observation %d (found at %d) withdrawn at %d after seq %d: its probability "
+                     "is %.4f now (%s)", s, w.location, w.detected_at, w.withdrawn_at, q, w.confidence, support)
         for q, c, _ in found:
             M.STREAM_CHANGEPOINTS.labels(s).inc()
             M.STREAM_CHANGEPOINT_CONFIDENCE.labels(s).set(c.confidence)

@@ -129,6 +129,52 @@ def test_the_service_counts_a_reported_change_with_its_probability_now(redis):
         live.stop()
 
 
+def test_a_change_the_evidence_rejects_later_is_withdrawn_in_the_service_as_offline(redis):
+    """Per-minute latency in ms with a daily cycle (250 + 30 sin, +- 20), no change, 1,800 rows in
+    chunks of 60, the default portfolio: a change is found at 121 at 480 (the cycle's rise, read by
+    the models that restarted there) and withdrawn at 1,740, a horizon later, its probability then
+    below 1e-20. The service lists it under ``withdrawn`` and not under ``stream``, as
+    ``cusp.Detector`` does; the result feed has the withdrawal (its own kind), POST /v1/detect lists
+    it, and cusp_stream_changepoints_withdrawn_total counts it."""
+    import cusp
+    from service import metrics as M
+
+    g = np.random.default_rng(3)
+    y = 250 + 30 * np.sin(2 * np.pi * np.arange(1800) / 1440) + g.normal(0, 20, 1800)
+    det = cusp.Detector(chunk_size=60, seed=0).update(y).flush()
+    want = [(w.location, w.detected_at, w.withdrawn_at) for w in det.withdrawn]
+    assert want == [(121, 480, 1740)] and det.changepoints == [] and det.withdrawn[0].confidence < 1e-20
+    live = LiveServer(redis.url)
+    try:
+        before = M.STREAM_CHANGEPOINTS_WITHDRAWN.labels("cycle")._value.get()
+        r = live.client.post("/v1/streams", json={"name": "cycle", "columns": ["ms"], "seed": 0})
+        assert r.status_code == 201, r.text
+        post_all(live, "cycle", y, 60)
+        drain(redis.url)
+        got = live.client.get("/v1/streams/cycle/changepoints").json()
+        assert got["stream"] == []
+        assert [(w["location"], w["detected_at"], w["withdrawn_at"]) for w in got["withdrawn"]] == want
+        w = got["withdrawn"][0]
+        assert (w["kind"], w["model"], w["seq"]) == ("stream_changepoint_withdrawn", "*", 28)
+        assert w["confidence"] == pytest.approx(det.withdrawn[0].confidence, rel=1e-9, abs=1e-300)
+        # the change itself was found, stored and pushed when it was; the withdrawal after it, in its own kind
+        feed = live.client.get("/v1/streams/cycle/evidence",
+                               params={"kind": ["stream_changepoint", "stream_changepoint_withdrawn"]}).json()["results"]
+        assert [(e["kind"], e["location"]) for e in feed] == [("stream_changepoint", 121), ("stream_changepoint_withdrawn", 121)]
+        # (rows without times: their chunk's arrival)
+        assert w["location_time"] == feed[0]["location_time"] is not None and w["withdrawn_time"] >= w["location_time"]
+        assert M.STREAM_CHANGEPOINTS_WITHDRAWN.labels("cycle")._value.get() == before + 1
+        assert 'cusp_stream_changepoints_withdrawn_total{stream="cycle"}' in live.client.get("/metrics").text
+        # POST /v1/detect: the same series, the same answer
+        r = live.client.post("/v1/detect", json={"values": y.tolist(), "chunk_size": 60})
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert body["changepoints"] == []
+        assert [(w["index"], w["detected_at"], w["withdrawn_at"]) for w in body["withdrawn"]] == want
+    finally:
+        live.stop()
+
+
 def test_answer_commit_is_compare_and_set_and_fenced_by_incarnation(redis):
     """ANSWER writes only from the cursor it read and into the incarnation it read: a stale
     cursor gets 'stale', a stream deleted (or deleted and created again) gets 'gone'; neither

@@ -259,6 +259,48 @@ def test_model_averaged_changes_weigh_each_models_event_by_its_posterior_probabi
         model_averaged_changes({"a": []}, {"b": [(500, -1.0)]}, window=500)
 
 
+def test_a_change_the_evidence_rejects_a_horizon_later_is_withdrawn():
+    """Model a reports a change at 100 (found at 110, when a leads by 20 nats); from 150 on the data
+    favour b by 20 nats. A horizon (20 resolutions of 10 rows) after it was found, at the first chunk
+    with n - 110 > 200 (320), its probability is p(a) x 0.999, far below 0.5: withdrawn, with that
+    probability, and out of the answer's changes. Where b leads only until the horizon ends, or b
+    has an open challenger there of 0.9, the change stands. A state saved mid-horizon withdraws at
+    the same chunk after a reload."""
+    from service.detect import StreamAnswer
+
+    def run(swing, pending_b=None, reload_at=None):
+        a = StreamAnswer(["a", "b"], window=10)
+        out, gone = [], []
+        for n in range(10, 401, 10):
+            if reload_at == n:
+                a = StreamAnswer(["a", "b"], window=10).load(json.loads(json.dumps(a.to_dict())))
+            lead = 20.0 if n < 150 else swing(n)
+            events = {"a": [_event(100, 110, 0.999)]} if n == 110 else {}
+            pending = {"b": [(100, pending_b)]} if pending_b and n >= 150 else {}
+            out += a.step(n, 10, {"a": -float(n), "b": -float(n) - lead}, events, pending)
+            gone += a.withdrawn
+        return out, gone, a
+
+    found, gone, answer = run(lambda n: -20.0)
+    assert [(c.location, c.detected_at) for c in found] == [(100, 110)]
+    assert [(w.location, w.detected_at, w.withdrawn_at) for w in gone] == [(100, 110, 320)]
+    pa = 1.0 / (1.0 + math.exp(20.0))
+    assert gone[0].confidence == pytest.approx(pa * 0.999, rel=1e-9)
+    assert gone[0].support["a"] == pytest.approx((pa, 0.999), rel=1e-9)
+    assert answer.changes == [] and answer.found == []
+    # the same from a state saved and loaded mid-horizon
+    assert [(w.location, w.withdrawn_at) for w in run(lambda n: -20.0, reload_at=200)[1]] == [(100, 320)]
+    # a back in the lead by the horizon's end: it stands
+    _, gone, answer = run(lambda n: -20.0 if n < 300 else 20.0)
+    assert gone == [] and answer.changes == [100]
+    # b's own open challenger there (0.9) counts: 0.9 with b's weight over both hypotheses
+    _, gone, _ = run(lambda n: -20.0, pending_b=0.9)
+    assert gone == []
+    # judged once: a swing against it after the horizon withdraws nothing
+    _, gone, answer = run(lambda n: 20.0 if n <= 320 else -20.0)
+    assert gone == [] and answer.changes == [100]
+
+
 def test_a_model_yet_to_report_counts_with_its_open_challengers():
     """Equal evidence: a's event alone is worth half its confidence (no change, as above); b has not
     reported, but its open challenger at 1,010 (within the window) puts a change there at 0.99

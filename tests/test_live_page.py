@@ -586,6 +586,47 @@ def test_live_page_without_times(chromium, live, redis_url):
     assert page.errors == []
 
 
+def test_live_page_moves_a_withdrawn_change_apart(chromium, live, redis_url):
+    """Two stream changes (250, 350) drawn as red dashed lines; a withdrawal of 250 arriving on
+    the live feed takes it from the red lines to a grey dotted one, and lists it struck through with
+    when it was withdrawn; 350 stays. Reloaded, the page reads the same from /changepoints."""
+    page = chromium
+    page.errors.clear()
+    s = "withdrawn" + uuid.uuid4().hex[:8]
+    r = live.client.post("/v1/streams", json={"name": s, "columns": ["a"], "models": ["gaussian"]})
+    assert r.status_code == 201, r.text
+    redis = connect(redis_url)
+    for k in range(6):
+        redis.xadd(keys.out(s), {"model": "gaussian", "kind": "result", "data": json.dumps(
+            {"seq": k, "chunk": k, "n": 100 * (k + 1), "rows": 100, "log_evidence": -1.5 * 100 * (k + 1),
+             "log_evidence_per_observation": -1.5 + 0.01 * k, "annealing_steps": 0})})
+    for at, found in ((250, 300), (350, 400)):
+        entry = {"model": "*", "kind": "stream_changepoint", "data": json.dumps(
+            {"seq": found // 100 - 1, "location": at, "detected_at": found, "confidence": 0.99, "support": {"gaussian": [1.0, 0.99]}})}
+        redis.xadd(keys.out(s), entry)
+        redis.xadd(keys.changes(s), entry)
+    page.call("Page.navigate", url=f"{live.url}/?stream={s}")
+    page.wait_for(f"document.getElementById('status').textContent === 'live: {s}' && cusp.changepoints.length === 2")
+    assert red_columns(page, "evidence") == [pytest.approx(chart_x(page, "evidence", x), abs=1.5) for x in (250, 350)]
+    grey = ink(page, "evidence", "#9ca3af")
+    entry = {"model": "*", "kind": "stream_changepoint_withdrawn", "data": json.dumps(
+        {"seq": 5, "location": 250, "detected_at": 300, "withdrawn_at": 600, "confidence": 0.0123, "support": {"gaussian": [1.0, 0.0123]}})}
+    redis.xadd(keys.out(s), entry)
+    redis.xadd(keys.changes(s), entry)
+    page.wait_for("cusp.changepoints.length === 1 && cusp.withdrawn.length === 1")
+    for _ in range(2):  # live, then from a reload
+        assert red_columns(page, "evidence") == [pytest.approx(chart_x(page, "evidence", 350), abs=1.5)]
+        assert ink(page, "evidence", "#9ca3af") > grey
+        items = page.eval("[...document.querySelectorAll('#cps li')].map((li) => li.textContent)")
+        assert items == ["observation 350 (confidence 0.990)",
+                         "observation 250 withdrawn at observation 600: its probability fell to 0.012"], items
+        assert page.eval("document.querySelector('#cps li s').textContent") == "observation 250"
+        page.call("Page.navigate", url=f"{live.url}/?stream={s}")
+        page.wait_for(f"document.getElementById('status').textContent === 'live: {s}' && cusp.changepoints.length === 1 "
+                      "&& cusp.withdrawn.length === 1")
+    assert page.errors == []
+
+
 def test_live_page_names_a_missing_stream(chromium, live):
     page = chromium
     page.call("Page.navigate", url=f"{live.url}/?stream=no-such-stream")

@@ -341,3 +341,26 @@ def test_replay_says_when_model_events_fall_short_of_a_stream_change(tmp_path, c
     assert main(["replay", str(p), "--detect", "--out", str(tmp_path / "t.jsonl")]) == 0
     err = capsys.readouterr().err
     assert "stream (model-averaged): change point at observation 1" in err and "no change at" not in err, err
+
+
+def test_replay_lists_a_withdrawn_change_as_the_service_does(tmp_path, capsys):
+    """Per-minute latency with a daily cycle, no change, chunks of 60 (the case of
+    tests/test_changepoint_store.py): the change found at 121 is withdrawn at 1,740. The replay
+    prints the withdrawal, traces it as a ``stream_changepoint_withdrawn`` line after its
+    ``stream_changepoint`` line, and says no change stands, as ``cusp.Detector`` has it."""
+    import json
+
+    from service.cli import main
+
+    g = np.random.default_rng(3)
+    y = 250 + 30 * np.sin(2 * np.pi * np.arange(1800) / 1440) + g.normal(0, 20, 1800)
+    p = tmp_path / "ms.csv"
+    p.write_text("ms\n" + "".join(f"{float(v)!r}\n" for v in y))
+    out = tmp_path / "t.jsonl"
+    assert main(["replay", str(p), "--detect", "--chunk-size", "60", "--out", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert "change point at observation 121 (found at 480) withdrawn at 1740: its probability is 0.0000 now" in err, err
+    assert "stream (model-averaged): no change stands (threshold 0.99; 1 withdrawn)" in err, err
+    lines = [json.loads(ln) for ln in out.read_text().splitlines()]
+    stream = [(ln["kind"], ln["location"], ln.get("withdrawn_at")) for ln in lines if ln["model"] == "*"]
+    assert stream == [("stream_changepoint", 121, None), ("stream_changepoint_withdrawn", 121, 1740)]

@@ -338,12 +338,14 @@ def build() -> dict:
         stat(
             lay,
             "Change points (in time range)",
-            [target(counted("cusp_stream_changepoints", SEL_STREAM, "$__range", "$__range_s", by="stream"), "{{stream}}")],
+            [target(counted("cusp_stream_changepoints", SEL_STREAM, "$__range", "$__range_s", by="stream"), "{{stream}}"),
+             target(counted("cusp_stream_changepoints_withdrawn", SEL_STREAM, "$__range", "$__range_s", by="stream"),
+                    "{{stream}} withdrawn", "B")],
             w=6,
             h=6,
             decimals=0,
             thresholds=[(None, "green"), (1, "orange")],
-            description="The stream's change points in the selected time range: its models' events weighted by their posterior probabilities (with one model, its events); drawn as red annotations on the time series, and what the CuspChangePointDetected alert fires on. A worker's counter created by its first change point counts whole.",
+            description="The stream's change points in the selected time range: its models' events weighted by their posterior probabilities (with one model, its events); drawn as red annotations on the time series, and what the CuspChangePointDetected alert fires on. 'withdrawn': those the evidence rejected a horizon (20 resolutions) after they were found (README, Withdrawn change points). A worker's counter created by its first change point counts whole.",
         )
     )
     panels.append(

@@ -446,8 +446,11 @@ async def changepoints(store: ApiStore, cfg: StreamConfig, model: str | None = N
     """The stream's change points from their own store (``keys.changes``, kept apart from the
     result stream and its trimming): each model's events (only ``model``'s where given: its name,
     ``feed_model``'s; '*' keeps none), and the stream's answer (each model's events weighted by its
-    posterior probability, taken chunk by chunk by the workers: ``service.detect.StreamAnswer``).
-    O(events)."""
+    posterior probability, taken chunk by chunk by the workers: ``service.detect.StreamAnswer``),
+    less those withdrawn since, which are listed apart. O(events)."""
     got = await store.changes(cfg.name)
+    withdrawn = [c for c in got if c["kind"] == "stream_changepoint_withdrawn"]
+    gone = {(c.get("location"), c.get("detected_at")) for c in withdrawn}
     return {"changepoints": [c for c in got if c["kind"] == "changepoint" and (model is None or c.get("model") == model)],
-            "stream": [c for c in got if c["kind"] == "stream_changepoint"]}
+            "stream": [c for c in got if c["kind"] == "stream_changepoint" and (c.get("location"), c.get("detected_at")) not in gone],
+            "withdrawn": withdrawn}

@@ -305,6 +305,26 @@ class StreamChangepointEntry(BaseModel):
                                                               "time unit apart it is delay - 1 units")
 
 
+class StreamWithdrawnEntry(BaseModel):
+    """A change point of the stream withdrawn (kind "stream_changepoint_withdrawn", model "*"):
+    judged again a horizon (20 of the stream's resolutions) after it was found, its probability was
+    below 0.5 (README, "Withdrawn change points"). Its "stream_changepoint" entry stays where it was;
+    GET /changepoints lists it under "withdrawn" instead of "stream"."""
+
+    model_config = ConfigDict(extra="allow")
+    id: str
+    model: Literal["*"]
+    kind: Literal["stream_changepoint_withdrawn"]
+    seq: int = Field(None, description="the chunk after which it was withdrawn")
+    location: int = Field(None, description="the withdrawn change's location (as its stream_changepoint entry had it)")
+    detected_at: int = Field(None, description="observations seen when it was found")
+    withdrawn_at: int = Field(None, description="observations seen when it was withdrawn")
+    confidence: float = Field(None, description="its probability when withdrawn (below 0.5)")
+    support: dict[str, tuple[float, float]] = Field(None, description="model -> [posterior probability, probability of this change], when withdrawn")
+    location_time: str | None = Field(None, description="the time of the observation at location (RFC 3339, UTC); null when unknown")
+    withdrawn_time: str | None = Field(None, description="the time of the last observation when it was withdrawn (RFC 3339, UTC)")
+
+
 class DeadLetterEntry(BaseModel):
     """A chunk a model could not process (kind "dead_letter"): its seq and the error."""
 
@@ -316,7 +336,7 @@ class DeadLetterEntry(BaseModel):
     error: str = None
 
 
-KNOWN_KINDS = ("result", "changepoint", "stream_changepoint", "dead_letter")
+KNOWN_KINDS = ("result", "changepoint", "stream_changepoint", "stream_changepoint_withdrawn", "dead_letter")
 
 
 class OtherEntry(BaseModel):
@@ -334,7 +354,9 @@ def _entry_kind(v: Any) -> str:
 
 
 Entry = Annotated[Annotated[ResultEntry, Tag("result")] | Annotated[ChangepointEntry, Tag("changepoint")]
-                  | Annotated[StreamChangepointEntry, Tag("stream_changepoint")] | Annotated[DeadLetterEntry, Tag("dead_letter")] | Annotated[OtherEntry, Tag("other")], Discriminator(_entry_kind)]
+                  | Annotated[StreamChangepointEntry, Tag("stream_changepoint")]
+                  | Annotated[StreamWithdrawnEntry, Tag("stream_changepoint_withdrawn")] | Annotated[DeadLetterEntry, Tag("dead_letter")]
+                  | Annotated[OtherEntry, Tag("other")], Discriminator(_entry_kind)]
 
 
 class ChangepointList(BaseModel):
@@ -344,7 +366,12 @@ class ChangepointList(BaseModel):
                     "found after a later one, its delay then large; cusp.Detector.changepoints sorts by location): "
                     "each model's events weighted by its "
                     "posterior probability (with one model: its events). Kept in their own store, apart from the "
-                    "results: trimming the result stream does not lose them (CUSP_CHANGEPOINT_MAXLEN caps it)")
+                    "results: trimming the result stream does not lose them (CUSP_CHANGEPOINT_MAXLEN caps it). Those "
+                    "withdrawn since are under withdrawn, not here")
+    withdrawn: list[StreamWithdrawnEntry] = Field(
+        default_factory=list,
+        description="the stream's change points withdrawn, in the order withdrawn: each judged again a horizon after it "
+                    "was found, with a probability below 0.5 then")
 
 
 class DeadLetter(BaseModel):
@@ -498,6 +525,19 @@ class DetectChange(BaseModel):
     support: dict[str, tuple[float, float]] = Field(description="model -> [posterior probability (over no change and this change), event confidence]")
 
 
+class DetectWithdrawn(BaseModel):
+    """A change point the evidence later rejected: found, then judged again a horizon (20 of the
+    stream's resolutions) after it was found, with a probability below 0.5 then (README, "Withdrawn
+    change points")."""
+
+    index: int = Field(description="index (0-based) of the row where it was placed")
+    time: str | int | float | None = Field(None, description="that row's time, as given (null without times)")
+    detected_at: int = Field(description="rows seen when it was found")
+    withdrawn_at: int = Field(description="rows seen when it was withdrawn")
+    confidence: float = Field(description="its probability when withdrawn (below 0.5)")
+    support: dict[str, tuple[float, float]] = Field(description="model -> [posterior probability, probability of this change], when withdrawn")
+
+
 class DetectModel(BaseModel):
     name: str
     spec: str
@@ -521,6 +561,8 @@ class DetectOut(BaseModel):
     rows: int
     chunk_size: int
     changepoints: list[DetectChange] = Field(description="the series' change points, by index")
+    withdrawn: list[DetectWithdrawn] = Field(default_factory=list, description="change points found and later withdrawn "
+                                             "(not in changepoints), in the order withdrawn")
     is_change_point: list[bool] = Field(description="per row: does a change point start there (Azure's shape)")
     confidence_scores: list[float] = Field(description="per row: the change point's confidence there, else 0")
     models: list[DetectModel]

@@ -107,7 +107,7 @@ re-read from the input stream on restore), so the state stays small.
 
 from __future__ import annotations
 
-from service.detect.answer import StreamAnswer, StreamChange, model_averaged_changes
+from service.detect.answer import StreamAnswer, StreamChange, StreamWithdrawal, model_averaged_changes
 from service.detect.config import DetectorConfig
 from service.detect.detector import SUPPORT_NATS, Detector, detector_seed, stream_window, training_rows
 from service.detect.offline import OfflineRun, detect_series, detect_stream
@@ -115,6 +115,6 @@ from service.detect.state import MAGIC, Challenger, DetectorState, Event, Recent
 
 __all__ = [
     "MAGIC", "SUPPORT_NATS", "Challenger", "Detector", "DetectorConfig", "DetectorState", "Event", "OfflineRun", "Recent",
-    "Refined", "Step", "StreamAnswer", "StreamChange", "detect_series", "detect_stream", "detector_seed",
+    "Refined", "Step", "StreamAnswer", "StreamChange", "StreamWithdrawal", "detect_series", "detect_stream", "detector_seed",
     "model_averaged_changes", "stream_window", "training_rows",
 ]

@@ -35,6 +35,25 @@ class StreamChange:
         return {**asdict(self), "delay": self.delay}
 
 
+@dataclass(frozen=True)
+class StreamWithdrawal:
+    """A stream change the evidence later rejected (``StreamAnswer``, ``WITHDRAW``): location and
+    detected_at as the change had them, withdrawn_at (observations seen when it was withdrawn,
+    ``HORIZON`` resolutions after it was found), confidence (its probability then, below
+    ``WITHDRAW``), and each supporting model's (posterior probability, its probability of the
+    change) then; location_time as the change had it."""
+
+    location: int
+    detected_at: int
+    withdrawn_at: int
+    confidence: float
+    support: dict[str, tuple[float, float]]
+    location_time: float | None = None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
 class StreamAnswer:
     """A stream's change points from its models' events, weighted by the models' posterior
     probabilities, one chunk at a time (the service's workers, ``cusp replay``, ``detect_stream``
@@ -62,6 +81,20 @@ class StreamAnswer:
     places) support one candidate, and are one change once it is found; a candidate is judged for
     ``HORIZON`` resolutions after its first report (``_settled``).
 
+    A change found is judged once more ``HORIZON`` resolutions after it was found, when its models'
+    view of it is final (each weighs its own change on for ``max_age`` rows, ``Detector._stand``):
+    its probability is taken again as it was for the report, with the models' probabilities and
+    event confidences now, and where it is below ``WITHDRAW`` the change is withdrawn
+    (``StreamWithdrawal``, in ``withdrawn`` after that chunk): it leaves ``changes``, and the
+    service, ``cusp replay``, ``detect_stream`` and ``cusp.Detector`` list it apart. Why: a model
+    that adopts a change takes the weight for a while (it restarted, its rivals not yet), and where
+    it was wrong the rows after it say so (a per-minute cycle's first two hours, 120 and 128, found
+    at 0.998 and 0.999, at 0.00 a horizon later; `level` following a change of dispersion in counts
+    at 499 and 550; a price walk at 13). Judged earlier, a true change can still dip: `ar`'s shift
+    at 250 fell to 0.35 at 21 rows after it was found and ended at 0.99; at the horizon, across the
+    metric set (3 seeds), its real series, counts and price walks, the 5 changes below 0.5 were all
+    false and none of 55 true ones was (``docs/benchmarks.md``, session 46).
+
     ``window``: the stream's resolution (``stream_window``: the largest training sample), widened
     to the largest chunk seen (changes inside one chunk are one change).
 
@@ -72,6 +105,8 @@ class StreamAnswer:
     VERSION = 1
     #: a candidate is judged for this many resolutions after its first report (``_settled``)
     HORIZON = 20
+    #: a change whose probability a horizon after it was found is below this is withdrawn
+    WITHDRAW = 0.5
     MAX_EVENTS = 256
     MAX_CHANGES = 64
 
@@ -86,6 +121,10 @@ class StreamAnswer:
         self.events: list[tuple[int, int, str, float, float | None]] = []
         self.changes: list[int] = []  # locations of the changes found (the last MAX_CHANGES)
         self.found: list[int] = []  # and the observations seen when each was found
+        # the changes withdrawn at the last chunk (not part of the state: the service stores them as
+        # they are made), and the observations at the last chunk whose changes were judged
+        self.withdrawn: list[StreamWithdrawal] = []
+        self.judged = 0
         self.n = 0
         # the posterior model probabilities at the last chunk this object compared, and the
         # observations then (not part of the state: the service keeps the last ones beside it)
@@ -133,6 +172,7 @@ class StreamAnswer:
                 at, loc, _, _, when = self.events[k]
                 self.events[k] = (at, loc, m, float(now[1]), when)
         self.n = int(n)
+        self.withdrawn = []
         if log_evidence is None:
             return []
         if set(log_evidence) != set(self.models):
@@ -151,6 +191,7 @@ class StreamAnswer:
             bound, top = sum(weights[m] * c for m, c in there.items()), max(there.values())
             if self.open is None or (top, bound) > self.open[:2]:
                 self.open = (top, bound, loc, {m: (weights[m], c) for m, c in there.items()})
+        self._judge(n, probs, pending)
         found: list[StreamChange] = []
         # a model that reports a change at this chunk restarted there, its rivals not yet: for a chunk
         # or two the probabilities swing to it, and they say nothing about earlier places (seen: 5-minute
@@ -167,35 +208,10 @@ class StreamAnswer:
                 continue
             if self._settled(n, loc, at0):
                 continue
-            best: dict[str, tuple[float, float, int, float | None]] = {}
-            for at, where, m, conf, when in self.events:
-                if at <= n and abs(where - loc) <= self.window and conf > best.get(m, (0.0, 0.0, 0, None))[1]:
-                    best[m] = (probs[m], conf, where, when)
-            # a model that placed this change elsewhere: an event of its own reported within the
-            # resolution of the candidate's first report, each placed before the other was reported,
-            # where no model has a change at both places
-            # (seen: sparse counts 0.05 -> 0.5 at 1,000, point by point: `negbin` at 996 with
-            # probability 0.96, `poisson` at 1,000 with 0.04, both certain, both reported at 1,011; 4
-            # rows apart, beyond the resolution of 2, neither became a change)
-            for at, where, m, conf, when in self.events:
-                if (m not in best and at <= n and abs(at - at0) <= self.window and where <= at0 and loc <= at
-                        and self._apart(loc, where)
-                        and not any(abs(where - c) <= self.window for c in self.changes)
-                        and conf > best.get(m, (0.0, 0.0, 0, None))[1]):
-                    best[m] = (probs[m], conf, where, when)
-            reported = set(best)
-            if not reported:
+            weighed = self._weigh(n, loc, at0, probs, pending, self.changes)
+            if weighed is None:
                 continue
-            for m, places in sorted((pending or {}).items()):
-                if m in reported:
-                    continue  # a model that reported a change here speaks through its event
-                for where, conf in places:
-                    if m in probs and abs(where - loc) <= self.window and conf > best.get(m, (0.0, 0.0, 0, None))[1]:
-                        best[m] = (probs[m], float(conf), int(where), None)
-            weights = _with_changes(probs, {m: best[m][1] for m in best if m not in reported})
-            best = {m: (weights[m], c, where, when) for m, (_, c, where, when) in best.items()}
-            bound = sum(p * c for p, c, _, _ in best.values())
-            top = max(reported, key=lambda m: best[m][0] * best[m][1])
+            bound, top, best = weighed
             support = {m: (p, c) for m, (p, c, _, _) in best.items()}
             if bound >= self.threshold:
                 found.append(StreamChange(location=best[top][2], detected_at=int(n), confidence=min(bound, 1.0),
@@ -205,6 +221,65 @@ class StreamAnswer:
             elif self.nearest is None or bound > self.nearest[0]:
                 self.nearest = (bound, best[top][2], support, {m: where for m, (_, _, where, _) in best.items()})
         return found
+
+    def _judge(self, n: int, probs: dict[str, float], pending: dict[str, list[tuple[int, float]]] | None) -> None:
+        """Withdraw each change whose horizon ended since the last chunk judged (``self.judged``)
+        and whose probability now is below ``WITHDRAW`` (into ``self.withdrawn``)."""
+        horizon = self.HORIZON * self.window
+        for loc, at in list(zip(self.changes, self.found)):
+            if not self.judged - at <= horizon < n - at:
+                continue
+            # the change as first reported: its earliest event near it (trimmed out: it stands)
+            first = min((e[0] for e in self.events if abs(e[1] - loc) <= self.window), default=None)
+            others = [c for c in self.changes if c != loc]
+            weighed = None if first is None else self._weigh(n, loc, first, probs, pending, others)
+            if weighed is None or weighed[0] >= self.WITHDRAW:
+                continue
+            bound, top, best = weighed
+            k = self.changes.index(loc)
+            del self.changes[k], self.found[k]
+            self.withdrawn.append(StreamWithdrawal(location=loc, detected_at=at, withdrawn_at=int(n), confidence=max(bound, 0.0),
+                                                   support={m: (p, c) for m, (p, c, _, _) in best.items()},
+                                                   location_time=best[top][3]))
+        self.judged = int(n)
+
+    def _weigh(self, n: int, loc: int, at0: int, probs: dict[str, float],
+               pending: dict[str, list[tuple[int, float]]] | None, changes: Sequence[int]
+               ) -> tuple[float, str, dict[str, tuple[float, float, int, float | None]]] | None:
+        """The stream's probability at ``n`` of a change at ``loc`` first reported at ``at0``:
+        (that probability, the reporting model that weighs most in it, each supporting model's
+        (weight, confidence, place, place's time)), or None where no reported event supports it.
+        ``changes``: the changes found, which another model's place for it must stay clear of."""
+        best: dict[str, tuple[float, float, int, float | None]] = {}
+        for at, where, m, conf, when in self.events:
+            if at <= n and abs(where - loc) <= self.window and conf > best.get(m, (0.0, 0.0, 0, None))[1]:
+                best[m] = (probs[m], conf, where, when)
+        # a model that placed this change elsewhere: an event of its own reported within the
+        # resolution of the candidate's first report, each placed before the other was reported,
+        # where no model has a change at both places
+        # (seen: sparse counts 0.05 -> 0.5 at 1,000, point by point: `negbin` at 996 with
+        # probability 0.96, `poisson` at 1,000 with 0.04, both certain, both reported at 1,011; 4
+        # rows apart, beyond the resolution of 2, neither became a change)
+        for at, where, m, conf, when in self.events:
+            if (m not in best and at <= n and abs(at - at0) <= self.window and where <= at0 and loc <= at
+                    and self._apart(loc, where)
+                    and not any(abs(where - c) <= self.window for c in changes)
+                    and conf > best.get(m, (0.0, 0.0, 0, None))[1]):
+                best[m] = (probs[m], conf, where, when)
+        reported = set(best)
+        if not reported:
+            return None
+        for m, places in sorted((pending or {}).items()):
+            if m in reported:
+                continue  # a model that reported a change here speaks through its event
+            for where, conf in places:
+                if m in probs and abs(where - loc) <= self.window and conf > best.get(m, (0.0, 0.0, 0, None))[1]:
+                    best[m] = (probs[m], float(conf), int(where), None)
+        weights = _with_changes(probs, {m: best[m][1] for m in best if m not in reported})
+        best = {m: (weights[m], c, where, when) for m, (_, c, where, when) in best.items()}
+        bound = sum(p * c for p, c, _, _ in best.values())
+        top = max(reported, key=lambda m: best[m][0] * best[m][1])
+        return bound, top, best
 
     def notes(self, scored: dict[str, int], warmups: dict[str, int]) -> list[str]:
         """What a user cannot tell from an answer without changes, in words (none when changes were
@@ -295,7 +370,7 @@ class StreamAnswer:
 
     def to_dict(self) -> dict:
         return {"v": self.VERSION, "n": self.n, "window": self.window, "events": [list(e) for e in self.events],
-                "changes": list(self.changes), "found": list(self.found)}
+                "changes": list(self.changes), "found": list(self.found), "judged": self.judged}
 
     def load(self, d: dict | None) -> "StreamAnswer":
         """This answer's state from ``to_dict`` (None: a new stream)."""
@@ -310,7 +385,15 @@ class StreamAnswer:
         self.changes = [int(c) for c in d["changes"]]
         # (a state saved before changes kept when they were found: each found where it is)
         self.found = [int(f) for f in d.get("found", self.changes)]
+        # (a state saved before changes were judged: judged through its last chunk)
+        self.judged = int(d.get("judged", self.n))
         return self
+
+
+def standing_changes(changes: Sequence[StreamChange], withdrawn: Sequence[StreamWithdrawal]) -> list[StreamChange]:
+    """``changes`` less those ``withdrawn`` (the same location, found at the same observation)."""
+    gone = {(w.location, w.detected_at) for w in withdrawn}
+    return [c for c in changes if (c.location, c.detected_at) not in gone]
 
 
 def _with_changes(probs: dict[str, float], pending: dict[str, float]) -> dict[str, float]:
@@ -402,7 +485,7 @@ def model_averaged_changes(events: dict[str, list[Event]], log_evidence: dict[st
     log-evidence) after each chunk, the same n for every model (they read the same chunks); an
     event enters at the first chunk whose n reaches its ``detected_at``; ``pending[m]`` and
     ``standing[m]``: each chunk's ``Step.pending`` and ``Step.standing`` (None: none). Sorted by
-    location."""
+    location; those withdrawn (``StreamAnswer.WITHDRAW``) left out."""
     names = sorted(events)
     if set(log_evidence) != set(names):
         raise ValueError(f"log_evidence covers {sorted(log_evidence)}, events {names}")
@@ -414,11 +497,13 @@ def model_averaged_changes(events: dict[str, list[Event]], log_evidence: dict[st
             raise ValueError(f"model {m!r}: its chunks end at other observation counts than {names[0]!r}'s")
     answer = StreamAnswer(names, window, threshold, log_prior)
     out: list[StreamChange] = []
+    withdrawn: list[StreamWithdrawal] = []
     prev = -1
     for i, n in enumerate(ns):
         new = {m: [e for e in events[m] if prev < e.detected_at <= n] for m in names}
         out += answer.step(n, 0, {m: log_evidence[m][i][1] for m in names}, new,
                            None if pending is None else {m: pending[m][i] for m in names if m in pending},
                            None if standing is None else {m: standing[m][i] for m in names if m in standing})
+        withdrawn += answer.withdrawn
         prev = n
-    return sorted(out, key=lambda c: c.location)
+    return sorted(standing_changes(out, withdrawn), key=lambda c: c.location)

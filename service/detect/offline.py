@@ -9,7 +9,7 @@ from typing import Callable
 
 import torch
 
-from service.detect.answer import StreamAnswer, StreamChange
+from service.detect.answer import StreamAnswer, StreamChange, StreamWithdrawal, standing_changes
 from service.detect.config import DetectorConfig
 from service.detect.detector import Detector, detector_seed, stream_window
 from service.detect.state import Event
@@ -102,7 +102,8 @@ def detect_stream(data, model_specs: Sequence[str] | None = None, chunk_size: in
                   target: int | None = None) -> tuple[dict[str, list[Event]], list["StreamChange"]]:
     """A stream's models with their detectors over ``data [T, C]`` offline, seeded as the service
     seeds a stream's models (model i: ``service.seeding.seed_for(seed, i)``), and the stream's answer:
-    (each model's events, the model-averaged change points). ``model_specs`` None: the default
+    (each model's events, the model-averaged change points less those withdrawn, ``StreamAnswer.WITHDRAW``;
+    ``cusp.Detector.withdrawn`` lists those). ``model_specs`` None: the default
     portfolio for the data's width (``models.registry.default_portfolio``)."""
     from models import build_model
     from models.registry import default_portfolio
@@ -118,6 +119,7 @@ def detect_stream(data, model_specs: Sequence[str] | None = None, chunk_size: in
     events: dict[str, list[Event]] = {spec: [] for spec in specs}
     answer = StreamAnswer(specs, stream_window([r.sampler.model for r in runs.values()], cfg), cfg.threshold)
     changes: list[StreamChange] = []
+    withdrawn: list[StreamWithdrawal] = []
     for lo in range(0, x.shape[0], chunk_size):
         chunk = x[lo : lo + chunk_size]
         evidence, new = {}, {}
@@ -127,4 +129,5 @@ def detect_stream(data, model_specs: Sequence[str] | None = None, chunk_size: in
             evidence[spec] = (result.n, result.log_evidence)
         changes += answer.chunk(chunk.shape[0], evidence, new, {spec: run.pending for spec, run in runs.items()},
                                 {spec: run.standing for spec, run in runs.items()})
-    return events, sorted(changes, key=lambda c: c.location)
+        withdrawn += answer.withdrawn
+    return events, sorted(standing_changes(changes, withdrawn), key=lambda c: c.location)

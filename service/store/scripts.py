@@ -139,7 +139,8 @@ return 'ok'
 # nothing). KEYS: answer, tally, changes, out, config, uid.
 # ARGV: uid, expected_cursor ('' when the answer has none yet), new_cursor, state_json,
 #       changes_maxlen, out_maxlen, probabilities_json ('' for none), n_fields, tally fields taken
-#       * n_fields, then stream change JSONs.
+#       * n_fields, then (kind, JSON) pairs: stream changes ('stream_changepoint') and withdrawals
+#       ('stream_changepoint_withdrawn'), in the order they were made.
 # The probabilities (JSON {"n": observations compared, "p": {model: posterior probability}}, small,
 # for GET /v1/streams) are the answer's at its last compared chunk, kept beside its state.
 # Returns 'ok' | 'stale' (another worker took them) | 'gone'
@@ -150,9 +151,9 @@ redis.call('HSET', KEYS[1], 'cursor', ARGV[3], 'state', ARGV[4])
 if ARGV[7] ~= '' then redis.call('HSET', KEYS[1], 'probabilities', ARGV[7]) end
 local nf = tonumber(ARGV[8])
 for i = 9, 8 + nf do redis.call('HDEL', KEYS[2], ARGV[i]) end
-for i = 9 + nf, #ARGV do
-  redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[5], '*', 'model', '*', 'kind', 'stream_changepoint', 'data', ARGV[i])
-  redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[6], '*', 'model', '*', 'kind', 'stream_changepoint', 'data', ARGV[i])
+for i = 9 + nf, #ARGV - 1, 2 do
+  redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[5], '*', 'model', '*', 'kind', ARGV[i], 'data', ARGV[i + 1])
+  redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[6], '*', 'model', '*', 'kind', ARGV[i], 'data', ARGV[i + 1])
 end
 return 'ok'
 """

@@ -217,14 +217,14 @@ class WorkerStore:
         return self.r.hkeys(keys.tally(s))
 
     def commit_answer(self, s: str, uid: bytes, expected: int | None, cursor: int, state: str, taken: list[str],
-                      changes: list[str], changes_maxlen: int, result_maxlen: int, probabilities: str = "") -> str:
+                      changes: list[tuple[str, str]], changes_maxlen: int, result_maxlen: int, probabilities: str = "") -> str:
         """Move the answer from ``expected`` to ``cursor`` (compare-and-set), drop the tally records
-        it took, append its stream change points, keep its model probabilities; 'ok', 'stale'
-        (another worker did) or 'gone'."""
+        it took, append its stream change points and withdrawals (``changes``: (kind, JSON), in the
+        order made), keep its model probabilities; 'ok', 'stale' (another worker did) or 'gone'."""
         return _text(self._script(scripts.ANSWER)(
             keys=[keys.answer(s), keys.tally(s), keys.changes(s), keys.out(s), keys.config(s), keys.uid(s)],
             args=[uid, "" if expected is None else expected, cursor, state, changes_maxlen, result_maxlen, probabilities,
-                  len(taken), *taken, *changes],
+                  len(taken), *taken, *(part for entry in changes for part in entry)],
         ))
 
     # --- waking up ----------------------------------------------------------------------------

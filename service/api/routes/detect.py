@@ -21,7 +21,7 @@ from service.api import crud
 from service.api.deps import Json, Read, SettingsDep
 from service.api.errors import ApiError, errors
 from service.api.schemas import (DETECT_DEFAULT_CHUNKS, MAX_DETECT_CHUNKS, MAX_DETECT_ROWS, DetectChange, DetectChunk,
-                                 DetectEvent, DetectIn, DetectModel, DetectOut, ModelFrame, StreamIn)
+                                 DetectEvent, DetectIn, DetectModel, DetectOut, DetectWithdrawn, ModelFrame, StreamIn)
 from service.data import MAX_COLUMNS, MAX_MAGNITUDE, too_large
 from service.detect import DetectorConfig
 from service.settings import Settings
@@ -161,6 +161,9 @@ def answer(det: Detector, times: list | None) -> DetectOut:
         rows=det.n, chunk_size=max(r for _, r in det.chunks),
         changepoints=[DetectChange(index=c.location, time=when(c.location), detected_at=c.detected_at, delay=c.delay,
                                    confidence=c.confidence, support=c.support) for c in changes],
+        withdrawn=[DetectWithdrawn(index=w.location, time=when(w.location), detected_at=w.detected_at,
+                                   withdrawn_at=w.withdrawn_at, confidence=w.confidence, support=w.support)
+                   for w in det.withdrawn],
         is_change_point=is_cp, confidence_scores=conf,
         models=[DetectModel(name=m, spec=spec, method=results[m][-1].method, log_evidence=results[m][-1].log_evidence,
                             posterior_probability=probs[m],
