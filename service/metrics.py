@@ -75,11 +75,13 @@ STREAM_CHANGEPOINTS_WITHDRAWN = Counter(
     registry=REGISTRY,
 )
 STREAM_CHANGEPOINT_CONFIDENCE = Gauge(
-    "cusp_stream_changepoint_last_confidence", "Confidence (a lower bound on its posterior probability) of the stream's last change point.",
+    "cusp_stream_changepoint_last_confidence", "Confidence (a lower bound on its posterior probability) of the stream's last change point "
+    "standing (the API's, from Redis at each scrape).",
     ("stream",), registry=REGISTRY,
 )
 STREAM_CHANGEPOINT_LAST_OBSERVATION = Gauge(
-    "cusp_stream_changepoint_last_observation", "Observation index of the stream's last change point.", ("stream",), registry=REGISTRY
+    "cusp_stream_changepoint_last_observation", "Observation index of the stream's last change point standing (the API's, from Redis "
+    "at each scrape).", ("stream",), registry=REGISTRY
 )
 MODEL_POSTERIOR = Gauge(
     "cusp_model_posterior_probability", "Posterior probability of the model among its stream's models.", SM, registry=REGISTRY
@@ -123,7 +125,7 @@ def forget(stream: str, model: str | None = None) -> int:
 
 #: the API's own series of a stream (the API forgets them when it deletes the stream); a worker's
 #: ``forget_stream`` leaves them, should a worker run in the API's process (tests do)
-API_SERIES = (INGESTED_CHUNKS, INGESTED_ROWS, SPARSE_COUNTS)
+API_SERIES = (INGESTED_CHUNKS, INGESTED_ROWS, SPARSE_COUNTS, STREAM_CHANGEPOINT_CONFIDENCE, STREAM_CHANGEPOINT_LAST_OBSERVATION)
 
 
 def forget_stream(stream: str) -> int:

@@ -841,7 +841,8 @@ class Worker:
                                           entries,
                                           self.changepoint_maxlen, self.result_maxlen,
                                           "" if answer.probabilities is None else
-                                          json.dumps({"n": answer.compared_n, "p": answer.probabilities}))
+                                          json.dumps({"n": answer.compared_n, "p": answer.probabilities,
+                                                      "last": answer.last_change()}))
         if status != "ok":  # another worker took these chunks (it computed the same), or the stream is gone
             return
         M.STREAM_CHANGEPOINTS.labels(s).inc(0)  # the series exist from the stream's first answer on
@@ -852,9 +853,7 @@ class Worker:
             log.info("stream %s: change point at observation %d (found at %d) withdrawn at %d after seq %d: its probability "
                      "is %.4f now (%s)", s, w.location, w.detected_at, w.withdrawn_at, q, w.confidence, support)
         for q, c, _ in found:
-            M.STREAM_CHANGEPOINTS.labels(s).inc()
-            M.STREAM_CHANGEPOINT_CONFIDENCE.labels(s).set(c.confidence)
-            M.STREAM_CHANGEPOINT_LAST_OBSERVATION.labels(s).set(c.location)
+            M.STREAM_CHANGEPOINTS.labels(s).inc()  # (the last change's gauges are the API's, from the answer's hash)
             support = ", ".join(f"{m} p={p:.3g}" for m, (p, _) in sorted(c.support.items()))
             log.info("stream %s: change point at observation %d (confidence %.4f, detected at %d after seq %d; %s)",
                      s, c.location, c.confidence, c.detected_at, q, support)

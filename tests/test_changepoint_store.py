@@ -125,6 +125,15 @@ def test_the_service_counts_a_reported_change_with_its_probability_now(redis):
         names = {m["spec"]: m["name"] for m in live.client.get("/v1/streams/yearly").json()["models"]}
         want = [{**c.to_dict(), "support": {names[k]: v for k, v in c.support.items()}} for c in want]
         assert stripped(got["stream"]) == stripped(json.loads(json.dumps(want)))
+        # the last change's gauges are the API's, read from Redis at each scrape: there in a process
+        # that never saw the change (after a restart of cusp serve they were missing until the next one)
+        from service import metrics as M
+
+        for _ in range(2):
+            text = live.client.get("/metrics").text
+            assert 'cusp_stream_changepoint_last_observation{stream="yearly"} 13.0' in text
+            assert f'cusp_stream_changepoint_last_confidence{{stream="yearly"}} {want[0]["confidence"]!r}' in text
+            assert M.forget("yearly") > 0  # as a new process has it
     finally:
         live.stop()
 
@@ -164,7 +173,10 @@ def test_a_change_the_evidence_rejects_later_is_withdrawn_in_the_service_as_offl
         # (rows without times: their chunk's arrival)
         assert w["location_time"] == feed[0]["location_time"] is not None and w["withdrawn_time"] >= w["location_time"]
         assert M.STREAM_CHANGEPOINTS_WITHDRAWN.labels("cycle")._value.get() == before + 1
-        assert 'cusp_stream_changepoints_withdrawn_total{stream="cycle"}' in live.client.get("/metrics").text
+        text = live.client.get("/metrics").text
+        assert 'cusp_stream_changepoints_withdrawn_total{stream="cycle"}' in text
+        # no change stands: no last-change gauges (they showed 121 while it stood)
+        assert 'cusp_stream_changepoint_last_observation{stream="cycle"}' not in text
         # POST /v1/detect: the same series, the same answer
         r = live.client.post("/v1/detect", json={"values": y.tolist(), "chunk_size": 60})
         assert r.status_code == 200, r.text

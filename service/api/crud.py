@@ -6,6 +6,7 @@ which the WebSocket ingest answers as messages)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import re
@@ -234,7 +235,10 @@ _SCRAPE_CONFIGS: dict[str, tuple[bytes, StreamConfig]] = {}
 
 
 async def refresh_stream_gauges(store: ApiStore) -> None:
-    """cusp_streams, and each model's posterior probability and ingest lag, from Redis: the stream
+    """cusp_streams, each model's posterior probability and ingest lag, and each stream's last change
+    point standing (``StreamAnswer.last_change``, kept in the answer's hash: so the gauges outlive a
+    restart of the workers, and with several worker processes ``cusp serve``'s merged /metrics shows
+    the API's value, not the first worker's), from Redis: the stream
     set, every stream's uid and every stream's progress in three round trips whatever the number
     of streams (a config is read once per incarnation)."""
     names = await store.stream_names()
@@ -253,11 +257,20 @@ async def refresh_stream_gauges(store: ApiStore) -> None:
         cfgs.append(cached[1])
     for gone in set(_SCRAPE_CONFIGS) - set(names):
         del _SCRAPE_CONFIGS[gone]
-    M.keep_streams((M.SPARSE_COUNTS, M.MODEL_POSTERIOR, M.INGEST_LAG), [c.name for c in cfgs])
+    M.keep_streams((M.SPARSE_COUNTS, M.MODEL_POSTERIOR, M.INGEST_LAG, M.STREAM_CHANGEPOINT_CONFIDENCE,
+                    M.STREAM_CHANGEPOINT_LAST_OBSERVATION), [c.name for c in cfgs])
     M.STREAMS.set(len(names))
     for cfg, p in zip(cfgs, await store.progress_many(cfgs)):
         _, _, models = await model_rows(store, cfg, p)
         M.SPARSE_COUNTS.labels(cfg.name).set(1 if stream_notes(cfg, p) else 0)
+        last = p.last_change  # (None: no change standing, or none stored since the answer kept it)
+        for gauge, value in ((M.STREAM_CHANGEPOINT_LAST_OBSERVATION, None if last is None else last[0]),
+                             (M.STREAM_CHANGEPOINT_CONFIDENCE, None if last is None else last[1])):
+            if value is not None:
+                gauge.labels(cfg.name).set(value)
+            else:
+                with contextlib.suppress(KeyError):
+                    gauge.remove(cfg.name)
         for row in models:
             if row.posterior_probability is not None:
                 M.MODEL_POSTERIOR.labels(cfg.name, row.name).set(row.posterior_probability)

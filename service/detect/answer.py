@@ -121,6 +121,7 @@ class StreamAnswer:
         self.events: list[tuple[int, int, str, float, float | None]] = []
         self.changes: list[int] = []  # locations of the changes found (the last MAX_CHANGES)
         self.found: list[int] = []  # and the observations seen when each was found
+        self.confidence: list[float | None] = []  # and each one's confidence when found (None: a state from before)
         # the changes withdrawn at the last chunk (not part of the state: the service stores them as
         # they are made), and the observations at the last chunk whose changes were judged
         self.withdrawn: list[StreamWithdrawal] = []
@@ -218,9 +219,16 @@ class StreamAnswer:
                                           support=support, location_time=best[top][3]))
                 self.changes = (self.changes + [best[top][2]])[-self.MAX_CHANGES:]
                 self.found = (self.found + [int(n)])[-self.MAX_CHANGES:]
+                self.confidence = (self.confidence + [min(bound, 1.0)])[-self.MAX_CHANGES:]
             elif self.nearest is None or bound > self.nearest[0]:
                 self.nearest = (bound, best[top][2], support, {m: where for m, (_, _, where, _) in best.items()})
         return found
+
+    def last_change(self) -> tuple[int, float | None] | None:
+        """The change found last that stands: (location, confidence when found; None for one found
+        before confidences were kept), or None. What ``cusp_stream_changepoint_last_observation`` and
+        ``..._last_confidence`` show (the API reads it from the answer's hash at each scrape)."""
+        return (self.changes[-1], self.confidence[-1]) if self.changes else None
 
     def _judge(self, n: int, probs: dict[str, float], pending: dict[str, list[tuple[int, float]]] | None) -> None:
         """Withdraw each change whose horizon ended since the last chunk judged (``self.judged``)
@@ -237,7 +245,7 @@ class StreamAnswer:
                 continue
             bound, top, best = weighed
             k = self.changes.index(loc)
-            del self.changes[k], self.found[k]
+            del self.changes[k], self.found[k], self.confidence[k]
             self.withdrawn.append(StreamWithdrawal(location=loc, detected_at=at, withdrawn_at=int(n), confidence=max(bound, 0.0),
                                                    support={m: (p, c) for m, (p, c, _, _) in best.items()},
                                                    location_time=best[top][3]))
@@ -370,7 +378,8 @@ class StreamAnswer:
 
     def to_dict(self) -> dict:
         return {"v": self.VERSION, "n": self.n, "window": self.window, "events": [list(e) for e in self.events],
-                "changes": list(self.changes), "found": list(self.found), "judged": self.judged}
+                "changes": list(self.changes), "found": list(self.found), "judged": self.judged,
+                "confidence": list(self.confidence)}
 
     def load(self, d: dict | None) -> "StreamAnswer":
         """This answer's state from ``to_dict`` (None: a new stream)."""
@@ -385,6 +394,8 @@ class StreamAnswer:
         self.changes = [int(c) for c in d["changes"]]
         # (a state saved before changes kept when they were found: each found where it is)
         self.found = [int(f) for f in d.get("found", self.changes)]
+        got = d.get("confidence")
+        self.confidence = [None if c is None else float(c) for c in got] if got is not None else [None] * len(self.changes)
         # (a state saved before changes were judged: judged through its last chunk)
         self.judged = int(d.get("judged", self.n))
         return self

@@ -49,6 +49,8 @@ class StreamProgress:
     # per column over the rows counted at ingest (``ingest``'s ``data``; None before any): for the
     # sparse-counts note (``service.detect.answer.counts_note``)
     counts: CountWatch | None = None
+    # the stream's last change standing: (location, its confidence when found, or None); None without one
+    last_change: tuple[int, float | None] | None = None
 
 
 def entry(eid: bytes, fields: dict) -> dict:
@@ -210,7 +212,8 @@ class ApiStore:
             out.append(StreamProgress(last_seq=int(last_in) if last_in is not None else -1, dead_letters=int(dead), models=models,
                                       rows=int(n_rows or 0), first_time=None if first is None else float(first),
                                       last_time=None if last is None else float(last), probabilities=probs.get("p"),
-                                      compared_n=probs.get("n"), counts=_counted(counted, len(cfg.columns))))
+                                      compared_n=probs.get("n"), counts=_counted(counted, len(cfg.columns)),
+                                      last_change=None if not probs.get("last") else (int(probs["last"][0]), probs["last"][1])))
         return out
 
     async def uids(self, names: Sequence[str]) -> list[bytes | None]:

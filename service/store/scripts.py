@@ -141,8 +141,9 @@ return 'ok'
 #       changes_maxlen, out_maxlen, probabilities_json ('' for none), n_fields, tally fields taken
 #       * n_fields, then (kind, JSON) pairs: stream changes ('stream_changepoint') and withdrawals
 #       ('stream_changepoint_withdrawn'), in the order they were made.
-# The probabilities (JSON {"n": observations compared, "p": {model: posterior probability}}, small,
-# for GET /v1/streams) are the answer's at its last compared chunk, kept beside its state.
+# The probabilities (JSON {"n": observations compared, "p": {model: posterior probability}, "last":
+# [location, confidence] of the last change standing or null}, small, for GET /v1/streams and the
+# API's last-change gauges) are the answer's at its last compared chunk, kept beside its state.
 # Returns 'ok' | 'stale' (another worker took them) | 'gone'
 ANSWER = """
 if redis.call('EXISTS', KEYS[5]) == 0 or (redis.call('GET', KEYS[6]) or '') ~= ARGV[1] then return 'gone' end
