@@ -215,7 +215,8 @@ async def _drive(cfg: LoadConfig, base: str, ws_base: str, result: LoadResult, r
             lost = sorted(set(range(next_seq[s])) - set(results))
             result.problems.append(f"{s}: results {len(results)} for {next_seq[s]} chunks (duplicates {dup}, lost {lost[:10]}, "
                                    f"in order {results == sorted(results)})")
-        other = [(m, q, k) for m, q, k in seen[s] if k not in ("result", "changepoint", "stream_changepoint")]
+        other = [(m, q, k) for m, q, k in seen[s] if k not in ("result", "changepoint", "stream_changepoint",
+                                                                  "stream_changepoint_withdrawn")]
         if other:
             result.problems.append(f"{s}: unexpected entries {other[:5]}")
     chunks = sum(next_seq.values())

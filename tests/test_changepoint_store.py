@@ -201,11 +201,11 @@ def test_answer_commit_is_compare_and_set_and_fenced_by_incarnation(redis):
         cursor, state, uid = store.answer_head("cas")
         assert cursor == 9 and uid
         before = connect(redis.url).xlen(keys.changes("cas"))
-        assert store.commit_answer("cas", uid, 3, 10, state.decode(), [], ["{}"], 100, 100) == "stale"
-        assert store.commit_answer("cas", b"another", 9, 10, state.decode(), [], ["{}"], 100, 100) == "gone"
+        assert store.commit_answer("cas", uid, 3, 10, state.decode(), [], [("stream_changepoint", "{}")], 100, 100) == "stale"
+        assert store.commit_answer("cas", b"another", 9, 10, state.decode(), [], [("stream_changepoint", "{}")], 100, 100) == "gone"
         assert connect(redis.url).xlen(keys.changes("cas")) == before
         assert live.client.delete("/v1/streams/cas").status_code == 204
-        assert store.commit_answer("cas", uid, 9, 10, state.decode(), [], ["{}"], 100, 100) == "gone"
+        assert store.commit_answer("cas", uid, 9, 10, state.decode(), [], [("stream_changepoint", "{}")], 100, 100) == "gone"
         assert stream_keys_in_redis(redis.url, "cas") == []  # the answer's keys went with the stream
     finally:
         live.stop()

@@ -299,6 +299,13 @@ def test_a_change_the_evidence_rejects_a_horizon_later_is_withdrawn():
     # judged once: a swing against it after the horizon withdraws nothing
     _, gone, answer = run(lambda n: 20.0 if n <= 320 else -20.0)
     assert gone == [] and answer.changes == [100]
+    # ... nor a window widened later by a large chunk (the horizon is fixed when the change is found)
+    a = StreamAnswer(["a", "b"], window=10)
+    for n in range(10, 401, 10):
+        lead = 20.0 if n <= 320 else -20.0
+        a.step(n, 10, {"a": -float(n), "b": -float(n) - lead}, {"a": [_event(100, 110, 0.999)]} if n == 110 else {})
+    a.step(600, 200, {"a": -600.0, "b": -580.0})
+    assert a.window == 200 and a.withdrawn == [] and a.changes == [100]
 
 
 def test_a_model_yet_to_report_counts_with_its_open_challengers():

@@ -618,8 +618,9 @@ def test_live_page_moves_a_withdrawn_change_apart(chromium, live, redis_url):
         assert red_columns(page, "evidence") == [pytest.approx(chart_x(page, "evidence", 350), abs=1.5)]
         assert ink(page, "evidence", "#9ca3af") > grey
         items = page.eval("[...document.querySelectorAll('#cps li')].map((li) => li.textContent)")
-        assert items == ["observation 350 (confidence 0.990)",
-                         "observation 250 withdrawn at observation 600: its probability fell to 0.012"], items
+        # newest first: the withdrawal (at 600) after the change at 350 (found at 400)
+        assert items == ["observation 250 withdrawn at observation 600: its probability fell to 0.012",
+                         "observation 350 (confidence 0.990)"], items
         assert page.eval("document.querySelector('#cps li s').textContent") == "observation 250"
         page.call("Page.navigate", url=f"{live.url}/?stream={s}")
         page.wait_for(f"document.getElementById('status').textContent === 'live: {s}' && cusp.changepoints.length === 1 "

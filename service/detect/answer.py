@@ -93,7 +93,8 @@ class StreamAnswer:
     at 499 and 550; a price walk at 13). Judged earlier, a true change can still dip: `ar`'s shift
     at 250 fell to 0.35 at 21 rows after it was found and ended at 0.99; at the horizon, across the
     metric set (3 seeds), its real series, counts and price walks, the 5 changes below 0.5 were all
-    false and none of 55 true ones was (``docs/benchmarks.md``, session 46).
+    false (0.04 or below), and the 34 true ones judged were all at 1.00 (``docs/benchmarks.md``,
+    session 46).
 
     ``window``: the stream's resolution (``stream_window``: the largest training sample), widened
     to the largest chunk seen (changes inside one chunk are one change).
@@ -122,10 +123,11 @@ class StreamAnswer:
         self.changes: list[int] = []  # locations of the changes found (the last MAX_CHANGES)
         self.found: list[int] = []  # and the observations seen when each was found
         self.confidence: list[float | None] = []  # and each one's confidence when found (None: a state from before)
-        # the changes withdrawn at the last chunk (not part of the state: the service stores them as
-        # they are made), and the observations at the last chunk whose changes were judged
+        # and the observations after which each is judged (``_judge``; fixed when it is found, so a
+        # window widened later does not judge it twice), None once judged
+        self.due: list[int | None] = []
+        # the changes withdrawn at the last chunk (not part of the state: the service stores them as they are made)
         self.withdrawn: list[StreamWithdrawal] = []
-        self.judged = 0
         self.n = 0
         # the posterior model probabilities at the last chunk this object compared, and the
         # observations then (not part of the state: the service keeps the last ones beside it)
@@ -220,6 +222,7 @@ class StreamAnswer:
                 self.changes = (self.changes + [best[top][2]])[-self.MAX_CHANGES:]
                 self.found = (self.found + [int(n)])[-self.MAX_CHANGES:]
                 self.confidence = (self.confidence + [min(bound, 1.0)])[-self.MAX_CHANGES:]
+                self.due = (self.due + [int(n) + self.HORIZON * self.window])[-self.MAX_CHANGES:]
             elif self.nearest is None or bound > self.nearest[0]:
                 self.nearest = (bound, best[top][2], support, {m: where for m, (_, _, where, _) in best.items()})
         return found
@@ -231,25 +234,28 @@ class StreamAnswer:
         return (self.changes[-1], self.confidence[-1]) if self.changes else None
 
     def _judge(self, n: int, probs: dict[str, float], pending: dict[str, list[tuple[int, float]]] | None) -> None:
-        """Withdraw each change whose horizon ended since the last chunk judged (``self.judged``)
-        and whose probability now is below ``WITHDRAW`` (into ``self.withdrawn``)."""
-        horizon = self.HORIZON * self.window
-        for loc, at in list(zip(self.changes, self.found)):
-            if not self.judged - at <= horizon < n - at:
+        """Judge, once, each change whose horizon (``due``) has passed: withdraw it where its
+        probability now is below ``WITHDRAW`` (into ``self.withdrawn``)."""
+        k = 0
+        while k < len(self.changes):
+            loc, at, due = self.changes[k], self.found[k], self.due[k]
+            if due is None or n <= due:
+                k += 1
                 continue
-            # the change as first reported: its earliest event near it (trimmed out: it stands)
+            self.due[k] = None
+            # the change as first reported: its earliest event near it (all trimmed out: it stands)
             first = min((e[0] for e in self.events if abs(e[1] - loc) <= self.window), default=None)
-            others = [c for c in self.changes if c != loc]
+            others = self.changes[:k] + self.changes[k + 1:]
             weighed = None if first is None else self._weigh(n, loc, first, probs, pending, others)
             if weighed is None or weighed[0] >= self.WITHDRAW:
+                k += 1
                 continue
             bound, top, best = weighed
-            k = self.changes.index(loc)
-            del self.changes[k], self.found[k], self.confidence[k]
+            del self.changes[k], self.found[k], self.confidence[k], self.due[k]
+            # (the time of an event placed at the change's own location, as the change had it)
+            when = next((e[4] for e in self.events if e[1] == loc and e[4] is not None), best[top][3])
             self.withdrawn.append(StreamWithdrawal(location=loc, detected_at=at, withdrawn_at=int(n), confidence=max(bound, 0.0),
-                                                   support={m: (p, c) for m, (p, c, _, _) in best.items()},
-                                                   location_time=best[top][3]))
-        self.judged = int(n)
+                                                   support={m: (p, c) for m, (p, c, _, _) in best.items()}, location_time=when))
 
     def _weigh(self, n: int, loc: int, at0: int, probs: dict[str, float],
                pending: dict[str, list[tuple[int, float]]] | None, changes: Sequence[int]
@@ -378,7 +384,7 @@ class StreamAnswer:
 
     def to_dict(self) -> dict:
         return {"v": self.VERSION, "n": self.n, "window": self.window, "events": [list(e) for e in self.events],
-                "changes": list(self.changes), "found": list(self.found), "judged": self.judged,
+                "changes": list(self.changes), "found": list(self.found), "due": list(self.due),
                 "confidence": list(self.confidence)}
 
     def load(self, d: dict | None) -> "StreamAnswer":
@@ -396,8 +402,14 @@ class StreamAnswer:
         self.found = [int(f) for f in d.get("found", self.changes)]
         got = d.get("confidence")
         self.confidence = [None if c is None else float(c) for c in got] if got is not None else [None] * len(self.changes)
-        # (a state saved before changes were judged: judged through its last chunk)
-        self.judged = int(d.get("judged", self.n))
+        # (a state saved before changes were judged: those whose horizon has passed count as judged)
+        due = d.get("due")
+        if due is None or len(due) != len(self.changes):
+            due = [f + self.HORIZON * self.window for f in self.found]
+            due = [u if u >= self.n else None for u in due]
+        self.due = [None if u is None else int(u) for u in due]
+        if len(self.confidence) != len(self.changes):
+            self.confidence = [None] * len(self.changes)
         return self
 
 

@@ -28,7 +28,7 @@ and docs/architecture.md (Redis).
 | ``cusp:{s}:{m}:attempts`` | hash | seq -> failed attempts (survives worker crashes) |
 | ``cusp:{s}:dead`` | stream | dead-lettered chunks: model, seq, error |
 | ``cusp:{s}:tally`` | hash | ``<seq>:<model>`` -> what the model's apply of that chunk contributes to the stream's answer (JSON: rows, n, log-evidence, its events, its open challengers' (location, probability) as ``pending``, its last change's (location, probability now) as ``standing``; or dead-lettered); written by APPLY/DEAD_LETTER, removed once the answer has taken the chunk |
-| ``cusp:{s}:answer`` | hash | the stream's model-averaged answer (``service.detect.StreamAnswer``): ``cursor`` (the last seq it took), ``state`` (JSON), ``probabilities`` (JSON: the posterior model probabilities at its last compared chunk and the observations then) |
+| ``cusp:{s}:answer`` | hash | the stream's model-averaged answer (``service.detect.StreamAnswer``): ``cursor`` (the last seq it took), ``state`` (JSON), ``probabilities`` (JSON: the posterior model probabilities at its last compared chunk and the observations then, and ``last``: the last change standing, [location, confidence], for the API's last-change gauges) |
 | ``cusp:{s}:changes`` | stream | change points, separate from ``out`` so that result trimming does not lose them: each model's events (kind ``changepoint``) and the stream's (kind ``stream_changepoint``, model ``*``; and ``stream_changepoint_withdrawn`` for those withdrawn); fields as in ``out``; capped at about ``CUSP_CHANGEPOINT_MAXLEN`` entries |
 """
 
