@@ -569,6 +569,18 @@ def build() -> dict:
                 },
                 {
                     "datasource": DS,
+                    "enable": True,
+                    "expr": counted("cusp_stream_changepoints_withdrawn", SEL_STREAM, "1m", "60", fn="changes", by="stream") + " > 0",
+                    "iconColor": "gray",
+                    "name": "Withdrawn change points",
+                    "step": "15s",
+                    "tagKeys": "stream",
+                    "textFormat": "a change point of {{stream}} withdrawn (GET /v1/streams/{{stream}}/changepoints lists it)",
+                    "titleFormat": "Change point withdrawn",
+                    "useValueForTime": False,
+                },
+                {
+                    "datasource": DS,
                     "enable": False,
                     "expr": counted("cusp_changepoints", SEL, "1m", "60", fn="changes") + " > 0",
                     "iconColor": "orange",
