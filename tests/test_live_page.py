@@ -560,6 +560,14 @@ def test_live_page_with_an_api_key(chromium, redis_url):
         server.stop()
 
 
+def untimed_results(redis, s: str, chunks: int) -> None:
+    """``chunks`` result entries of model gaussian, 100 rows each, stored as before results had times."""
+    for k in range(chunks):
+        redis.xadd(keys.out(s), {"model": "gaussian", "kind": "result", "data": json.dumps(
+            {"seq": k, "chunk": k, "n": 100 * (k + 1), "rows": 100, "log_evidence": -1.5 * 100 * (k + 1),
+             "log_evidence_per_observation": -1.5 + 0.01 * k, "annealing_steps": 0})})
+
+
 def test_live_page_without_times(chromium, live, redis_url):
     """A stream whose entries were stored before results had times: the x axis is observations
     (one axis still), the change at its observation, nothing broken."""
@@ -569,10 +577,7 @@ def test_live_page_without_times(chromium, live, redis_url):
     r = live.client.post("/v1/streams", json={"name": s, "columns": ["a"], "models": ["gaussian"]})
     assert r.status_code == 201, r.text
     redis = connect(redis_url)
-    for k in range(5):
-        redis.xadd(keys.out(s), {"model": "gaussian", "kind": "result", "data": json.dumps(
-            {"seq": k, "chunk": k, "n": 100 * (k + 1), "rows": 100, "log_evidence": -1.5 * 100 * (k + 1),
-             "log_evidence_per_observation": -1.5 + 0.01 * k, "annealing_steps": 0})})
+    untimed_results(redis, s, 5)
     redis.xadd(keys.out(s), {"model": "*", "kind": "stream_changepoint", "data": json.dumps(
         {"seq": 3, "location": 250, "detected_at": 400, "confidence": 0.99, "support": {"gaussian": [1.0, 0.99]}})})
     page.call("Page.navigate", url=f"{live.url}/?stream={s}")
@@ -596,10 +601,7 @@ def test_live_page_moves_a_withdrawn_change_apart(chromium, live, redis_url):
     r = live.client.post("/v1/streams", json={"name": s, "columns": ["a"], "models": ["gaussian"]})
     assert r.status_code == 201, r.text
     redis = connect(redis_url)
-    for k in range(6):
-        redis.xadd(keys.out(s), {"model": "gaussian", "kind": "result", "data": json.dumps(
-            {"seq": k, "chunk": k, "n": 100 * (k + 1), "rows": 100, "log_evidence": -1.5 * 100 * (k + 1),
-             "log_evidence_per_observation": -1.5 + 0.01 * k, "annealing_steps": 0})})
+    untimed_results(redis, s, 6)
     for at, found in ((250, 300), (350, 400)):
         entry = {"model": "*", "kind": "stream_changepoint", "data": json.dumps(
             {"seq": found // 100 - 1, "location": at, "detected_at": found, "confidence": 0.99, "support": {"gaussian": [1.0, 0.99]}})}
