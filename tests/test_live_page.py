@@ -560,12 +560,18 @@ def test_live_page_with_an_api_key(chromium, redis_url):
         server.stop()
 
 
-def untimed_results(redis, s: str, chunks: int) -> None:
-    """``chunks`` result entries of model gaussian, 100 rows each, stored as before results had times."""
+def untimed_stream(live, redis_url: str, prefix: str, chunks: int):
+    """A new stream (a name from ``prefix``) of one model, gaussian, with ``chunks`` result entries
+    of 100 rows each, stored as before results had times; (its name, a Redis client)."""
+    s = prefix + uuid.uuid4().hex[:8]
+    r = live.client.post("/v1/streams", json={"name": s, "columns": ["a"], "models": ["gaussian"]})
+    assert r.status_code == 201, r.text
+    redis = connect(redis_url)
     for k in range(chunks):
         redis.xadd(keys.out(s), {"model": "gaussian", "kind": "result", "data": json.dumps(
             {"seq": k, "chunk": k, "n": 100 * (k + 1), "rows": 100, "log_evidence": -1.5 * 100 * (k + 1),
              "log_evidence_per_observation": -1.5 + 0.01 * k, "annealing_steps": 0})})
+    return s, redis
 
 
 def test_live_page_without_times(chromium, live, redis_url):
@@ -573,11 +579,7 @@ def test_live_page_without_times(chromium, live, redis_url):
     (one axis still), the change at its observation, nothing broken."""
     page = chromium
     page.errors.clear()
-    s = "untimed" + uuid.uuid4().hex[:8]
-    r = live.client.post("/v1/streams", json={"name": s, "columns": ["a"], "models": ["gaussian"]})
-    assert r.status_code == 201, r.text
-    redis = connect(redis_url)
-    untimed_results(redis, s, 5)
+    s, redis = untimed_stream(live, redis_url, "untimed", 5)
     redis.xadd(keys.out(s), {"model": "*", "kind": "stream_changepoint", "data": json.dumps(
         {"seq": 3, "location": 250, "detected_at": 400, "confidence": 0.99, "support": {"gaussian": [1.0, 0.99]}})})
     page.call("Page.navigate", url=f"{live.url}/?stream={s}")
@@ -597,11 +599,7 @@ def test_live_page_moves_a_withdrawn_change_apart(chromium, live, redis_url):
     when it was withdrawn; 350 stays. Reloaded, the page reads the same from /changepoints."""
     page = chromium
     page.errors.clear()
-    s = "withdrawn" + uuid.uuid4().hex[:8]
-    r = live.client.post("/v1/streams", json={"name": s, "columns": ["a"], "models": ["gaussian"]})
-    assert r.status_code == 201, r.text
-    redis = connect(redis_url)
-    untimed_results(redis, s, 6)
+    s, redis = untimed_stream(live, redis_url, "withdrawn", 6)
     for at, found in ((250, 300), (350, 400)):
         entry = {"model": "*", "kind": "stream_changepoint", "data": json.dumps(
             {"seq": found // 100 - 1, "location": at, "detected_at": found, "confidence": 0.99, "support": {"gaussian": [1.0, 0.99]}})}
