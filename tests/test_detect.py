@@ -308,6 +308,34 @@ def test_a_change_the_evidence_rejects_a_horizon_later_is_withdrawn():
     assert a.window == 200 and a.withdrawn == [] and a.changes == [100]
 
 
+def test_one_change_two_models_placed_apart_keeps_one_place_when_both_are_judged_down():
+    """Model a puts a change at 100 (found at 110), model b at 130 (found at 140): two stream changes.
+    b weighs most when 100 is judged (at 320: withdrawn, 130 stands for it); a weighs most again when
+    130 is judged (at 350). 130 stays: a change at 100 or 130 has probability 0.999 under the
+    models now, and withdrawing it too would leave the stream without the change (a new user's CPU
+    ramp into saturation lost both places). Where a third model without a change there weighs most
+    by then, both go."""
+    from service.detect import StreamAnswer
+
+    def run(last):
+        a = StreamAnswer(["a", "b", "c"], window=10)
+        gone = []
+        for n in range(10, 401, 10):
+            lead = {"a": 20.0, "b": 0.0} if n < 140 else {"a": 0.0, "b": 20.0} if n < 330 else last
+            events = {"a": [_event(100, 110, 0.999)]} if n == 110 else {"b": [_event(130, 140, 0.999)]} if n == 140 else {}
+            a.step(n, 10, {m: -float(n) + lead.get(m, 0.0) for m in ("a", "b", "c")}, events)
+            gone += [(w.location, w.withdrawn_at) for w in a.withdrawn]
+        return gone, a
+
+    gone, answer = run({"a": 20.0, "b": 0.0})
+    assert gone == [(100, 320)] and answer.changes == [130] and answer.gone == [100]
+    # the same after a save and load between the two judgements (``gone`` is in the state)
+    again = StreamAnswer(["a", "b", "c"], window=10).load(json.loads(json.dumps(answer.to_dict())))
+    assert again.gone == [100] and again.due == [None]
+    gone, answer = run({"c": 20.0})
+    assert gone == [(100, 320), (130, 350)] and answer.changes == []
+
+
 def test_a_model_yet_to_report_counts_with_its_open_challengers():
     """Equal evidence: a's event alone is worth half its confidence (no change, as above); b has not
     reported, but its open challenger at 1,010 (within the window) puts a change there at 0.99

@@ -94,7 +94,9 @@ class StreamAnswer:
     at 250 fell to 0.35 at 21 rows after it was found and ended at 0.99; at the horizon, across the
     metric set (3 seeds), its real series, counts and price walks, the 5 changes below 0.5 were all
     false (0.04 or below), and the 34 true ones judged were all at 1.00 (``docs/benchmarks.md``,
-    session 46).
+    session 46). A change the models now place at another change found within a horizon of it,
+    withdrawn already, stays (``_placed_elsewhere``): one change two models placed apart keeps one
+    place.
 
     ``window``: the stream's resolution (``stream_window``: the largest training sample), widened
     to the largest chunk seen (changes inside one chunk are one change).
@@ -126,6 +128,7 @@ class StreamAnswer:
         # and the observations after which each is judged (``_judge``; fixed when it is found, so a
         # window widened later does not judge it twice), None once judged
         self.due: list[int | None] = []
+        self.gone: list[int] = []  # the locations of the changes withdrawn (the last MAX_CHANGES)
         # the changes withdrawn at the last chunk (not part of the state: the service stores them as they are made)
         self.withdrawn: list[StreamWithdrawal] = []
         self.n = 0
@@ -243,19 +246,51 @@ class StreamAnswer:
                 k += 1
                 continue
             self.due[k] = None
-            # the change as first reported: its earliest event near it (all trimmed out: it stands)
-            first = min((e[0] for e in self.events if abs(e[1] - loc) <= self.window), default=None)
             others = self.changes[:k] + self.changes[k + 1:]
-            weighed = None if first is None else self._weigh(n, loc, first, probs, pending, others)
-            if weighed is None or weighed[0] >= self.WITHDRAW:
+            weighed = self._now(n, loc, probs, pending, others)
+            if weighed is None or weighed[0] >= self.WITHDRAW or self._placed_elsewhere(n, loc, probs, pending, others, weighed):
                 k += 1
                 continue
             bound, top, best = weighed
             del self.changes[k], self.found[k], self.confidence[k], self.due[k]
+            self.gone = (self.gone + [loc])[-self.MAX_CHANGES:]
             # (the time of an event placed at the change's own location, as the change had it)
             when = next((e[4] for e in self.events if e[1] == loc and e[4] is not None), best[top][3])
             self.withdrawn.append(StreamWithdrawal(location=loc, detected_at=at, withdrawn_at=int(n), confidence=max(bound, 0.0),
                                                    support={m: (p, c) for m, (p, c, _, _) in best.items()}, location_time=when))
+
+    def _now(self, n: int, loc: int, probs: dict[str, float], pending: dict[str, list[tuple[int, float]]] | None,
+             others: Sequence[int]):
+        """``_weigh`` for the change found at ``loc``, as first reported (its earliest event near it;
+        None where all were trimmed out: it stands)."""
+        first = min((e[0] for e in self.events if abs(e[1] - loc) <= self.window), default=None)
+        return None if first is None else self._weigh(n, loc, first, probs, pending, others)
+
+    def _placed_elsewhere(self, n: int, loc: int, probs: dict[str, float], pending: dict[str, list[tuple[int, float]]] | None,
+                          others: Sequence[int], weighed) -> bool:
+        """Is the change at ``loc`` (below ``WITHDRAW`` now: ``weighed``) one that the models now
+        placed at another change found within a horizon of it, withdrawn already, with no standing
+        change there to take its place? Then it stays: the models that weigh most now put the change
+        at that other place, and withdrawing both would leave the stream without it (a new user's CPU
+        ramping into saturation, chunks of 7: `trend` placed it at 497, `seasonal` at 525, both
+        became stream changes; 497 was judged while `seasonal` weighed most, 525 once `trend` did, and
+        both were withdrawn). The stream's probability of a change at any of those places:
+        sum_m p(m) x its highest probability of a change at one of them."""
+        horizon = self.HORIZON * self.window
+        near = [c for c in others if abs(c - loc) <= horizon]
+        for c in near:  # a change standing near it that the stream holds now covers it
+            got = self._now(n, c, probs, pending, [o for o in self.changes if o != c])
+            if got is not None and got[0] >= self.WITHDRAW:
+                return False
+        gone = [c for c in self.gone if abs(c - loc) <= horizon]
+        if not gone:
+            return False
+        conf = {m: c for m, (_, c, _, _) in weighed[2].items()}
+        for c in gone:
+            got = self._now(n, c, probs, pending, self.changes)
+            for m, (_, cm, _, _) in (got[2].items() if got is not None else ()):
+                conf[m] = max(conf.get(m, 0.0), cm)
+        return sum(probs[m] * c for m, c in conf.items()) >= self.WITHDRAW
 
     def _weigh(self, n: int, loc: int, at0: int, probs: dict[str, float],
                pending: dict[str, list[tuple[int, float]]] | None, changes: Sequence[int]
@@ -322,7 +357,9 @@ class StreamAnswer:
                        "with scored rows before it and about as many after it as the warm-up, to tell it from one wild "
                        "reading")
         near = self.nearest
-        if near is not None and not any(abs(near[1] - c) <= self.window for c in self.changes):
+        # (a place found and withdrawn since is not "no change": the answer lists it apart)
+        settled = self.changes + self.gone
+        if near is not None and not any(abs(near[1] - c) <= self.window for c in settled):
             # each model's own place where it is not the candidate's (within the stream's resolution:
             # a new user's 25 yearly values, a drop of 5 sd at 15, read "no change at observation 8"
             # with `trend`'s 0.74 among its support, which `trend` gave the drop at 15)
@@ -331,7 +368,7 @@ class StreamAnswer:
             out.append(f"no change at observation {near[1]}: its probability reached {near[0]:.4f}, below the threshold "
                        f"{self.threshold:g} ({support})")
         elif (near is None and self.open is not None and self.open[0] >= 0.5
-              and not any(abs(self.open[2] - c) <= self.window for c in self.changes)):
+              and not any(abs(self.open[2] - c) <= self.window for c in settled)):
             # (more likely than not under some model: noise always has a candidate, a few percent likely)
             top, bound, where, there = self.open
             model = max(there, key=lambda m: there[m][1])
@@ -385,7 +422,7 @@ class StreamAnswer:
     def to_dict(self) -> dict:
         return {"v": self.VERSION, "n": self.n, "window": self.window, "events": [list(e) for e in self.events],
                 "changes": list(self.changes), "found": list(self.found), "due": list(self.due),
-                "confidence": list(self.confidence)}
+                "confidence": list(self.confidence), "gone": list(self.gone)}
 
     def load(self, d: dict | None) -> "StreamAnswer":
         """This answer's state from ``to_dict`` (None: a new stream)."""
@@ -408,6 +445,7 @@ class StreamAnswer:
             due = [f + self.HORIZON * self.window for f in self.found]
             due = [u if u >= self.n else None for u in due]
         self.due = [None if u is None else int(u) for u in due]
+        self.gone = [int(c) for c in d.get("gone", ())]
         if len(self.confidence) != len(self.changes):
             self.confidence = [None] * len(self.changes)
         return self
