@@ -164,12 +164,9 @@ def run(args: argparse.Namespace) -> int:
             for w in answer.withdrawn if args.detect else ():  # (judged before the chunk's new changes, as the service)
                 stream_found.remove(w.location)
                 withdrawn += 1
-                out.write(json.dumps({"model": "*", "kind": "stream_changepoint_withdrawn", **w.to_dict(),
-                                      **({} if stamps is None else {"location_time": T.format(w.location_time),
-                                                                    "withdrawn_time": T.format(end)})}) + "\n")
-                support = ", ".join(f"{m} p={p:.3g} probability {c:.3g}" for m, (p, c) in sorted(w.support.items()))
-                print(f"stream (model-averaged): change point at observation {w.location} (found at {w.detected_at}) "
-                      f"withdrawn at {w.withdrawn_at}: its probability is {w.confidence:.4f} now ({support})", file=sys.stderr)
+                timed = T.timed_withdrawal(w.location_time, end) if stamps is not None else {}
+                out.write(json.dumps({"model": "*", "kind": "stream_changepoint_withdrawn", **w.to_dict(), **timed}) + "\n")
+                print(f"stream (model-averaged): {w.describe()}", file=sys.stderr)
             for c in made:
                 stream_found.append(c.location)
                 timed = T.timed(c.location_time, end) if stamps is not None else {}

@@ -141,6 +141,12 @@ def timed(location_time: float | None, detected_time: float | None) -> dict:
     return {"location_time": format(location_time), "detected_time": format(detected_time), "delay_seconds": delay}
 
 
+def timed_withdrawal(location_time: float | None, withdrawn_time: float | None) -> dict:
+    """A withdrawn change point's times as the API answers them: location_time and withdrawn_time
+    (RFC 3339; null where unknown)."""
+    return {"location_time": format(location_time), "withdrawn_time": format(withdrawn_time)}
+
+
 def to_bytes(times: np.ndarray) -> bytes:
     return np.ascontiguousarray(times, dtype="<f8").tobytes()
 

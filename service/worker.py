@@ -826,7 +826,7 @@ class Worker:
                 for w in answer.withdrawn:  # (judged before the chunk's new changes)
                     withdrawn.append((q, w))
                     entries.append(("stream_changepoint_withdrawn", json.dumps(
-                        {"seq": q, **w.to_dict(), "location_time": T.format(w.location_time), "withdrawn_time": T.format(end)})))
+                        {"seq": q, **w.to_dict(), **T.timed_withdrawal(w.location_time, end)})))
                 for c in new:
                     found.append((q, c, end))
                     entries.append(("stream_changepoint", json.dumps({"seq": q, **c.to_dict(), **T.timed(c.location_time, end)})))
@@ -849,9 +849,7 @@ class Worker:
         M.STREAM_CHANGEPOINTS_WITHDRAWN.labels(s).inc(0)
         for q, w in withdrawn:
             M.STREAM_CHANGEPOINTS_WITHDRAWN.labels(s).inc()
-            support = ", ".join(f"{m} p={p:.3g} probability {c:.3g}" for m, (p, c) in sorted(w.support.items()))
-            log.info("stream %s: change point at observation %d (found at %d) withdrawn at %d after seq %d: its probability "
-                     "is %.4f now (%s)", s, w.location, w.detected_at, w.withdrawn_at, q, w.confidence, support)
+            log.info("stream %s, after seq %d: %s", s, q, w.describe())
         for q, c, _ in found:
             M.STREAM_CHANGEPOINTS.labels(s).inc()  # (the last change's gauges are the API's, from the answer's hash)
             support = ", ".join(f"{m} p={p:.3g}" for m, (p, _) in sorted(c.support.items()))

@@ -268,12 +268,15 @@ def test_a_change_the_evidence_rejects_a_horizon_later_is_withdrawn():
     the same chunk after a reload."""
     from service.detect import StreamAnswer
 
-    def run(swing, pending_b=None, reload_at=None):
+    def run(swing, pending_b=None, reload_at=None, old=False):
         a = StreamAnswer(["a", "b"], window=10)
         out, gone = [], []
         for n in range(10, 401, 10):
             if reload_at == n:
-                a = StreamAnswer(["a", "b"], window=10).load(json.loads(json.dumps(a.to_dict())))
+                state = json.loads(json.dumps(a.to_dict()))
+                if old:  # as saved before changes were judged
+                    state = {k: v for k, v in state.items() if k not in ("due", "confidence", "gone")}
+                a = StreamAnswer(["a", "b"], window=10).load(state)
             lead = 20.0 if n < 150 else swing(n)
             events = {"a": [_event(100, 110, 0.999)]} if n == 110 else {}
             pending = {"b": [(100, pending_b)]} if pending_b and n >= 150 else {}
@@ -290,6 +293,11 @@ def test_a_change_the_evidence_rejects_a_horizon_later_is_withdrawn():
     assert answer.changes == [] and answer.found == []
     # the same from a state saved and loaded mid-horizon
     assert [(w.location, w.withdrawn_at) for w in run(lambda n: -20.0, reload_at=200)[1]] == [(100, 320)]
+    # ... and from a state saved before changes were judged: its horizon still ahead, it is judged at 320
+    _, gone, answer = run(lambda n: -20.0, reload_at=200, old=True)
+    assert [(w.location, w.withdrawn_at) for w in gone] == [(100, 320)] and answer.confidence == answer.due == []
+    _, _, answer = run(lambda n: 20.0, reload_at=200, old=True)
+    assert answer.changes == [100] and answer.confidence == [None] and answer.due == [None]
     # a back in the lead by the horizon's end: it stands
     _, gone, answer = run(lambda n: -20.0 if n < 300 else 20.0)
     assert gone == [] and answer.changes == [100]

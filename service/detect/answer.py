@@ -53,6 +53,12 @@ class StreamWithdrawal:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    def describe(self) -> str:
+        """In words, as the workers log it and ``cusp replay`` prints it."""
+        support = ", ".join(f"{m} p={p:.3g} probability {c:.3g}" for m, (p, c) in sorted(self.support.items()))
+        return (f"change point at observation {self.location} (found at {self.detected_at}) withdrawn at "
+                f"{self.withdrawn_at}: its probability is {self.confidence:.4f} now ({support})")
+
 
 class StreamAnswer:
     """A stream's change points from its models' events, weighted by the models' posterior
@@ -437,8 +443,7 @@ class StreamAnswer:
         self.changes = [int(c) for c in d["changes"]]
         # (a state saved before changes kept when they were found: each found where it is)
         self.found = [int(f) for f in d.get("found", self.changes)]
-        got = d.get("confidence")
-        self.confidence = [None if c is None else float(c) for c in got] if got is not None else [None] * len(self.changes)
+        self.confidence = [None if c is None else float(c) for c in d.get("confidence") or ()]
         # (a state saved before changes were judged: those whose horizon has passed count as judged)
         due = d.get("due")
         if due is None or len(due) != len(self.changes):
