@@ -35,6 +35,7 @@ from models.registry import build_model, default_model_name, default_portfolio, 
 from service.data import MAX_COLUMNS, MAX_MAGNITUDE, log_model_probabilities, too_large
 from service.detect import DetectorConfig, Event, OfflineRun, StreamAnswer, StreamChange, StreamWithdrawal, stream_window
 from service.detect.answer import CountWatch, counts_note, standing_changes
+from service.detect.moves import named
 from service.runtime import build, model_seed, sampler_config
 from service.sgais import ChunkResult, ConfigError, EngineError, TooLarge
 from service.sgais.engine import beyond_limit
@@ -432,6 +433,13 @@ class Detector:
     def events(self) -> dict[str, list[Event]]:
         """Each model's own change points (``location``, ``confidence``, ``log_bayes_factor``...)."""
         return {m: list(e) for m, e in self._events.items()}
+
+    def columns_moved(self, change: StreamChange | Event) -> list[dict] | None:
+        """How each column moved at a change point (``changepoints``) or a model's event (``events``),
+        named and in the columns' order: ``shift`` (in sd before the change), ``scale`` (sd after
+        over sd before), the means and sds over the detector's rows before and after it, and how
+        many rows (README, "Which columns moved"; ``service.detect.moves``). None with one column."""
+        return named(change.columns, self._cfg.columns if self._cfg is not None else self.column_names)
 
     @property
     def outliers(self) -> dict[str, list[int]]:

@@ -21,6 +21,7 @@ from service.data import TIME_COLUMNS, DataError, log_model_probabilities, read_
 from service.detect import DetectorConfig, OfflineRun, StreamAnswer, stream_window
 from service.detect.answer import CountWatch, counts_note
 from service.detect.config import DETECT_DEFAULT_CHUNKS
+from service.detect.moves import moved, named
 from service.seeding import seed_for
 from service.sgais import WARNINGS, ConfigError, EngineError, SGAISConfig, build_sampler
 
@@ -153,11 +154,11 @@ def run(args: argparse.Namespace) -> int:
                     found[label].append(ev)
                     timed = T.timed(ev.location_time, end) if stamps is not None else {}
                     out.write(json.dumps({"model": label, "spec": spec_of[label], "kind": "changepoint", **ev.to_dict(),
-                                          **timed}) + "\n")
+                                          "columns": named(ev.columns, names), **timed}) + "\n")
                     if own_lines:
                         print(f"{label}: change point at observation {ev.location}{at(timed)} (chunk {ev.chunk}), confidence "
-                              f"{ev.confidence:.4f}, log Bayes factor {ev.log_bayes_factor:.1f}, detected at {ev.detected_at}",
-                              file=sys.stderr)
+                              f"{ev.confidence:.4f}, log Bayes factor {ev.log_bayes_factor:.1f}, detected at {ev.detected_at}"
+                              f"{moved(ev.columns, names)}", file=sys.stderr)
             pending = {label: run.pending for label, run in runs.items()}
             standing = {label: run.standing for label, run in runs.items()}
             made = answer.chunk(rows.shape[0], evidence, new, pending, standing) if args.detect else []
@@ -170,10 +171,11 @@ def run(args: argparse.Namespace) -> int:
             for c in made:
                 stream_found.append(c.location)
                 timed = T.timed(c.location_time, end) if stamps is not None else {}
-                out.write(json.dumps({"model": "*", "kind": "stream_changepoint", **c.to_dict(), **timed}) + "\n")
+                out.write(json.dumps({"model": "*", "kind": "stream_changepoint", **c.to_dict(),
+                                      "columns": named(c.columns, names), **timed}) + "\n")
                 support = ", ".join(f"{m} p={p:.3g}" for m, (p, _) in sorted(c.support.items()))
                 print(f"stream (model-averaged): change point at observation {c.location}{at(timed)}, confidence "
-                      f"{c.confidence:.4f}, detected at {c.detected_at} ({support})", file=sys.stderr)
+                      f"{c.confidence:.4f}, detected at {c.detected_at} ({support}){moved(c.columns, names)}", file=sys.stderr)
             progress(min(lo + args.chunk_size, data.shape[0]))
     finally:
         if out is not sys.stdout:

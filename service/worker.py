@@ -58,6 +58,7 @@ from models import ModelError
 from service import metrics as M
 from service import times as T
 from service.detect import Detector, DetectorConfig, DetectorState, Event, StreamChange, StreamWithdrawal, detector_seed
+from service.detect.moves import moved, named
 from service.runtime import build, model_seed, rows_from_bytes, stream_answer
 from service.sgais import WARNINGS, EngineError, Reservoir, Sampler, SGAISState, TooLarge, load_state
 from service.store import StreamConfig
@@ -80,6 +81,7 @@ class Hot:
     last_seq: int
     width: int
     detector: Detector | None = None
+    columns: tuple[str, ...] = ()  # the stream's column names (a change's column summary names them)
     dstate: DetectorState | None = None
     redelivered_through: int = -1  # chunks up to this seq were taken by a previous owner that did not apply them
     reliable: bool = True  # the last result had no reliability warning (a warning is logged on the change)
@@ -536,7 +538,7 @@ class Worker:
         width = sampler.model.feature_width
         size = min(state.n, sampler.config.reservoir_capacity)
         reservoir = Reservoir.from_bytes(sampler.config.reservoir_capacity, width, (res_raw or b"")[: size * width * 8])
-        hot = Hot(s, m, token, sampler, state, reservoir, int(h[b"last_seq"]), len(cfg.columns))
+        hot = Hot(s, m, token, sampler, state, reservoir, int(h[b"last_seq"]), len(cfg.columns), columns=tuple(cfg.columns))
         if int(h.get(b"taken_through") or -1) > hot.last_seq:  # the previous owner had taken the next chunk and died
             hot.redelivered_through = hot.last_seq + 1
         dcfg = DetectorConfig.from_dict(cfg.detector)
@@ -697,7 +699,8 @@ class Worker:
                 "time_end": T.format(end)}
         outs = [m, "result", json.dumps(data)]
         for ev in events:
-            outs += [m, "changepoint", json.dumps({"seq": seq, **ev.to_dict(), **T.timed(ev.location_time, end)})]
+            outs += [m, "changepoint", json.dumps({"seq": seq, **ev.to_dict(), "columns": named(ev.columns, hot.columns),
+                                                   **T.timed(ev.location_time, end)})]
         # what this chunk adds to the stream's answer (taken by _answer once every model applied it)
         tally = json.dumps({"rows": int(rows.shape[0]), "n": result.n, "log_evidence": result.log_evidence,
                             "events": [ev.to_dict() for ev in events], "time_end": end,
@@ -739,8 +742,8 @@ class Worker:
             M.CHANGEPOINTS.labels(s, m).inc()
             M.CHANGEPOINT_CONFIDENCE.labels(s, m).set(ev.confidence)
             M.CHANGEPOINT_LAST_OBSERVATION.labels(s, m).set(ev.location)
-            log.info("stream %s model %s: change point at observation %d (confidence %.4f, log BF %.1f)",
-                     s, m, ev.location, ev.confidence, ev.log_bayes_factor)
+            log.info("stream %s model %s: change point at observation %d (confidence %.4f, log BF %.1f)%s",
+                     s, m, ev.location, ev.confidence, ev.log_bayes_factor, moved(ev.columns, hot.columns))
         self._answer(s)
         return "ok"
 
@@ -829,7 +832,8 @@ class Worker:
                         {"seq": q, **w.to_dict(), **T.timed_withdrawal(w.location_time, end)})))
                 for c in new:
                     found.append((q, c, end))
-                    entries.append(("stream_changepoint", json.dumps({"seq": q, **c.to_dict(), **T.timed(c.location_time, end)})))
+                    entries.append(("stream_changepoint", json.dumps({"seq": q, **c.to_dict(), "columns": named(c.columns, cfg.columns),
+                                                                      **T.timed(c.location_time, end)})))
                 taken += [tally_field(q, m) for m in names]
                 seq = q + 1
             else:
@@ -853,8 +857,8 @@ class Worker:
         for q, c, _ in found:
             M.STREAM_CHANGEPOINTS.labels(s).inc()  # (the last change's gauges are the API's, from the answer's hash)
             support = ", ".join(f"{m} p={p:.3g}" for m, (p, _) in sorted(c.support.items()))
-            log.info("stream %s: change point at observation %d (confidence %.4f, detected at %d after seq %d; %s)",
-                     s, c.location, c.confidence, c.detected_at, q, support)
+            log.info("stream %s: change point at observation %d (confidence %.4f, detected at %d after seq %d; %s)%s",
+                     s, c.location, c.confidence, c.detected_at, q, support, moved(c.columns, cfg.columns))
 
     @staticmethod
     def _keep_from(seq: int, dstate: DetectorState | None) -> int:

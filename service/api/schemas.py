@@ -252,6 +252,31 @@ class ResultEntry(BaseModel):
     time_end: str | None = Field(None, description="the time of the chunk's last row (RFC 3339, UTC)")
 
 
+class ColumnMove(BaseModel):
+    """How one column moved at a change point (streams of several columns): its mean and standard
+    deviation over the detector's rows of the regime before the change (those it kept since the
+    regime began, after its warm-up) and over the rows from the change to its report
+    (service.detect.moves). A description of the data, not of the model; rough where few rows
+    came after the change (rows_after on the entry)."""
+
+    column: str | int = Field(description="the column's name (its index where the columns have none)")
+    shift: float | None = Field(description="(mean_after - mean_before) / sd_before: how far the column moved, in its "
+                                            "spread before the change; 0 for a constant column that stayed, null for one "
+                                            "that moved from a constant (or from a single row)")
+    scale: float | None = Field(description="sd_after / sd_before (null without both)")
+    mean_before: float
+    mean_after: float
+    sd_before: float | None = Field(description="sample standard deviation (null for a single row)")
+    sd_after: float | None
+    rows_before: int = Field(description="the rows before the change these figures are over")
+    rows_after: int = Field(description="the rows from the change to its report")
+
+
+COLUMNS_DOC = ("with several columns, how each moved, in the stream's column order: its mean and standard deviation "
+               "before and after the change over the rows the detector held (README, 'Which columns moved'); null with "
+               "one column")
+
+
 class ChangepointEntry(BaseModel):
     """A change point one model reported (kind "changepoint"). As for results, only id, model
     and kind are always there; the fields below are what the detector reports today."""
@@ -271,6 +296,7 @@ class ChangepointEntry(BaseModel):
     log_prior_odds: float = None
     adapted: bool = Field(None, description="whether the model restarted there")
     row: int = Field(None, description="the row of chunk seq at location (0-based)")
+    columns: list[ColumnMove] | None = Field(None, description=COLUMNS_DOC)
     location_time: str | None = Field(None, description="the time of the observation at location (RFC 3339, UTC); null when unknown")
     detected_time: str | None = Field(None, description="the time of the last observation when it was reported (RFC 3339, UTC)")
     delay_seconds: float | None = Field(None, description="detected_time - location_time, in seconds. detected_time is the "
@@ -298,6 +324,7 @@ class StreamChangepointEntry(BaseModel):
     confidence: float = Field(None, description="a lower bound on the posterior probability of a change within the "
                                                 "stream's resolution of location")
     support: dict[str, tuple[float, float]] = Field(None, description="model -> [posterior probability (over no change and this change), event confidence]")
+    columns: list[ColumnMove] | None = Field(None, description=COLUMNS_DOC + " (from the event of the model that placed it)")
     location_time: str | None = Field(None, description="the time of the observation at location (RFC 3339, UTC); null when unknown")
     detected_time: str | None = Field(None, description="the time of the last observation when it was reported (RFC 3339, UTC)")
     delay_seconds: float | None = Field(None, description="detected_time - location_time, in seconds. detected_time is the "
@@ -510,6 +537,7 @@ class DetectEvent(BaseModel):
     confidence: float = Field(description="posterior probability of the change")
     log_bayes_factor: float
     log_prior_odds: float
+    columns: list[ColumnMove] | None = Field(None, description=COLUMNS_DOC)
 
 
 class DetectChange(BaseModel):
@@ -523,6 +551,7 @@ class DetectChange(BaseModel):
                        "change points and cusp replay say; a new user missed it here)")
     confidence: float = Field(description="a lower bound on the posterior probability of a change within one chunk of index")
     support: dict[str, tuple[float, float]] = Field(description="model -> [posterior probability (over no change and this change), event confidence]")
+    columns: list[ColumnMove] | None = Field(None, description=COLUMNS_DOC + " (from the event of the model that placed it)")
 
 
 class DetectWithdrawn(BaseModel):

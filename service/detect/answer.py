@@ -18,13 +18,14 @@ class StreamChange:
     posterior probability (over its hypotheses no change and this change, ``_with_changes``) and
     event confidence at that time; location_time: the time of the
     observation at location, from that model's event (epoch seconds; None where the events had
-    none)."""
+    none); columns: that event's column summary (``Event.columns``, ``service.detect.moves``)."""
 
     location: int
     detected_at: int
     confidence: float
     support: dict[str, tuple[float, float]]
     location_time: float | None = None
+    columns: dict | None = None
 
     @property
     def delay(self) -> int:
@@ -135,6 +136,9 @@ class StreamAnswer:
         # window widened later does not judge it twice), None once judged
         self.due: list[int | None] = []
         self.gone: list[int] = []  # the locations of the changes withdrawn (the last MAX_CHANGES)
+        # "model@location" -> that event's column summary (``Event.columns``), for the events that may
+        # still become a change (reported within a horizon: ``_settled``)
+        self.moves: dict[str, dict] = {}
         # the changes withdrawn at the last chunk (not part of the state: the service stores them as they are made)
         self.withdrawn: list[StreamWithdrawal] = []
         self.n = 0
@@ -174,7 +178,10 @@ class StreamAnswer:
                 raise ValueError(f"events of model {m!r}, not one of the stream's {self.models}")
             self.events += sorted((int(e.detected_at), int(e.location), m, float(e.confidence),
                                    None if e.location_time is None else float(e.location_time)) for e in evs)
+            self.moves.update({f"{m}@{int(e.location)}": e.columns for e in evs if e.columns})
         self.events = self.events[-self.MAX_EVENTS:]
+        live = {f"{m}@{loc}" for at, loc, m, _, _ in self.events if n - at <= self.HORIZON * self.window}
+        self.moves = {k: v for k, v in self.moves.items() if k in live}
         for m, now in sorted((standing or {}).items()):
             if now is None or m not in self.models:
                 continue
@@ -227,7 +234,8 @@ class StreamAnswer:
             support = {m: (p, c) for m, (p, c, _, _) in best.items()}
             if bound >= self.threshold:
                 found.append(StreamChange(location=best[top][2], detected_at=int(n), confidence=min(bound, 1.0),
-                                          support=support, location_time=best[top][3]))
+                                          support=support, location_time=best[top][3],
+                                          columns=self.moves.get(f"{top}@{best[top][2]}")))
                 self.changes = (self.changes + [best[top][2]])[-self.MAX_CHANGES:]
                 self.found = (self.found + [int(n)])[-self.MAX_CHANGES:]
                 self.confidence = (self.confidence + [min(bound, 1.0)])[-self.MAX_CHANGES:]
@@ -428,7 +436,7 @@ class StreamAnswer:
     def to_dict(self) -> dict:
         return {"v": self.VERSION, "n": self.n, "window": self.window, "events": [list(e) for e in self.events],
                 "changes": list(self.changes), "found": list(self.found), "due": list(self.due),
-                "confidence": list(self.confidence), "gone": list(self.gone)}
+                "confidence": list(self.confidence), "gone": list(self.gone), "moves": dict(self.moves)}
 
     def load(self, d: dict | None) -> "StreamAnswer":
         """This answer's state from ``to_dict`` (None: a new stream)."""
@@ -451,6 +459,7 @@ class StreamAnswer:
             due = [u if u >= self.n else None for u in due]
         self.due = [None if u is None else int(u) for u in due]
         self.gone = [int(c) for c in d.get("gone", ())]
+        self.moves = {str(k): v for k, v in (d.get("moves") or {}).items()}
         if len(self.confidence) != len(self.changes):
             self.confidence = [None] * len(self.changes)
         return self

@@ -13,6 +13,7 @@ import torch
 from models.base import Model
 from service.detect.config import AUTO, AUTO_ALPHA, AUTO_R0, DEFAULT_RUN_LENGTH, DetectorConfig
 from service.detect.decision import decide, posterior
+from service.detect.moves import column_moves
 from service.detect.signals import RunningLevel, Windows, shares_dispersion, shares_moved, weight
 from service.detect.state import Challenger, DetectorState, Event, Recent, Refined, Standing, Step, Suspect
 from service.sgais.engine import FIRST_MODE_CHECK
@@ -723,7 +724,7 @@ class Detector:
                                 detected_at=n_total, delay=n_total - location, confidence=confidence,
                                 log_bayes_factor=best.log_bf,
                                 log_prior_odds=self.restart_log_prior_odds(best.first_rows, best.start - new.offset_n),
-                                adapted=cfg.adapt))
+                                adapted=cfg.adapt, columns=self._moves(new, location)))
             new.events += 1
             new.suspects = []  # a new regime: its rows are weighed afresh
             if cfg.adapt and self.exact:
@@ -1771,6 +1772,18 @@ class Detector:
             return False
         later = recent[i - 1].lp + best.state.log_evidence - best.train_log_z
         return alt.state.log_evidence - alt.train_log_z > later
+
+    @staticmethod
+    def _moves(s: DetectorState, location: int) -> dict | None:
+        """Each column's mean and sd over the rows kept before ``location`` and those from it on
+        (``moves.column_moves``; None with one column): the rows of ``s.dropped`` and ``s.recent``,
+        the regime's since its last change (or start) that are kept, after its warm-up."""
+        kept = [r for r in (*s.dropped, *s.recent) if r.rows is not None]
+        if not kept or kept[0].rows.dim() != 2 or kept[0].rows.shape[1] < 2:
+            return None
+        rows = torch.cat([r.rows for r in kept]).to(torch.float64)
+        index = torch.cat([torch.arange(r.start, r.start + int(r.rows.shape[0])) for r in kept])
+        return column_moves(rows[index < location], rows[index >= location])
 
     def _track(self, s: DetectorState, x: float, b: int, steps: float) -> None:
         """The running levels take the chunk (exponentially weighted; plain means over the first chunks)."""

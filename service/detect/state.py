@@ -34,7 +34,9 @@ class Event:
     detected_at - location; confidence: posterior probability of the change; log_bayes_factor:
     the challenger's log Bayes factor against the incumbent; adapted: whether the model
     restarted there; row: location's row in chunk seq (0-based); location_time: that row's time
-    (epoch seconds; the service sets it from the rows' times, None where nobody did)."""
+    (epoch seconds; the service sets it from the rows' times, None where nobody did); columns:
+    with several columns, each one's mean and sd over the detector's rows before and after
+    location (``service.detect.moves.column_moves``), None with one column."""
 
     location: int
     chunk: int
@@ -47,6 +49,7 @@ class Event:
     adapted: bool
     row: int = 0
     location_time: float | None = None
+    columns: dict | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)

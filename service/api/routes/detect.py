@@ -160,7 +160,7 @@ def answer(det: Detector, times: list | None) -> DetectOut:
     return DetectOut(
         rows=det.n, chunk_size=max(r for _, r in det.chunks),
         changepoints=[DetectChange(index=c.location, time=when(c.location), detected_at=c.detected_at, delay=c.delay,
-                                   confidence=c.confidence, support=c.support) for c in changes],
+                                   confidence=c.confidence, support=c.support, columns=det.columns_moved(c)) for c in changes],
         withdrawn=[DetectWithdrawn(index=w.location, time=when(w.location), detected_at=w.detected_at,
                                    withdrawn_at=w.withdrawn_at, confidence=w.confidence, support=w.support)
                    for w in det.withdrawn],
@@ -169,7 +169,8 @@ def answer(det: Detector, times: list | None) -> DetectOut:
                             posterior_probability=probs[m],
                             changepoints=[DetectEvent(index=e.location, time=when(e.location), detected_at=e.detected_at,
                                                       delay=e.delay, confidence=e.confidence, log_bayes_factor=e.log_bayes_factor,
-                                                      log_prior_odds=e.log_prior_odds) for e in events[m]],
+                                                      log_prior_odds=e.log_prior_odds, columns=det.columns_moved(e))
+                                          for e in events[m]],
                             log_predictive=[r.log_predictive for r in results[m]],
                             annealing_steps=[r.annealing_steps for r in results[m]],
                             warnings=sorted({w for r in results[m] for w in r.warnings}),
