@@ -1574,6 +1574,33 @@ class Gaussian(Model):
         head = torch.cat([torch.tensor([float(seen + y.shape[0])], dtype=torch.float64), centre, scale])
         return torch.cat([head] + ([buf.reshape(-1)] if buf is not None else []) + [nig]), lp
 
+    #: rows since the prior (the start or a restart) before ``exact_warnings`` judges the prior's share:
+    #: before them the prior legitimately holds much of the posterior (unit-variance data at 0: the
+    #: prior's part of the noise scale falls below the data's by n = 3 or 4, below half of it by 6-8)
+    CONFLICT_ROWS: ClassVar[int] = 20
+
+    def exact_warnings(self, before: torch.Tensor, after: torch.Tensor) -> tuple[str, ...]:
+        """``prior_conflict`` when, in some column, the prior holds more of the posterior's noise
+        scale than the data do, ``CONFLICT_ROWS`` rows or more after the prior: the posterior's b =
+        beta0 + kappa0 n (ybar - mu0)^2 / (2 (kappa0 + n)) + S / 2, S the rows' squares about their
+        mean, and beta0 plus the mean term above S / 2. The model then expects noise over twice the
+        data's variance and scores every row too low; a change within that noise goes unseen. In data
+        units this is a column far from mu0 against its spread (1,000 +- 5: the mean term 5e5 against
+        12.5 a row, for 40,000 rows; 250 +- 20 ms: for the first 156) or a spread far below beta0's
+        (0.002 +- 1e-4: for ever, in practice). Not judged with a warm-up: the prior is in the frame
+        (a restart's, centred at the old regime's level, holds a large shift's square for a while,
+        z^2 rows for z sds: the model's own choice, not a setting to fix). Recovered from (mu, kappa,
+        alpha, beta): n = kappa - kappa0, ybar = (kappa mu - kappa0 mu0) / n."""
+        if self.warmup:
+            return ()
+        mu, k, _, b = self._nig(after)
+        n = k - self.kappa0
+        if not bool((n >= self.CONFLICT_ROWS).any()):
+            return ()
+        ybar = (k * mu - self.kappa0 * self.mu0) / n.clamp(min=1.0)
+        prior = self.beta0 + 0.5 * self.kappa0 * n / k * (ybar - self.mu0) ** 2
+        return ("prior_conflict",) if bool(((n >= self.CONFLICT_ROWS) & (prior > b - prior)).any()) else ()
+
     def exact_row_log_predictive(self, post: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         """Each row's Student-t predictive (independent columns): ``[B]``; with a warm-up, in the
         frame less log scale, and 0 during the warm-up."""

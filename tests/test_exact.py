@@ -169,7 +169,9 @@ def test_exact_sampler_resumes_bit_for_bit_and_does_not_mutate():
         assert a.to_bytes() == b.to_bytes() and ra.log_evidence == rb.log_evidence
     assert reservoir.size == 300  # the reservoir sample is kept like SGAIS's
     r = straight[-1][1]
-    assert r.method == "exact" and r.annealing_steps == 0 and r.ess_after is None and r.reliable
+    assert r.method == "exact" and r.annealing_steps == 0 and r.ess_after is None
+    # (1e4 +- 3 under the prior's mu0 = 0: the prior's mean term holds most of the noise the model expects)
+    assert r.warnings == ("prior_conflict",) and not r.reliable
     with pytest.raises(ValueError, match="not a"):
         load_state(b"junk")
 
@@ -299,3 +301,53 @@ def test_a_framed_gaussian_finds_a_shift_far_from_zero(seed):
     assert default_portfolio(2) == ("gaussian:warmup=5",)
     _, changes = detect_stream(two, chunk_size=10, seed=0)
     assert [c.location for c in changes] == [300], changes
+
+
+def _conflicts(y: np.ndarray, mu0=0.0, kappa0=1.0, beta0=1.0, rows=20) -> np.ndarray:
+    """For each row of a one-column series, ``Gaussian.exact_warnings``'s rule computed afresh from
+    its definition, in float64 sums about the series' first value: after n >= ``rows`` rows, is
+    beta0 + kappa0 n (ybar - mu0)^2 / (2 (kappa0 + n)) above S / 2?"""
+    n = np.arange(1, len(y) + 1)
+    d = y - y[0]
+    s1, s2 = np.cumsum(d), np.cumsum(d * d)
+    ybar = y[0] + s1 / n
+    ss = s2 - s1 * s1 / n
+    prior = beta0 + 0.5 * kappa0 * n / (kappa0 + n) * (ybar - mu0) ** 2
+    return (n >= rows) & (prior > 0.5 * ss)
+
+
+@pytest.mark.parametrize("chunk", [1, 7])
+def test_gaussian_far_from_its_prior_says_so_and_a_frame_does_not(chunk):
+    """`gaussian` in data units: where its prior holds more of the noise it expects than the data
+    do, every result says ``prior_conflict`` (the model scores every row too low; a change within
+    that noise goes unseen), as the rule computed afresh says, row for row at the end of each chunk:
+    latency 250 +- 20 ms for its first ~150 rows, 1,000 +- 5 and a rate of 0.002 +- 1e-4 throughout.
+    Standardised data (5 seeds, 2,000 rows) never; `gaussian:warmup=5` on the same series never."""
+    g = np.random.default_rng(0)
+    cases = {"latency": 250 + 20 * g.standard_normal(2000), "offset": 1000 + 5 * g.standard_normal(2000),
+             "rate": 0.002 + 1e-4 * g.standard_normal(2000),
+             **{f"unit{k}": g.standard_normal(2000) + (3.0 if k else 0.0) for k in range(5)}}
+    for name, y in cases.items():
+        data = torch.from_numpy(y[:, None])
+        got = ["prior_conflict" in r.warnings for r in run_exact("gaussian", data, chunk)]
+        want = _conflicts(y)[[min(lo + chunk, len(y)) - 1 for lo in range(0, len(y), chunk)]].tolist()
+        assert got == want, name
+        assert any(got) == (name in ("latency", "offset", "rate")), name
+        assert not any("prior_conflict" in r.warnings for r in run_exact("gaussian:warmup=5", data, chunk)), name
+    assert sum(_conflicts(cases["latency"])) in range(100, 200) and _conflicts(cases["rate"])[-1]
+
+
+def test_a_shift_the_prior_hides_is_missed_with_a_warning_and_found_with_a_frame():
+    """+5 sd at 150 in 100 +- 1, chunks of 10: `gaussian` in data units expects noise about 6x the
+    data's spread (the prior's mean term, 100^2 / 2, in its b) and finds nothing, each result
+    saying ``prior_conflict``; with a frame the shift is found at once."""
+    g = np.random.default_rng(0)
+    y = 100 + g.standard_normal(300)
+    y[150:] += 5
+    x = torch.from_numpy(y[:, None])
+    for spec, want in (("gaussian", []), ("gaussian:warmup=5", [150])):
+        run = OfflineRun(build_sampler(build_model(spec, 1), SGAISConfig()), 0, DetectorConfig())
+        steps = [run.step(x[lo : lo + 10]) for lo in range(0, 300, 10)]
+        assert [e.location for _, evs in steps for e in evs] == want, spec
+        warned = ["prior_conflict" in r.warnings for r, _ in steps]
+        assert all(warned[2:]) if spec == "gaussian" else not any(warned), spec

@@ -110,12 +110,15 @@ WARNINGS = {
     "stuck_mode": "the particles sit far below the model's dominant mode (a mixture stuck with merged or empty "
                   "components): the log-evidence is too low, by up to thousands of nats, and its model probability "
                   "with it",
-    "prior_conflict": "the model's prior keeps it from the data: its particles' log-likelihood sits more nats below the "
-                      "best fit its mode check found than the stuck-mode limit, and the prior is what pays for it (a gmm's "
-                      "prior is in the data's units, means N(0, 4 sigma^2): clusters far from 0 against their spread end in "
-                      "one widened component). The log-evidence is that of this model with this prior, and it predicts "
-                      "poorly: give the gmm a frame from the stream's first rows (gmm:warmup=W, W rows that span its "
-                      "clusters), send the columns rescaled (standardised), or use gaussian:warmup=5",
+    "prior_conflict": "the model's prior keeps it from the data. A gmm: its particles' log-likelihood sits more nats "
+                      "below the best fit its mode check found than the stuck-mode limit, and the prior is what pays for it "
+                      "(its prior is in the data's units, means N(0, 4 sigma^2): clusters far from 0 against their spread "
+                      "end in one widened component). A gaussian in data units: its prior holds more of the noise it "
+                      "expects than the data do (a column far from mu0 against its spread, or a spread far below beta0's), "
+                      "so it expects noise over twice the data's and a change within that noise goes unseen. The "
+                      "log-evidence is that of this model with this prior, and it predicts poorly: give the model a frame "
+                      "from the stream's first rows (gaussian:warmup=5; gmm:warmup=W, W rows that span its clusters), "
+                      "send the columns rescaled (standardised), or set the prior near the data",
     "evidence_restated": "a fresh estimate of the evidence so far moved the log-evidence by more than 10 nats (the "
                          "result's 'restated'): the earlier results' log-evidence, and the model probabilities from "
                          "it, were too low by about that much",
