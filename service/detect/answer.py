@@ -180,8 +180,9 @@ class StreamAnswer:
                                    None if e.location_time is None else float(e.location_time)) for e in evs)
             self.moves.update({f"{m}@{int(e.location)}": e.columns for e in evs if e.columns})
         self.events = self.events[-self.MAX_EVENTS:]
-        live = {f"{m}@{loc}" for at, loc, m, _, _ in self.events if n - at <= self.HORIZON * self.window}
-        self.moves = {k: v for k, v in self.moves.items() if k in live}
+        if self.moves:
+            live = {f"{m}@{loc}" for at, loc, m, _, _ in self.events if n - at <= self.HORIZON * self.window}
+            self.moves = {k: v for k, v in self.moves.items() if k in live}
         for m, now in sorted((standing or {}).items()):
             if now is None or m not in self.models:
                 continue
