@@ -83,7 +83,10 @@ PAGE_FIELD_STRUCTURAL = {"id", "kind", "model", "name", "seq",
                          "probability_observations",  # the n P(model) compares the models on
                          # which change a withdrawal takes back, and when (the withdrawals' count is
                          # cusp_stream_changepoints_withdrawn_total)
-                         "detected_at", "withdrawn_at"}
+                         "detected_at", "withdrawn_at",
+                         # how each column moved at a change, said in words beside it (a description
+                         # of the rows, README "Which columns moved"; not a metric: a series per column)
+                         "columns"}
 #: Fields the page reads of the stream's change points (``sc.X``) -> the per-stream metric.
 PAGE_STREAM_FIELD_METRIC = {
     "location": "cusp_stream_changepoint_last_observation",
