@@ -588,3 +588,28 @@ def test_round2_encodings_duplicates_separators_and_media_types(live, redis_url,
                          params={"seq": 1} if ctype in ("text/csv", "application/x-ndjson") else None)
     assert r.status_code == status and message in r.text, (r.status_code, r.text)
     unchanged(live, redis_url, stream)
+
+
+def test_each_refused_chunk_is_counted_once_under_its_reason(live, stream, redis_url):
+    """cusp_ingest_rejected_total{reason}: a sequence gap, an empty chunk and a NaN, over HTTP and
+    the ingest WebSocket, each count once under their own reason (gap, empty, invalid); they were
+    counted again under 'invalid' (a new user's trial: the panel showed twice the refusals)."""
+    from service import metrics as M
+
+    reasons = ("gap", "empty", "invalid", "too_large", "conflict", "gone", "time_order", "backlog", "too_many_rows")
+
+    def counts() -> dict:
+        return {r: M.REJECTED.labels(r)._value.get() for r in reasons}  # noqa: SLF001
+
+    before = counts()
+    bad = [{"seq": 7, "rows": FIRST[:2]}, {"seq": 1, "rows": []}, {"seq": 1, "rows": [[float("nan"), 1.0]]}]
+    for body in bad:
+        r = live.client.post(f"/v1/streams/{S}/chunks", content=json.dumps(body), headers={"content-type": "application/json"})
+        assert r.status_code in (400, 409, 422), r.text
+    with ws_connect(f"{live.ws_url}/v1/streams/{S}/ingest") as ws:
+        for body in bad:
+            ws.send(json.dumps(body))
+            assert json.loads(ws.recv())["status"] == "error"
+    after = counts()
+    assert {r: after[r] - before[r] for r in reasons} == {**dict.fromkeys(reasons, 0), "gap": 2, "empty": 2, "invalid": 2}
+    assert snapshot(live, redis_url) == stream  # (and nothing was stored)

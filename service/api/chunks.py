@@ -38,11 +38,13 @@ def _times(values: object, rows: int, what: str = TIME) -> np.ndarray:
 
 
 class ChunkError(ValueError):
-    """A chunk refused: ``status`` (HTTP) and ``code`` (service.api.errors.CODES)."""
+    """A chunk refused: ``status`` (HTTP), ``code`` (service.api.errors.CODES) and ``reason``, the
+    label ``cusp_ingest_rejected_total`` counts it under (once, where the route answers it)."""
 
-    def __init__(self, message: str, status: int = 422, code: str | None = None, retry_after: float | None = None):
+    def __init__(self, message: str, status: int = 422, code: str | None = None, retry_after: float | None = None,
+                 reason: str = "invalid"):
         super().__init__(message)
-        self.status, self.code, self.retry_after = status, code or CHUNK_CODES[status], retry_after
+        self.status, self.code, self.retry_after, self.reason = status, code or CHUNK_CODES[status], retry_after, reason
 
 
 class _Constant(float):

@@ -281,11 +281,10 @@ async def refresh_stream_gauges(store: ApiStore) -> None:
 def check_chunk(settings: Settings, cfg: StreamConfig, data: np.ndarray) -> None:
     """The chunk's size, and that every model of the stream can use it (ChunkError naming the model)."""
     if data.shape[0] == 0:
-        M.REJECTED.labels("empty").inc()
-        raise ChunkError("empty chunk: send at least one row")
+        raise ChunkError("empty chunk: send at least one row", reason="empty")
     if data.shape[0] > settings.max_chunk_rows:
-        M.REJECTED.labels("too_many_rows").inc()
-        raise ChunkError(f"chunk has {data.shape[0]} rows, the limit is CUSP_MAX_CHUNK_ROWS={settings.max_chunk_rows}", 413)
+        raise ChunkError(f"chunk has {data.shape[0]} rows, the limit is CUSP_MAX_CHUNK_ROWS={settings.max_chunk_rows}", 413,
+                         reason="too_many_rows")
     at = too_large(data)
     if at is not None:
         raise ChunkError(f"row {at[0]} column {cfg.columns[at[1]]!r}: {float(data[at]):g} is too large: values must be within "
@@ -347,10 +346,10 @@ async def ingest(store: ApiStore, settings: Settings, cfg: StreamConfig, seq: in
     check_chunk(settings, cfg, data)
     try:
         await check_frames(store, cfg, data)
-    except ChunkError:
+    except ChunkError as exc:
         last = await store.last_seq(cfg.name)
         if last is None or seq > last:
-            M.REJECTED.labels("too_large").inc()
+            exc.reason = "too_large"
             raise
         # (a resend of a chunk stored before its model's frame was fixed: the store answers it as
         # any resend, 200 for the same data, 409 for other data; it said "nothing stored" before)
@@ -373,28 +372,24 @@ async def ingest(store: ApiStore, settings: Settings, cfg: StreamConfig, seq: in
         return 202, {"seq": seq, "status": "accepted", "id": ack_id(seq), "rows": int(data.shape[0])}
     if kind == "dup":
         if val != payload_digest:
-            M.REJECTED.labels("conflict").inc()
-            raise ChunkError(f"seq {seq} was already accepted with different data", 409, "seq_conflict")
+            raise ChunkError(f"seq {seq} was already accepted with different data", 409, "seq_conflict", reason="conflict")
         return 200, {"seq": seq, "status": "duplicate", "id": ack_id(seq)}
     if kind == "old":
-        M.REJECTED.labels("conflict").inc()
         raise ChunkError(f"seq {seq} was accepted long ago: it is older than the last CUSP_DEDUP_WINDOW="
                          f"{settings.dedup_window} chunks, whose digests are kept, so it cannot be checked against "
-                         f"the stored data; expected seq {val}", 409, "seq_too_old")
+                         f"the stored data; expected seq {val}", 409, "seq_too_old", reason="conflict")
     if kind == "busy":
-        M.REJECTED.labels("backlog").inc()
         raise ChunkError(f"stream {cfg.name!r} has {val} accepted chunks that its slowest model has not processed yet, its "
                          f"max_backlog={cfg.max_backlog}: nothing stored; send seq {seq} again after Retry-After seconds",
-                         429, "backlog_full", retry_after=BACKLOG_RETRY_AFTER)
+                         429, "backlog_full", retry_after=BACKLOG_RETRY_AFTER, reason="backlog")
     if kind == "gone":
-        M.REJECTED.labels("gone").inc()
-        raise ChunkError(f"stream {cfg.name!r} was deleted (or deleted and created again): nothing stored", 404)
+        raise ChunkError(f"stream {cfg.name!r} was deleted (or deleted and created again): nothing stored", 404,
+                         reason="gone")
     if kind == "late":
-        M.REJECTED.labels("time_order").inc()
         raise ChunkError(f"the chunk's first time {T.format(float(times[0]))} is not after the stream's last time "
-                         f"{T.format(float(val))}: times must increase across chunks; nothing stored", 409, "time_order")
-    M.REJECTED.labels("gap").inc()
-    raise ChunkError(f"seq {seq} is out of order: expected seq {val}", 409)
+                         f"{T.format(float(val))}: times must increase across chunks; nothing stored", 409, "time_order",
+                         reason="time_order")
+    raise ChunkError(f"seq {seq} is out of order: expected seq {val}", 409, reason="gap")
 
 
 # --- results --------------------------------------------------------------------------------

@@ -80,7 +80,7 @@ async def post_chunk(stream: str, request: Request, store: StoreDep, settings: S
         s, data, stamps = C.parse_body(ctype, body, seq, cfg.columns, times == "first")
         status, ack = await crud.ingest(store, settings, cfg, s, data, stamps)
     except C.ChunkError as exc:
-        M.REJECTED.labels("invalid").inc()
+        M.REJECTED.labels(exc.reason).inc()
         raise ApiError(exc.status, exc.code, str(exc),
                        {"Retry-After": f"{exc.retry_after:g}"} if exc.retry_after is not None else None) from None
     return JSONResponse(ack, status_code=status)
@@ -114,7 +114,7 @@ async def ingest_ws(ws: WebSocket, stream: str, store: StoreDep, settings: Setti
                 status, ack = await crud.ingest(store, settings, cfg, s, data, stamps)
                 await ws.send_json(ack)
             except C.ChunkError as exc:
-                M.REJECTED.labels("invalid").inc()
+                M.REJECTED.labels(exc.reason).inc()
                 err = {"seq": seq if isinstance(seq, int) else None, "status": "error", "code": exc.status, "error": exc.code,
                        "detail": str(exc)}
                 await ws.send_json(err if exc.retry_after is None else {**err, "retry_after": exc.retry_after})
