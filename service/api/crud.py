@@ -156,7 +156,11 @@ async def create_stream(store: ApiStore, settings: Settings, body: StreamIn) -> 
 
 
 async def delete_stream(store: ApiStore, cfg: StreamConfig) -> None:
-    await store.delete(cfg)
+    """Delete the stream ``cfg`` was read from, or 404 where it is gone already (another DELETE
+    won; a stream of that name created since stays, with its series)."""
+    if not await store.delete(cfg):
+        raise ApiError(404, "stream_not_found", f"no stream named {cfg.name!r}: it was deleted meanwhile (a stream of "
+                                                "that name created since then stays)")
     for m in cfg.models:
         for metric in (M.LOG_EVIDENCE, M.LOG_EVIDENCE_PER_OBS, M.MODEL_POSTERIOR, M.INGEST_LAG):
             try:

@@ -77,6 +77,7 @@ class ApiStore:
         self._ingest = self.r.register_script(scripts.INGEST)
         self._create = self.r.register_script(scripts.CREATE)
         self._reserve = self.r.register_script(scripts.RESERVE)
+        self._delete = self.r.register_script(scripts.DELETE)
         self._loaded: asyncio.Lock | None = None
         self._scripts_ready = False
 
@@ -91,7 +92,7 @@ class ApiStore:
             self._loaded = asyncio.Lock()
         async with self._loaded:
             if not self._scripts_ready:
-                for script in (self._ingest, self._create, self._reserve):
+                for script in (self._ingest, self._create, self._reserve, self._delete):
                     await self.r.script_load(script.script)
                 self._scripts_ready = True
 
@@ -157,14 +158,21 @@ class ApiStore:
         await self.r.sadd(keys.STREAMS, cfg.name)
         return "created" if created else "exists"
 
-    async def delete(self, cfg: StreamConfig) -> None:
-        """Delete the stream's keys (one DEL: one slot, atomic), then its name from the stream set,
-        and wake the workers for it as an ingest does (``keys.WAKE``): they see it gone at once and
-        its series leave their /metrics (before, at their next full scan, up to 30 s on: a new user
-        saw a deleted stream's gauges beside the new stream of the same name)."""
-        await self.r.delete(*keys.stream_keys(cfg.name, [m.name for m in cfg.models]))
+    async def delete(self, cfg: StreamConfig) -> bool:
+        """Delete this incarnation of the stream (``cfg.uid``): its keys in one script (one slot,
+        atomic; ``scripts.DELETE``), then its name from the stream set, and wake the workers for it
+        as an ingest does (``keys.WAKE``): they see it gone at once and its series leave their
+        /metrics (before, at their next full scan, up to 30 s on: a new user saw a deleted stream's
+        gauges beside the new stream of the same name). False, and nothing touched, where the
+        stream is gone or another incarnation holds the name (deleted and created again since
+        ``cfg`` was read)."""
+        await self.load_scripts()
+        if not await self._delete(keys=[keys.uid(cfg.name), *keys.stream_keys(cfg.name, [m.name for m in cfg.models])],
+                                  args=[cfg.uid]):
+            return False
         await self.forget(cfg.name)
         await self.r.publish(keys.WAKE, keys.seq(cfg.name))
+        return True
 
     async def forget(self, name: str) -> None:
         """Take ``name`` out of the stream set unless its stream exists: removed, then put back if a
@@ -294,17 +302,21 @@ class ApiStore:
         got = await self.r.xrange(keys.dead(stream), count=count)
         return [{"id": e.decode(), **{k.decode(): v.decode() for k, v in f.items()}} for e, f in got]
 
-    async def follow(self, stream: str, since: str) -> AsyncIterator[dict | None]:
-        """Result entries after ``since``, live, until the stream is deleted; None is a keep-alive
-        tick (a second without news). A connection of its own: it blocks."""
+    async def follow(self, stream: str, since: str, uid: str = "") -> AsyncIterator[dict | None]:
+        """Result entries after ``since``, live, until this incarnation of the stream (``uid``) is
+        deleted; None is a keep-alive tick (a second without news). A connection of its own: it
+        blocks. The incarnation is checked after every read: a stream deleted and created again
+        within a second kept its feeds open, and they went on with the new stream's results as
+        the old one's (its other models, its seq 0 again: a new user's trial)."""
         last = since
         reader = connect_async(self.url)
         try:
             while True:
                 got = await reader.xread({keys.out(stream): last}, count=500, block=1000)
+                now, there = await reader.pipeline(transaction=False).get(keys.uid(stream)).exists(keys.config(stream)).execute()
+                if not there or (now or b"").decode() != uid:  # (a stream from before uids has none: "")
+                    return
                 if not got:
-                    if not await reader.exists(keys.config(stream)):
-                        return
                     yield None
                     continue
                 for eid, fields in got[0][1]:

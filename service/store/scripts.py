@@ -205,6 +205,17 @@ end
 return 1
 """
 
+# Delete one incarnation of a stream: its keys, only if its uid is the one given (a DELETE that read
+# the config of a stream deleted and created again meanwhile would otherwise remove the new stream's
+# config, uid and input by name and leave its new models' keys behind, listed nowhere: a new user's
+# trial, 1 race in 20). KEYS: uid, then every key of the stream (keys.stream_keys; one hash slot).
+# ARGV: uid ('' for a stream created before uids). Returns 1 (deleted) or 0 (another incarnation, or none).
+DELETE = """
+if (redis.call('GET', KEYS[1]) or '') ~= ARGV[1] or redis.call('EXISTS', KEYS[2]) == 0 then return 0 end
+redis.call('DEL', unpack(KEYS))
+return 1
+"""
+
 # Count one more failed attempt at a chunk, unless the pair is gone (a stream deleted meanwhile:
 # nothing is written back). KEYS: attempts, state. ARGV: seq. Returns the attempts so far (0: gone).
 COUNT_FAILURE = """

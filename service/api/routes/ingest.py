@@ -114,10 +114,19 @@ async def ingest_ws(ws: WebSocket, stream: str, store: StoreDep, settings: Setti
                 status, ack = await crud.ingest(store, settings, cfg, s, data, stamps)
                 await ws.send_json(ack)
             except C.ChunkError as exc:
+                if exc.reason != "gone" and ((await store.uids([stream]))[0] or b"").decode() != cfg.uid:
+                    # read against the config this socket opened with: a stream deleted and created again
+                    # since (other columns) got "row 0: has 2 values, the stream has 1 columns ['x']" for a
+                    # chunk right for the new one, and the socket stayed open (a new user's trial)
+                    exc = C.ChunkError(f"stream {stream!r} was deleted (or deleted and created again): nothing stored",
+                                       404, reason="gone")
                 M.REJECTED.labels(exc.reason).inc()
                 err = {"seq": seq if isinstance(seq, int) else None, "status": "error", "code": exc.status, "error": exc.code,
                        "detail": str(exc)}
                 await ws.send_json(err if exc.retry_after is None else {**err, "retry_after": exc.retry_after})
+                if exc.reason == "gone":  # this socket's stream is no more: open one to the new stream
+                    await ws.close(1000, "stream deleted (or deleted and created again): reconnect")
+                    return
             except (rexc.ConnectionError, rexc.TimeoutError) as exc:
                 await ws.send_json({"seq": seq if isinstance(seq, int) else None, "status": "error", "code": 503,
                                     "error": "redis_unavailable", "detail": f"Redis unavailable: {exc}; resend"})

@@ -70,12 +70,13 @@ async def evidence_sse(stream: str, request: Request, store: StoreDep,
                                                  json_schema_extra={"pattern": RESULT_ID_PATTERN}),
                        model: str | None = Query(None, description=MODEL_QUERY),
                        kind: list[EntryKind] | None = Query(None, description=KIND_QUERY)):
-    keep = crud.entry_filter(crud.feed_model(await crud.stream_config(store, stream), model), kind)
+    cfg = await crud.stream_config(store, stream)
+    keep = crud.entry_filter(crud.feed_model(cfg, model), kind)
     start = crud.check_id(since or request.headers.get("last-event-id"))
 
     async def events():
         quiet = time.monotonic()  # the last write: a filter that drops a busy stream's entries still keeps it alive
-        async for item in store.follow(stream, start):
+        async for item in store.follow(stream, start, cfg.uid):
             if await request.is_disconnected():
                 return
             if item is None or not keep(item):
@@ -121,7 +122,7 @@ async def evidence_ws(ws: WebSocket, stream: str, store: StoreDep, settings: Set
 
     closed = asyncio.ensure_future(until_closed())
     try:
-        async with contextlib.aclosing(store.follow(stream, start)) as items:
+        async with contextlib.aclosing(store.follow(stream, start, cfg.uid)) as items:
             async for item in items:
                 if closed.done():
                     return
