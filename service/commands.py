@@ -64,6 +64,10 @@ def serve(args: argparse.Namespace) -> int:
     from service.supervise import DataDirInUse, SupervisedRedis, WorkerProcesses
 
     settings = load_settings(**{k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None})
+    # the worker processes read their settings from the environment: they get the options' values
+    # (an invalid CUSP_PORT beside --port made every worker exit at start, restarted for ever, while
+    # the API served: a new user's trial)
+    os.environ.update({"CUSP_HOST": settings.host, "CUSP_PORT": str(settings.port)})
     _logging(settings.log_level)
     busy = _port_problem(settings.host, settings.port)
     if busy:  # before Redis and the workers start, and before "serving on" is printed

@@ -71,14 +71,16 @@ def metric(text: str, name: str, **labels) -> float | None:
     return None
 
 
-def start_serve(tmp_path: Path, name: str = "serve", workers: int = 2):
-    """`cusp serve` on ``tmp_path/data``, logging to ``tmp_path/NAME.log``, once it answers /readyz."""
+def start_serve(tmp_path: Path, name: str = "serve", workers: int = 2, port_option: bool = False, **env_extra: str):
+    """`cusp serve` on ``tmp_path/data``, logging to ``tmp_path/NAME.log``, once it answers /readyz;
+    ``port_option``: the port given as ``--port`` rather than CUSP_PORT; ``env_extra``: more variables."""
     port = free_port()
     env = {**os.environ, "CUSP_DATA_DIR": str(tmp_path / "data"), "CUSP_PORT": str(port), "CUSP_HOST": "127.0.0.1",
-           "CUSP_WORKERS": str(workers), "CUSP_LEASE_SECONDS": "2"}
+           "CUSP_WORKERS": str(workers), "CUSP_LEASE_SECONDS": "2", **env_extra}
     env.pop("CUSP_REDIS_URL", None)
     with open(tmp_path / f"{name}.log", "ab") as log:
-        proc = subprocess.Popen([CUSP, "serve"], env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        proc = subprocess.Popen([CUSP, "serve", *(["--port", str(port)] if port_option else [])], env=env, stdout=log,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=20)
     try:
         wait_for(lambda: ready(client), 60, "cusp serve to answer /readyz")
@@ -334,3 +336,17 @@ print("stopped" if stop.wait(10) else "not stopped", flush=True)
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=20)
     assert out.stdout.strip() == "stopped", (out.stdout, out.stderr)
+
+
+def test_the_port_option_wins_over_an_invalid_cusp_port_for_the_workers_too(tmp_path):
+    """`cusp serve --port P` with CUSP_PORT=70000 in the environment: the API served on P and every
+    worker exited at start on the invalid variable, restarted for ever (/readyz 503; a new user's
+    trial). The workers get the option's value: ready, and no worker restarted."""
+    proc, client = start_serve(tmp_path, workers=1, port_option=True, CUSP_PORT="70000")
+    try:
+        assert ready(client)
+        time.sleep(2)  # (a worker that fails at start exits within about a second)
+        log = (tmp_path / "serve.log").read_text()
+        assert "less than or equal to 65535" not in log and "restart" not in log.lower(), log
+    finally:
+        stop_serve(proc, client)
