@@ -888,9 +888,11 @@ class Worker:
         s, m = hot.stream, hot.model
         n = self.store.count_failure(s, m, seq)
         err = f"{type(exc).__name__}: {exc}"
-        # (a value the model cannot hold fails the same way every time: dead-lettered at once, not
-        # after CUSP_MAX_ATTEMPTS tries that held the model's later chunks back for tens of seconds)
-        if n < self.max_attempts and not isinstance(exc, TooLarge):
+        # (the sampler's own failures fail the same way every time, from the same state, seed and chunk:
+        # a value the model cannot hold, TooLarge, and particles that diverged, EngineError; dead-lettered at
+        # once, not after CUSP_MAX_ATTEMPTS tries that held the model's later chunks, and with them the
+        # stream's answer, back for tens of seconds each: a new user's lr of 1e300, one chunk a minute)
+        if n < self.max_attempts and not isinstance(exc, EngineError):
             M.REDELIVERIES.labels(s, m).inc()
             log.warning("stream %s model %s seq %d failed (attempt %d/%d): %s", s, m, seq, n, self.max_attempts, err)
             return "retry"

@@ -545,6 +545,35 @@ def test_a_value_beyond_a_models_frame_is_dead_lettered_at_once(live, redis_url)
     assert [r["seq"] for r in page] == [0, 2] and page[-1]["n"] == 20
 
 
+def test_a_sampler_that_diverges_is_dead_lettered_at_once(live, redis_url):
+    """A mixture with lr 1e300 (accepted: lr > 0): its particles diverge on every chunk, the same
+    way on every try (same state, seed and chunk). Each chunk is dead-lettered on its first failure,
+    not after CUSP_MAX_ATTEMPTS tries (which held the stream's answer to one chunk a minute: a new
+    user's trial), and the stream's other model goes on."""
+    import uuid
+
+    s = "o" + uuid.uuid4().hex[:10]
+    r = live.client.post("/v1/streams", json={"name": s, "columns": ["v"], "models": ["gaussian:warmup=5", "gmm:components=2"],
+                                              "sampler": {"overrides": {"lr": 1e300}}})
+    assert r.status_code == 201, r.text
+    y = np.random.default_rng(0).standard_normal(40)
+    for seq in range(2):
+        assert live.client.post(f"/v1/streams/{s}/chunks", json={"seq": seq, "rows": [[float(v)] for v in y[seq * 20:][:20]]}).status_code == 202
+    drain(redis_url)
+    dead = live.client.get(f"/v1/streams/{s}/dead-letters").json()["dead_letters"]
+    assert [(d["model"], d["seq"]) for d in dead] == [("gmm_components2", 0), ("gmm_components2", 1)], dead
+    assert all("EngineError" in d["error"] and "diverged" in d["error"] for d in dead), dead
+    assert redeliveries(s, "gmm_components2") == 0.0
+    info = live.client.get(f"/v1/streams/{s}").json()
+    assert {m["name"]: m["last_seq"] for m in info["models"]} == {"gaussian_warmup5": 1, "gmm_components2": 1}
+
+
+def redeliveries(s: str, m: str) -> float:
+    from service import metrics as M
+
+    return M.REGISTRY.get_sample_value("cusp_redeliveries_total", {"stream": s, "model": m}) or 0.0
+
+
 def test_a_change_after_a_dead_lettered_chunk_is_placed_in_the_stream(live, redis_url):
     """A chunk of 2 rows ``level`` cannot hold (1e150 beyond its frame) is dead-lettered, then the
     level moves by 20 sd at the stream's row 42 (the model's 40th: it never took the 2 rows). The
