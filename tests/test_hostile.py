@@ -613,3 +613,22 @@ def test_each_refused_chunk_is_counted_once_under_its_reason(live, stream, redis
     after = counts()
     assert {r: after[r] - before[r] for r in reasons} == {**dict.fromkeys(reasons, 0), "gap": 2, "empty": 2, "invalid": 2}
     assert snapshot(live, redis_url) == stream  # (and nothing was stored)
+
+
+def test_a_csv_row_that_is_both_numeric_column_names_and_numbers_is_refused(live, redis_url):
+    """Columns named "0" and "1" (pandas' default): a CSV chunk "0,1 / 0.5,1.5 / 1,0" was taken as a
+    header and two rows (202, rows 2: a row lost without a word, a new user's trial). Header or
+    data cannot be told apart: 422 saying so, nothing stored; without that row, or as JSON, taken."""
+    import uuid
+
+    s = "num" + uuid.uuid4().hex[:8]
+    assert live.client.post("/v1/streams", json={"name": s, "columns": ["0", "1"], "models": ["gaussian"]}).status_code == 201
+    r = live.client.post(f"/v1/streams/{s}/chunks", params={"seq": 0}, content=b"0,1\n0.5,1.5\n1,0\n",
+                         headers={"content-type": "text/csv"})
+    assert r.status_code == 422 and "both the stream's column names and a row of numbers" in r.json()["detail"], r.text
+    assert live.client.get(f"/v1/streams/{s}").json()["next_seq"] == 0
+    r = live.client.post(f"/v1/streams/{s}/chunks", params={"seq": 0}, content=b"0.5,1.5\n1,0\n", headers={"content-type": "text/csv"})
+    assert r.status_code == 202 and r.json()["rows"] == 2, r.text
+    r = live.client.post(f"/v1/streams/{s}/chunks", json={"seq": 1, "rows": [[0, 1], [0.5, 1.5]]})
+    assert r.status_code == 202 and r.json()["rows"] == 2, r.text
+    assert live.client.delete(f"/v1/streams/{s}").status_code == 204
