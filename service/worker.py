@@ -60,7 +60,7 @@ from service import times as T
 from service.detect import Detector, DetectorConfig, DetectorState, Event, StreamChange, StreamWithdrawal, detector_seed
 from service.detect.moves import moved, named
 from service.runtime import build, model_seed, rows_from_bytes, stream_answer
-from service.sgais import WARNINGS, EngineError, Reservoir, Sampler, SGAISState, TooLarge, load_state
+from service.sgais import WARNINGS, EngineError, Reservoir, Sampler, SGAISState, load_state
 from service.store import StreamConfig
 from service.store.keys import tally_field
 from service.store.worker import WorkerStore
