@@ -25,9 +25,32 @@ def test_an_overflowing_chunk_is_refused_and_changes_nothing(spec):
     before = state.to_bytes()
     bad = torch.randn(10, width, generator=g, dtype=torch.float64)
     bad[4, -1] = 1e160
-    with pytest.raises(EngineError, match="left float64"):
+    # (refused as the API refuses it, past the model's value_limit, before its statistics could overflow)
+    with pytest.raises(EngineError, match="row 4 column .: 1e\\+160 is too large for this model"):
         sampler.update(state, bad, reservoir)
     assert state.to_bytes() == before
     # the next ordinary chunk goes on from the unchanged state
     _, result, _ = sampler.update(state, torch.randn(10, width, generator=g, dtype=torch.float64), reservoir)
     assert torch.isfinite(torch.tensor(result.log_evidence))
+
+
+@pytest.mark.parametrize("spec", ["student-t", "level"])
+def test_a_value_past_the_frames_limit_is_refused_by_the_sampler_as_by_the_api(spec):
+    """A warm-up with an sd of about 1e-5, then 1e148 (1e153 of the frame's scales, past the models'
+    1e150): the exact update took it where its statistics held it, and `student-t` was left at its
+    grid's edge, refusing every later ordinary chunk (a new user's trial: the API refuses it only
+    once it knows the frame, so a chunk sent at once reached the worker). The sampler refuses it as
+    the API does (``beyond_limit``), the state unchanged, and goes on."""
+    sampler = build_sampler(build_model(spec, 1), SGAISConfig())
+    warm = torch.tensor([[1 + 1e-5 * (i % 3)] for i in range(10)], dtype=torch.float64)
+    state, reservoir = sampler.init(0), sampler.new_reservoir()
+    state, _, writes = sampler.update(state, warm, reservoir)
+    reservoir.apply(writes)
+    before = state.to_bytes()
+    with pytest.raises(EngineError, match="row 0 column 0: 1e\\+148 is too large for this model's frame"):
+        sampler.update(state, torch.cat([torch.tensor([[1e148]], dtype=torch.float64), warm[:9]]), reservoir)
+    assert state.to_bytes() == before
+    for _ in range(3):
+        state, result, writes = sampler.update(state, warm, reservoir)
+        reservoir.apply(writes)
+        assert result.warnings == () and result.log_predictive > 90, result

@@ -539,7 +539,7 @@ def test_a_value_beyond_a_models_frame_is_dead_lettered_at_once(live, redis_url)
     drain(redis_url)
     dead = live.client.get(f"/v1/streams/{s}/dead-letters").json()["dead_letters"]
     assert [(d["model"], d["seq"]) for d in dead] == [("level", 1)], dead
-    assert "TooLarge" in dead[0]["error"] and "in its frame: centre" in dead[0]["error"], dead[0]["error"]
+    assert "TooLarge" in dead[0]["error"] and "too large for this model's frame (centre" in dead[0]["error"], dead[0]["error"]
     assert (M.REGISTRY.get_sample_value("cusp_redeliveries_total", {"stream": s, "model": "level"}) or 0.0) == 0.0
     page = live.client.get(f"/v1/streams/{s}/evidence", params={"model": "level", "kind": "result"}).json()["results"]
     assert [r["seq"] for r in page] == [0, 2] and page[-1]["n"] == 20

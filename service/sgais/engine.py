@@ -253,10 +253,10 @@ def beyond_limit(model: Model, chunk: torch.Tensor, frame: tuple | None = None, 
     ``model.value_limit`` in the model's frame ``(centre, scale, warm-up rows)``, or in the data's
     units for a model without one), or None; None too for a model with a frame when ``frame`` is
     None (not fixed yet: nothing to check against). One check and one message for the API (before a chunk
-    is stored), ``cusp.Detector`` (before any model takes it) and the SGAIS engine (a worker). The
-    exact update (``exact.py``) does not call it: it refuses only what leaves float64 in its
-    statistics, further out (1e153 frame scales took), so a chunk that reached a worker before its
-    model's frame was fixed is taken there if the statistics hold it. ``first``: the chunk's first
+    is stored), ``cusp.Detector`` (before any model takes it) and both samplers (a worker, ``cusp
+    replay``): a chunk that reached a worker before the API knew its model's frame is refused there
+    as the API would have (the exact update took it where its statistics held it, and `student-t`
+    was left at its grid's edge, refusing every later chunk). ``first``: the chunk's first
     observation in the series, to name the value by its observation rather than its row in the chunk."""
     if frame is None and model.has_frame:
         return None

@@ -21,7 +21,7 @@ import torch
 
 from models.base import Model
 from service.sgais.config import SGAISConfig
-from service.sgais.engine import WARNINGS, ChunkResult, SamplerBase, TooLarge, overflowing, prepare
+from service.sgais.engine import WARNINGS, ChunkResult, SamplerBase, TooLarge, beyond_limit, overflowing, prepare
 from service.sgais.reservoir import Reservoir, ReservoirWrites, algorithm_r
 from service.sgais.state import decode, encode
 
@@ -132,6 +132,15 @@ class ExactSampler(SamplerBase):
         t0 = time.perf_counter()
         with torch.inference_mode():
             rows = prepare(self.model, self.config, state.n, chunk, reservoir)
+            # a value beyond what the model holds in its frame, as the API and cusp.Detector refuse it
+            # (``beyond_limit``): one that reached a worker before the API knew the frame was taken where
+            # its statistics held it, and left `student-t` at its grid's edge, every later chunk refused
+            # (a warm-up with an sd of 1e-5, then 1e148: a new user's trial; cusp replay stopped later)
+            fr = self.model.frame(state.post) if self.model.has_frame else None
+            if fr is not None or not self.model.has_frame:
+                why = beyond_limit(self.model, chunk, None if fr is None else (fr[0], fr[1], self.model.warmup))
+                if why is not None:
+                    raise TooLarge(why)
             conditioned = self.model.exact_conditioned(state.post, int(rows.shape[0]))
             post, lp = self.model.exact_update(state.post, rows)
             lp = float(lp)  # a plain float whatever the model returns (a numpy scalar would be stored as its repr)
