@@ -365,7 +365,9 @@ CREATE_CASES = [
     ({"name": "fresh\n", "columns": ["a"], "models": ["gaussian"]}, 422, "stream name"),  # was accepted
     ({"name": "fresh", "columns": ["a"], "models": [{"spec": "gaussian", "name": "g\n"}]}, 422, "must be 1-64"),
     ({"name": "fresh", "columns": ["a"], "models": ["gaussian"], "sampler": {"overrides": {"control_variates": float("nan")}}},
-     422, "NaN and infinity"),
+     422, "sampler.overrides.control_variates: NaN and infinity are not accepted"),  # (the field named)
+    ({"name": "fresh", "columns": ["a"], "models": ["gaussian"], "sampler": {"overrides": {"lr": float("-inf")}}},
+     422, "sampler.overrides.lr: NaN and infinity are not accepted"),
     ('{"name": "fresh", "columns": ["a"], "models": [{"spec": "gaussian", "prior": 1e400}]}', 422, "finite number"),
     ({"name": "fresh", "columns": ["a"], "models": ["gaussian"], "sampler": {"overrides": {"particles": 100_000}}}, 201, ""),
     ({"name": "fresh", "columns": [f"c{i}" for i in range(256)], "models": ["gmm:components=64"],

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import json
+import math
 import re
 import time
 import unicodedata
@@ -55,12 +55,26 @@ async def stream_config(store: ApiStore, name: str) -> StreamConfig:
 
 
 # --- streams --------------------------------------------------------------------------------
+def _non_finite(v: object, path: str = "") -> str | None:
+    """The path (``sampler.overrides.lr``, ``models[1].prior``) of the first NaN or infinite number in
+    ``v``, or None."""
+    if isinstance(v, float) and not math.isfinite(v):
+        return path or "body"
+    items = v.items() if isinstance(v, dict) else enumerate(v) if isinstance(v, (list, tuple)) else ()
+    for k, x in items:
+        found = _non_finite(x, f"{path}[{k}]" if isinstance(k, int) else f"{path}.{k}" if path else str(k))
+        if found is not None:
+            return found
+    return None
+
+
 def check_names(body: StreamIn) -> None:
     """A create request's own faults (422): non-finite numbers, the stream's and columns' names."""
-    try:  # NaN or infinity anywhere (sampler overrides are free-form) could not be stored or echoed as JSON
-        json.dumps(body.model_dump(), allow_nan=False)
-    except ValueError:
-        raise ApiError(422, "invalid_stream", "NaN and infinity are not accepted") from None
+    # NaN or infinity anywhere (sampler overrides are free-form) could not be stored or echoed as JSON;
+    # the field is named (a new user could not tell which of a body's numbers it was)
+    where = _non_finite(body.model_dump())
+    if where is not None:
+        raise ApiError(422, "invalid_stream", f"{where}: NaN and infinity are not accepted")
     if not keys.STREAM_NAME.fullmatch(body.name):
         raise ApiError(422, "invalid_stream", "stream name must be 1-64 letters, digits, '_', '.' or '-', starting with a letter or digit")
     if len(set(body.columns)) != len(body.columns) or any(not c.strip() for c in body.columns):
