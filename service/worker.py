@@ -821,7 +821,7 @@ class Worker:
                     break
                 recs = [json.loads(r) for r in recs]
                 evidence = {m: None if r.get("dead") else (r["n"], r["log_evidence"]) for m, r in zip(names, recs)}
-                events = {m: [Event(**e) for e in r.get("events", ())] for m, r in zip(names, recs)}
+                events = {m: [Event.from_dict(e) for e in r.get("events", ())] for m, r in zip(names, recs)}
                 pending = {m: [(int(a), float(p)) for a, p in r.get("pending", ())] for m, r in zip(names, recs)}
                 standing = {m: (int(r["standing"][0]), float(r["standing"][1])) for m, r in zip(names, recs) if "standing" in r}
                 new = answer.chunk(recs[0]["rows"], evidence, events, pending, standing)

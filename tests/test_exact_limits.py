@@ -25,8 +25,9 @@ def test_an_overflowing_chunk_is_refused_and_changes_nothing(spec):
     before = state.to_bytes()
     bad = torch.randn(10, width, generator=g, dtype=torch.float64)
     bad[4, -1] = 1e160
-    # (refused as the API refuses it, past the model's value_limit, before its statistics could overflow)
-    with pytest.raises(EngineError, match="row 4 column .: 1e\\+160 is too large for this model"):
+    # (a framed model: refused as the API refuses it, past its value_limit in the frame, before its
+    # statistics could overflow; linear-regression: past the API's +-1e150, its statistics overflow)
+    with pytest.raises(EngineError, match="row 4 column .: 1e\\+160 is too large for this model|left float64"):
         sampler.update(state, bad, reservoir)
     assert state.to_bytes() == before
     # the next ordinary chunk goes on from the unchanged state
@@ -54,3 +55,19 @@ def test_a_value_past_the_frames_limit_is_refused_by_the_sampler_as_by_the_api(s
         state, result, writes = sampler.update(state, warm, reservoir)
         reservoir.apply(writes)
         assert result.warnings == () and result.log_predictive > 90, result
+
+
+@pytest.mark.parametrize("spec", ["student-t", "level", "gaussian:warmup=5"])
+def test_a_value_past_the_limit_in_the_chunk_that_ends_the_warm_up_is_refused(spec):
+    """The same value in a stream's first chunk, after the warm-up's rows: the frame those rows fix
+    is made by this very update, and the rows after them are checked against it (a review: the
+    check read the frame before the chunk, found none, and the chunk was taken)."""
+    sampler = build_sampler(build_model(spec, 1), SGAISConfig())
+    state, reservoir = sampler.init(0), sampler.new_reservoir()
+    chunk = torch.tensor([[1 + 1e-5 * (i % 3)] for i in range(9)] + [[1e148]], dtype=torch.float64)
+    before = state.to_bytes()
+    with pytest.raises(EngineError, match="row 9 column 0: 1e\\+148 is too large for this model's frame"):
+        sampler.update(state, chunk, reservoir)
+    assert state.to_bytes() == before
+    _, result, _ = sampler.update(state, chunk[:9], reservoir)  # (without it: taken)
+    assert result.n == 9

@@ -600,7 +600,7 @@ def test_live_page_moves_a_withdrawn_change_apart(chromium, live, redis_url):
     page = chromium
     page.errors.clear()
     s, redis = untimed_stream(live, redis_url, "withdrawn", 6)
-    # (350's entry says how its columns moved: the list names the two that moved most, as
+    # (350's entry says how its columns moved: the list names the three that moved most, as
     # service/detect/moves.py ranks them: a constant column that moved, then by |shift|)
     cols = [{"column": c, "shift": shift, "scale": scale, "mean_before": mb, "mean_after": ma, "sd_before": sb,
              "sd_after": sa, "rows_before": 40, "rows_after": 8}
@@ -628,7 +628,7 @@ def test_live_page_moves_a_withdrawn_change_apart(chromium, live, redis_url):
         items = page.eval("[...document.querySelectorAll('#cps li')].map((li) => li.textContent)")
         # newest first: the withdrawal (at 600) after the change at 350 (found at 400)
         assert items == ["observation 250 withdrawn at observation 600: its probability fell to 0.012",
-                         "observation 350 (confidence 0.990); moved most: flag mean 0 → 1, rate +5.25 sd (sd ×1.10)"], items
+                         "observation 350 (confidence 0.990); moved most: flag mean 0 → 1, rate +5.25 sd (sd ×1.10), ms +0.50 sd (sd ×1.00)"], items
         assert page.eval("document.querySelector('#cps li s').textContent") == "observation 250"
         page.call("Page.navigate", url=f"{live.url}/?stream={s}")
         page.wait_for(f"document.getElementById('status').textContent === 'live: {s}' && cusp.changepoints.length === 1 "

@@ -146,3 +146,20 @@ def test_the_service_and_post_detect_name_the_columns_that_moved(redis):
         assert body["models"][0]["changepoints"][0]["columns"] == want
     finally:
         live.stop()
+
+
+def test_a_constant_column_is_exactly_constant_in_its_summary():
+    """A column of 0.1 throughout: its mean 0.1 and sd 0 exactly on both sides, shift 0 (a mean taken
+    as a plain sum was 1 ulp off, its sd 1e-17: "flag -1.00 sd (sd x0.00)", a review); one that goes
+    0.1 -> 0.3 has no shift to give (no spread before) and ranks first."""
+    g = torch.Generator().manual_seed(0)
+    before = torch.cat([torch.randn(40, 1, generator=g, dtype=torch.float64), torch.full((40, 1), 0.1, dtype=torch.float64),
+                        torch.full((40, 1), 0.1, dtype=torch.float64)], 1)
+    after = torch.cat([torch.randn(7, 1, generator=g, dtype=torch.float64) + 5, torch.full((7, 1), 0.1, dtype=torch.float64),
+                       torch.full((7, 1), 0.3, dtype=torch.float64)], 1)
+    m = column_moves(before, after)
+    x, flag, moved = named(m, ["x", "flag", "moved"])
+    assert (flag["mean_before"], flag["mean_after"], flag["sd_before"], flag["sd_after"], flag["shift"], flag["scale"]) == \
+        (0.1, 0.1, 0.0, 0.0, 0.0, None)
+    assert (moved["mean_before"], moved["mean_after"], moved["shift"]) == (0.1, 0.3, None)
+    assert summary(m, ["x", "flag", "moved"]).startswith("moved mean 0.1 -> 0.3, x +")

@@ -281,7 +281,7 @@ def parse_csv(body: bytes, columns: list[str]) -> tuple[np.ndarray, np.ndarray |
                                  f"and columns {columns})")
         stamps = [_csv_time(r[at].strip()) for r in reader[1:]]
         reader, lines = [[r[k] for k in order] for r in reader[1:]], lines[1:]
-    elif header == columns and all(_is_number(c) for c in header):
+    elif header == columns and all(_is_number(c) and "_" not in c and math.isfinite(float(c)) for c in header):
         # (columns named 0 and 1, pandas' default: the row "0,1" was taken for the header and dropped
         # without a word, a new user's trial; as data it would be a row the sender may not have meant)
         raise ChunkError(f"the first row {header} is both the stream's column names and a row of numbers: it cannot be told "

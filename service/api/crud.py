@@ -306,7 +306,7 @@ def check_chunk(settings: Settings, cfg: StreamConfig, data: np.ndarray) -> None
     at = too_large(data)
     if at is not None:
         raise ChunkError(f"row {at[0]} column {cfg.columns[at[1]]!r}: {float(data[at]):g} is too large: values must be within "
-                         f"+-{MAX_MAGNITUDE:g}")
+                         f"+-{MAX_MAGNITUDE:g}", reason="too_large")
     tensor = torch.from_numpy(data)
     for m in cfg.models:
         model = cached_model(m.spec, len(cfg.columns), m.target)

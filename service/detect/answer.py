@@ -119,6 +119,8 @@ class StreamAnswer:
     WITHDRAW = 0.5
     MAX_EVENTS = 256
     MAX_CHANGES = 64
+    #: the column summaries kept (``moves``), of the newest events
+    MAX_MOVES = 32
 
     def __init__(self, models: Sequence[str], window: int, threshold: float = 0.99,
                  log_prior: dict[str, float] | None = None, explain: bool = False):
@@ -136,8 +138,8 @@ class StreamAnswer:
         # window widened later does not judge it twice), None once judged
         self.due: list[int | None] = []
         self.gone: list[int] = []  # the locations of the changes withdrawn (the last MAX_CHANGES)
-        # "model@location" -> that event's column summary (``Event.columns``), for the events that may
-        # still become a change (reported within a horizon: ``_settled``)
+        # "model@location" -> that event's column summary (``Event.columns``), for the newest events kept
+        # (``MAX_MOVES``): a change takes the summary of the event that placed it
         self.moves: dict[str, dict] = {}
         # the changes withdrawn at the last chunk (not part of the state: the service stores them as they are made)
         self.withdrawn: list[StreamWithdrawal] = []
@@ -180,9 +182,9 @@ class StreamAnswer:
                                    None if e.location_time is None else float(e.location_time)) for e in evs)
             self.moves.update({f"{m}@{int(e.location)}": e.columns for e in evs if e.columns})
         self.events = self.events[-self.MAX_EVENTS:]
-        if self.moves:
-            live = {f"{m}@{loc}" for at, loc, m, _, _ in self.events if n - at <= self.HORIZON * self.window}
-            self.moves = {k: v for k, v in self.moves.items() if k in live}
+        if self.moves:  # (those of the events kept, the newest MAX_MOVES: a wide stream's are kilobytes each)
+            kept = {f"{m}@{loc}" for _, loc, m, _, _ in self.events}
+            self.moves = dict([(k, v) for k, v in self.moves.items() if k in kept][-self.MAX_MOVES:])
         for m, now in sorted((standing or {}).items()):
             if now is None or m not in self.models:
                 continue

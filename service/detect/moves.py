@@ -34,11 +34,14 @@ def column_moves(before: torch.Tensor, after: torch.Tensor) -> dict | None:
         return None
 
     def stats(x: torch.Tensor) -> tuple[list[float], list[float | None]]:
+        # about the first row: raw units at an offset of 1e6 keep their digits, and a constant column
+        # has its value as its mean and an sd of 0 exactly (0.1 ten times has a mean 1 ulp off, and an sd
+        # of 1e-17 read "flag -1.00 sd (sd x0.00)": a review)
         x = x.to(torch.float64)
-        mean = x.mean(0)
-        # (about the mean: raw units at an offset of 1e6 keep their digits)
-        sd = (x - mean).square().sum(0).div(x.shape[0] - 1).sqrt() if x.shape[0] > 1 else None
-        return [float(v) for v in mean], [None] * x.shape[1] if sd is None else [float(v) for v in sd]
+        d = x - x[0]
+        m = d.mean(0)
+        sd = (d - m).square().sum(0).div(x.shape[0] - 1).sqrt() if x.shape[0] > 1 else None
+        return [float(v) for v in x[0] + m], [None] * x.shape[1] if sd is None else [float(v) for v in sd]
 
     mb, sb = stats(before)
     ma, sa = stats(after)

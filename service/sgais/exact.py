@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from models.base import Model
+from service.data import MAX_MAGNITUDE
 from service.sgais.config import SGAISConfig
 from service.sgais.engine import WARNINGS, ChunkResult, SamplerBase, TooLarge, beyond_limit, overflowing, prepare
 from service.sgais.reservoir import Reservoir, ReservoirWrites, algorithm_r
@@ -127,22 +128,46 @@ class ExactSampler(SamplerBase):
         with torch.inference_mode():
             return self.model.exact_row_log_predictive(state.post, rows)
 
+    def _refuse_beyond(self, frame, chunk: torch.Tensor, skip: int) -> None:
+        """TooLarge (``beyond_limit``'s message) for a value of ``chunk`` past its first ``skip`` rows
+        beyond the model's limit in ``frame`` (``Model.frame``: (centre, scale)). Nothing to check for a
+        framed model whose frame is not fixed (None), nor for one without a frame that takes every value
+        the API and ``cusp replay`` let in (``service.data.MAX_MAGNITUDE``)."""
+        model = self.model
+        if not model.has_frame:
+            if model.value_limit >= MAX_MAGNITUDE:
+                return
+            centre, scale = 0.0, 1.0
+        else:
+            if frame is None:
+                return
+            centre, scale = frame
+        rows = chunk[skip:]
+        if _within(rows.numpy(), centre, scale, model.value_limit):
+            return
+        if skip:  # (the rows before them: the warm-up that fixed the frame; named by their row in the chunk)
+            rows = torch.cat([torch.as_tensor(centre, dtype=torch.float64).expand(skip, chunk.shape[1]), rows])
+        why = beyond_limit(model, rows, (centre, scale, getattr(model, "warmup", 0)) if model.has_frame else None)
+        if why is not None:
+            raise TooLarge(why)
+
     def update(self, state: ExactState, chunk: torch.Tensor, reservoir: Reservoir) -> tuple[ExactState, ChunkResult, ReservoirWrites]:
         """As ``Sampler.update``: raw rows ``[B, C]``; the reservoir is read (checked), not written."""
         t0 = time.perf_counter()
         with torch.inference_mode():
             rows = prepare(self.model, self.config, state.n, chunk, reservoir)
+            conditioned = self.model.exact_conditioned(state.post, int(rows.shape[0]))
             # a value beyond what the model holds in its frame, as the API and cusp.Detector refuse it
             # (``beyond_limit``): one that reached a worker before the API knew the frame was taken where
             # its statistics held it, and left `student-t` at its grid's edge, every later chunk refused
-            # (a warm-up with an sd of 1e-5, then 1e148: a new user's trial; cusp replay stopped later)
-            fr = self.model.frame(state.post) if self.model.has_frame else None
-            if fr is not None or not self.model.has_frame:
-                why = beyond_limit(self.model, chunk, None if fr is None else (fr[0], fr[1], self.model.warmup))
-                if why is not None:
-                    raise TooLarge(why)
-            conditioned = self.model.exact_conditioned(state.post, int(rows.shape[0]))
+            # (a warm-up with an sd of 1e-5, then 1e148: a new user's trial; cusp replay stopped later).
+            # The frame before the chunk, or the one the chunk's warm-up rows fix (checked on the rows
+            # after them, once the update has made it: nothing is kept until this returns)
+            frame = self.model.frame(state.post) if self.model.has_frame else None
+            self._refuse_beyond(frame, chunk, 0)
             post, lp = self.model.exact_update(state.post, rows)
+            if self.model.has_frame and frame is None and conditioned < int(chunk.shape[0]):
+                self._refuse_beyond(self.model.frame(post), chunk, conditioned)
             lp = float(lp)  # a plain float whatever the model returns (a numpy scalar would be stored as its repr)
             hook = getattr(self.model, "exact_warnings", None)
             warnings = tuple(hook(state.post, post)) if hook is not None else ()
@@ -170,6 +195,16 @@ class ExactSampler(SamplerBase):
             seconds=time.perf_counter() - t0, method=self.method, conditioned=conditioned, warnings=warnings,
         )
         return new, result, writes
+
+
+def _within(chunk: np.ndarray, centre, scale, limit: float) -> bool:
+    """Are all of ``chunk [B, C]``'s values within ``limit`` scales of the centre (a few us, where
+    ``beyond_limit``'s torch ops took 30-50 a row, on every challenger's update too)?"""
+    if isinstance(centre, float) and chunk.size <= 64:  # (one column, a few rows: plain floats are quickest)
+        reach = limit * scale
+        return all(abs(v - centre) <= reach for v in chunk.ravel().tolist())
+    with np.errstate(over="ignore", invalid="ignore"):
+        return bool((np.abs(chunk - np.asarray(centre, dtype=np.float64)) <= limit * np.asarray(scale, dtype=np.float64)).all())
 
 
 def _tensors(post) -> list[torch.Tensor]:

@@ -104,7 +104,8 @@ async def ingest_ws(ws: WebSocket, stream: str, store: StoreDep, settings: Setti
             seq = None
             try:
                 if raw is None or len(raw) > settings.max_body_bytes:
-                    raise C.ChunkError(f"message exceeds the limit of {settings.max_body_bytes} bytes", 413, "body_too_large")
+                    raise C.ChunkError(f"message exceeds the limit of {settings.max_body_bytes} bytes", 413, "body_too_large",
+                                       reason="too_large")
                 try:  # lenient parse, only to echo the seq back with an error
                     doc = json.loads(raw)
                     seq = doc.get("seq") if isinstance(doc, dict) else None
@@ -114,7 +115,11 @@ async def ingest_ws(ws: WebSocket, stream: str, store: StoreDep, settings: Setti
                 status, ack = await crud.ingest(store, settings, cfg, s, data, stamps)
                 await ws.send_json(ack)
             except C.ChunkError as exc:
-                if exc.reason != "gone" and ((await store.uids([stream]))[0] or b"").decode() != cfg.uid:
+                try:
+                    now = ((await store.uids([stream]))[0] or b"").decode()
+                except (rexc.ConnectionError, rexc.TimeoutError):
+                    now = cfg.uid  # (Redis away: the error as it is; the next message finds out)
+                if exc.reason != "gone" and now != cfg.uid:
                     # read against the config this socket opened with: a stream deleted and created again
                     # since (other columns) got "row 0: has 2 values, the stream has 1 columns ['x']" for a
                     # chunk right for the new one, and the socket stayed open (a new user's trial)
