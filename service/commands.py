@@ -56,6 +56,16 @@ def _logging(level: str) -> None:
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
 
+def _unknown_settings() -> None:
+    """Warn of CUSP_ variables that are no setting (``settings.unknown_variables``): ignored, so a
+    typo's setting keeps its default."""
+    from service.settings import unknown_variables
+
+    odd = unknown_variables(os.environ)
+    if odd:
+        log.warning("ignored: %s %s no cusp setting (README, Settings)", ", ".join(odd), "is" if len(odd) == 1 else "are")
+
+
 def serve(args: argparse.Namespace) -> int:
     import uvicorn
 
@@ -69,6 +79,7 @@ def serve(args: argparse.Namespace) -> int:
     # the API served: a new user's trial)
     os.environ.update({"CUSP_HOST": settings.host, "CUSP_PORT": str(settings.port)})
     _logging(settings.log_level)
+    _unknown_settings()
     busy = _port_problem(settings.host, settings.port)
     if busy:  # before Redis and the workers start, and before "serving on" is printed
         raise SystemExit(f"cusp serve: cannot listen on {settings.host}:{settings.port}: {busy} (another cusp serve? "
@@ -143,6 +154,7 @@ def worker(args: argparse.Namespace) -> int:
 
     settings = load_settings()
     _logging(settings.log_level)
+    _unknown_settings()
     if settings.redis_url is None:
         raise SystemExit("cusp worker: set CUSP_REDIS_URL (a worker process shares the Redis of a running cusp)")
     w = Worker(settings.redis_url, lease_seconds=settings.lease_seconds, max_attempts=settings.max_attempts,

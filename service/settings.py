@@ -140,6 +140,27 @@ class Settings(BaseSettings):
         return found
 
 
+#: names Kubernetes gives a Service's address in every pod of its namespace (a Service named
+#: "cusp-api": CUSP_API_SERVICE_HOST, CUSP_API_PORT_8000_TCP_ADDR, ...): not settings, not typos
+_SERVICE_VARIABLE = re.compile(r"^[A-Z0-9_]+_(SERVICE_HOST|SERVICE_PORT(_[A-Z0-9_]+)?|PORT(_\d+_(TCP|UDP|SCTP)(_PROTO|_PORT|_ADDR)?)?)$")
+
+
+def unknown_variables(environ) -> list[str]:
+    """The environment's CUSP_ variables that are no setting, each with the setting it is closest
+    to where one is close ("CUSP_MAX_BODY_BYTE (CUSP_MAX_BODY_BYTES?)"): a typo left the default
+    in force without a word (a new user's trial). Kubernetes' Service variables are left out."""
+    import difflib
+
+    known = {"CUSP_" + k.upper() for k in Settings.model_fields}
+    out = []
+    for name in sorted(environ):
+        if not name.startswith("CUSP_") or name in known or _SERVICE_VARIABLE.match(name):
+            continue
+        near = difflib.get_close_matches(name, known, n=1, cutoff=0.8)
+        out.append(f"{name} ({near[0]}?)" if near else name)
+    return out
+
+
 def load_settings(**overrides: object) -> Settings:
     """Read settings from the environment (overrides win), raising SystemExit with a clear message if invalid."""
     from pydantic import ValidationError

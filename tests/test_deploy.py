@@ -539,6 +539,26 @@ def test_every_cusp_env_var_is_a_setting():
     assert not mentioned, f"unknown CUSP_* names mentioned: {mentioned}"
 
 
+def test_a_cusp_variable_that_is_no_setting_is_named_and_kubernetes_service_variables_are_not():
+    """A typo's setting keeps its default: `cusp serve` and `cusp worker` warn of CUSP_ variables that
+    are no setting, with the nearest one. The variables Kubernetes gives every pod for each Service
+    of the manifests (cusp-api: CUSP_API_SERVICE_HOST, CUSP_API_PORT_8000_TCP_ADDR, ...) are no typo."""
+    from service.settings import unknown_variables
+
+    env = {"CUSP_MAX_BODY_BYTE": "1", "CUSP_PORT": "8000", "CUSP_FROBNICATE": "1", "PATH": "/bin"}
+    assert unknown_variables(env) == ["CUSP_FROBNICATE", "CUSP_MAX_BODY_BYTE (CUSP_MAX_BODY_BYTES?)"]
+    injected = {}
+    for svc in k8s_by_kind("Service"):
+        base = svc["metadata"]["name"].upper().replace("-", "_")
+        injected |= {f"{base}_SERVICE_HOST": "10.0.0.1", f"{base}_SERVICE_PORT": "1", f"{base}_PORT": "tcp://10.0.0.1:1"}
+        for port in svc["spec"].get("ports", []):
+            tail = f"{base}_PORT_{port['port']}_{port.get('protocol', 'TCP')}"
+            injected |= {tail: "tcp://10.0.0.1:1", f"{tail}_PROTO": "tcp", f"{tail}_PORT": "1", f"{tail}_ADDR": "10.0.0.1"}
+            if port.get("name"):
+                injected[f"{base}_SERVICE_PORT_{port['name'].upper().replace('-', '_')}"] = "1"
+    assert any(k.startswith("CUSP_") for k in injected) and unknown_variables(injected) == []
+
+
 def _settings_from(env: dict[str, str], monkeypatch) -> Settings:
     for key in list(os.environ):
         if key.startswith("CUSP_"):

@@ -415,6 +415,8 @@ def test_extreme_model_priors_give_finite_probabilities(live, redis_url):
     assert r.status_code == 200, r.text
     probs = {m["name"]: m["posterior_probability"] for m in r.json()["models"]}
     assert sum(probs.values()) == pytest.approx(1.0) and min(probs["big"], probs["big2"]) > 0.1 and probs["tiny"] < 1e-300
+    # the weights as given (they were not shown: a new user could not check them)
+    assert {m["name"]: m["prior"] for m in r.json()["models"]} == {"big": 1e308, "big2": 1e308, "tiny": 5e-324}
     assert live.client.delete(f"/v1/streams/{name}").status_code == 204
 
 

@@ -189,7 +189,7 @@ async def model_rows(store: ApiStore, cfg: StreamConfig, p=None) -> tuple[int, i
     ``p``: the stream's progress if already read."""
     p = p if p is not None else await store.progress(cfg)
     out = [ModelOut(name=m.name, spec=m.spec, method="exact" if cached_model(m.spec, len(cfg.columns), m.target).exact else "sgais",
-                    target=cfg.columns[m.target] if m.target is not None else None,
+                    target=cfg.columns[m.target] if m.target is not None else None, prior=m.prior,
                     observations=r.observations, chunks=r.chunks, last_seq=r.last_seq, log_evidence=r.log_evidence,
                     log_evidence_per_observation=r.log_evidence / r.observations if r.observations else None,
                     posterior_probability=None, lag_chunks=max(0, p.last_seq - r.last_seq), error=r.error)

@@ -86,6 +86,8 @@ class ModelOut(BaseModel):
     spec: str = Field(description="the model's spec as given, e.g. 'gmm:components=2' (what cusp replay calls the model)")
     method: Literal["exact", "sgais"] | None = Field(None, description="exact (closed form, conjugate models) or sgais")
     target: str | None
+    prior: float = Field(1.0, description="the model's prior weight, as given at create (relative: posterior_probability "
+                                          "weighs each model's evidence by it)")
     observations: int
     chunks: int
     last_seq: int
