@@ -111,6 +111,7 @@ def test_a_live_feed_ends_at_the_delete_even_when_the_name_comes_back_at_once(li
     """SSE and WebSocket feeds of a stream deleted and created again at once (other models) end;
     they went on with the new stream's results as the old one's (a new user's trial)."""
     import threading
+    import time
 
     import httpx
     from websockets.exceptions import ConnectionClosedOK
@@ -133,6 +134,10 @@ def test_a_live_feed_ends_at_the_delete_even_when_the_name_comes_back_at_once(li
         assert live.client.post(f"/v1/streams/{s}/chunks", json={"seq": 0, "rows": rows(5)}).status_code == 202
         drain(redis_url)
         assert json.loads(ws.recv())["model"] == "gaussian"
+        deadline = time.monotonic() + 20  # (both feeds have the old stream's result before the delete)
+        while got != ["gaussian"] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert got == ["gaussian"], got
         assert live.client.delete(f"/v1/streams/{s}").status_code == 204
         r = live.client.post("/v1/streams", json={"name": s, "columns": ["x"], "models": ["level"]})
         assert r.status_code == 201, r.text
