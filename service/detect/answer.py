@@ -182,7 +182,9 @@ class StreamAnswer:
                                    None if e.location_time is None else float(e.location_time)) for e in evs)
             self.moves.update({f"{m}@{int(e.location)}": e.columns for e in evs if e.columns})
         self.events = self.events[-self.MAX_EVENTS:]
-        if self.moves:  # (those of the events kept, the newest MAX_MOVES: a wide stream's are kilobytes each)
+        # (those of the events kept, the newest MAX_MOVES: a wide stream's are kilobytes each; both change
+        # only when events come, so a chunk without any, most of them, is not scanned)
+        if self.moves and any((events or {}).values()):
             kept = {f"{m}@{loc}" for _, loc, m, _, _ in self.events}
             self.moves = dict([(k, v) for k, v in self.moves.items() if k in kept][-self.MAX_MOVES:])
         for m, now in sorted((standing or {}).items()):
