@@ -383,6 +383,15 @@ def test_ingest_beyond_the_backlog_is_refused_with_429_and_stores_nothing(live, 
     s0 = new_stream(live, columns=["x"], models=["level"], max_backlog=0)
     assert all(live.client.post(f"/v1/streams/{s0}/chunks", json={"seq": q, "rows": [[1.0]]}).status_code == 202 for q in range(30))
     assert_problem(live.client.post("/v1/streams", json={"name": "neg", "columns": ["x"], "max_backlog": -1}), 422, "invalid_request")
+    # a string, a boolean or a fraction is no count: refused, not coerced (a new user's "5" and true were taken)
+    for bad in ("5", True, 5.5):
+        doc = assert_problem(live.client.post("/v1/streams", json={"name": "lax", "columns": ["x"], "max_backlog": bad}),
+                             422, "invalid_request")
+        assert "max_backlog" in doc["detail"], doc
+    doc = assert_problem(live.client.post("/v1/streams", json={"name": "lax", "columns": ["x"],
+                                                               "models": [{"spec": "level", "prior": "2"}]}), 422, "invalid_request")
+    assert "prior" in doc["detail"], doc
+    assert live.client.get("/v1/streams/lax").status_code == 404
 
 
 def test_the_backlog_holds_under_concurrent_writers(live, redis_url):

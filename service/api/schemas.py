@@ -24,7 +24,7 @@ class ModelIn(BaseModel):
     name: str | None = Field(None, description="name of the model within the stream (default: derived from the spec)",
                              json_schema_extra=NAME_SCHEMA)
     target: str | None = Field(None, description="target column for regression models (default: the last column)")
-    prior: float = Field(1.0, gt=0, allow_inf_nan=False, description="prior weight of this model among the stream's models")
+    prior: float = Field(1.0, gt=0, allow_inf_nan=False, strict=True, description="prior weight of this model among the stream's models")
 
 
 def _model_kind(v: Any) -> str:
@@ -59,7 +59,7 @@ class StreamIn(BaseModel):
         default_factory=dict,
         description="change-point detector settings (docs: README), e.g. {'expected_run_length': 5000, "
                     "'threshold': 0.999}; {'enabled': false} turns it off")
-    max_backlog: int = Field(10_000, ge=0, le=10**9,
+    max_backlog: int = Field(10_000, ge=0, le=10**9, strict=True,
                              description="most chunks accepted but not yet processed by the stream's slowest model; a chunk "
                                          "beyond it is refused with 429 and Retry-After, nothing stored (0: no limit)")
 
