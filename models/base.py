@@ -57,8 +57,10 @@ def check_counts(name: str, y: torch.Tensor) -> torch.Tensor:
     bad = ~torch.isfinite(y) | (y < 0) | (y != torch.round(y)) | (y > 2**53)
     if bool(bad.any()):
         i, j = (int(v) for v in torch.nonzero(bad)[0])
-        raise ModelError(f"{name}: counts must be whole numbers >= 0; row {i}, column {j} has {float(y[i, j])!r}",
-                         row=i, column=j)
+        v = float(y[i, j])
+        why = (f"counts must be at most 2^53 = {2**53:,} (beyond it a float64 holds no exact count)" if v > 2**53
+               and math.isfinite(v) else "counts must be whole numbers >= 0")
+        raise ModelError(f"{name}: {why}; row {i}, column {j} has {v!r}", row=i, column=j)
     return y
 
 

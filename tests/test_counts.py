@@ -167,6 +167,15 @@ def test_non_counts_are_refused_with_the_row(bad, where):
         sampler.update(sampler.init(0), torch.tensor(bad, dtype=torch.float64), sampler.new_reservoir())
 
 
+@pytest.mark.parametrize("name", ["negbin", "poisson"])
+def test_a_count_past_2_53_is_refused_as_too_large(name):
+    """1e20 is a whole number, but no float64 count beyond 2^53 is exact: the message says that, not
+    "not a whole number" (a new user's trial)."""
+    sampler = build_sampler(build_model(name, 1), SGAISConfig())
+    with pytest.raises(ModelError, match=rf"{name}: counts must be at most 2\^53 .*; row 1, column 0 has 1e\+20"):
+        sampler.update(sampler.init(0), torch.tensor([[3.0], [1e20]], dtype=torch.float64), sampler.new_reservoir())
+
+
 @pytest.mark.parametrize("spec,message", [
     ("negbin:alpha0=0", "alpha0"), ("negbin:r_min=-1", "r_min"), ("negbin:r_min=10,r_max=1", "r_max"),
     ("negbin:per_decade=0", "per_decade"), ("negbin:warmup=0", "warmup"), ("negbin:sampler=sgais", "exact method only"),
