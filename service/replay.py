@@ -23,7 +23,7 @@ from service.detect.answer import CountWatch, counts_note
 from service.detect.config import DETECT_DEFAULT_CHUNKS
 from service.detect.moves import moved, named
 from service.seeding import seed_for
-from service.sgais import WARNINGS, ConfigError, EngineError, SGAISConfig, build_sampler
+from service.sgais import WARNINGS, ConfigError, EngineError, SGAISConfig, TooLarge, build_sampler
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -79,6 +79,16 @@ class Progress:
         if done >= self.total:
             sys.stderr.write("\n")
         sys.stderr.flush()
+
+
+def file_row(exc: ModelError, first: int, names: list[str]) -> str:
+    """A model's message about row ``exc.row`` of a chunk whose first row is the file's row ``first`` (from 0),
+    with that row numbered as ``read_series`` numbers a file's rows (from 1, the header not counted) and
+    its column named: "row 2, column 0 has -3.0" of the chunk from row 0 reads "row 3, column 'x' has -3.0"."""
+    text = exc.naming(names)
+    if exc.row is None:
+        return text
+    return text.replace(f"row {exc.row}, ", f"row {first + exc.row + 1}, ", 1)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -140,7 +150,16 @@ def run(args: argparse.Namespace) -> int:
             interval = None if stamps is None else T.seconds_per_row(float(stamps[0]), end, lo + rows.shape[0])
             evidence, new = {}, {}
             for label, run in runs.items():
-                result, events = run.step(rows, interval)
+                try:
+                    result, events = run.step(rows, interval)
+                except ModelError as exc:  # named by the file's row and column, as the reader names them
+                    raise DataError(f"{args.data}: {file_row(exc, lo, names)}") from None
+                except TooLarge as exc:
+                    if exc.row is None:
+                        raise EngineError(f"{args.data}, rows {lo + 1}-{lo + rows.shape[0]}: {label}: {exc}") from None
+                    raise DataError(f"{args.data}: {label}: {str(exc).replace(f'row {exc.row} column {exc.column}:', f'row {lo + exc.row + 1} column {names[exc.column]!r}:', 1)}") from None
+                except EngineError as exc:
+                    raise EngineError(f"{args.data}, rows {lo + 1}-{lo + rows.shape[0]}: {label}: {exc}") from None
                 if stamps is not None:  # as the service: an event's time is that of row `row` of its chunk
                     events = [replace(ev, location_time=float(stamps[ev.seq * args.chunk_size + ev.row])) for ev in events]
                 evidence[label], new[label] = (result.n, result.log_evidence), events

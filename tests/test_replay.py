@@ -78,6 +78,13 @@ def test_replay_reads_npy(tmp_path):
         ("when,v\n2021-01-01,1\n", ["--model", "gaussian", "--time-column", "at"], "no column 'at'"),
         ("time\n2021-01-01\n", ["--model", "gaussian"], "the only column is the times"),
         ("v\n1\n", ["--model", "gaussian", "--detect", "--detector", "expected_run_length=30d"], "needs the rows' times"),
+        # a model's refusal names the file's row (from 1, as the reader does) and column, not its row in the chunk
+        ("a\n1\n2\n-3\n4\n", ["--model", "poisson", "--chunk-size", "2"],
+         "bad.csv: poisson: counts must be whole numbers >= 0; row 3, column 'a' has -3.0"),
+        ("x\n1\n1.001\n0.999\n1\n1.0005\n1\n1e148\n", ["--model", "student-t", "--chunk-size", "3"],
+         "bad.csv: student-t: row 7 column 'x': 1e+148 is too large for this model's frame"),
+        ("x\n1\n1.001\n0.999\n1\n1.0005\n1\n1e148\n", ["--model", "gaussian:warmup=5", "--chunk-size", "7"],
+         "bad.csv: gaussian_warmup5: row 7 column 'x': 1e+148 is too large for this model's frame"),
         # a detector setting without --detect (was ignored without a word: a new user's trial)
         ("v\n1\n2\n", ["--model", "gaussian", "--detector", "threshold=0.9"], "--detector threshold=0.9 sets the change-point "
                                                                               "detector, which runs with --detect: add it"),

@@ -37,7 +37,12 @@ class EngineError(RuntimeError):
 class TooLarge(EngineError):
     """A value in the chunk that the model cannot hold in float64: it overflows in the model's frame
     (a value far out against a narrow warm-up) or in its sufficient statistics. The data's fault,
-    not the sampler's (``cusp.Detector`` says so with ``cusp.InputError``)."""
+    not the sampler's (``cusp.Detector`` says so with ``cusp.InputError``). ``row`` and ``column``:
+    the value's place in the chunk, where known (the message begins "row r column c: ")."""
+
+    def __init__(self, message: str, *, row: int | None = None, column: int | None = None):
+        super().__init__(message)
+        self.row, self.column = row, column
 
 
 @dataclass(frozen=True)
@@ -258,6 +263,20 @@ def beyond_limit(model: Model, chunk: torch.Tensor, frame: tuple | None = None, 
     as the API would have (the exact update took it where its statistics held it, and `student-t`
     was left at its grid's edge, refusing every later chunk). ``first``: the chunk's first
     observation in the series, to name the value by its observation rather than its row in the chunk."""
+    found = _beyond(model, chunk, frame, columns, first)
+    return None if found is None else found[0]
+
+
+def refuse_beyond(model: Model, chunk: torch.Tensor, frame: tuple | None) -> None:
+    """``beyond_limit``'s check for the samplers: TooLarge, with the value's row and column in the chunk."""
+    found = _beyond(model, chunk, frame)
+    if found is not None:
+        raise TooLarge(found[0], row=found[1], column=found[2])
+
+
+def _beyond(model: Model, chunk: torch.Tensor, frame: tuple | None = None, columns=None,
+            first: int | None = None) -> tuple[str, int, int] | None:
+    """``beyond_limit``'s message with the value's (row, column) in the chunk, or None."""
     if frame is None and model.has_frame:
         return None
     centre, scale = (frame[0], frame[1]) if frame is not None else (0.0, 1.0)
@@ -271,10 +290,10 @@ def beyond_limit(model: Model, chunk: torch.Tensor, frame: tuple | None = None, 
     at = f"row {r}" if first is None else f"observation {first + r}"
     where, v = f"{at} column {col}: {float(chunk[r, c]):g} is too large for this model", model.value_limit
     if frame is None:
-        return f"{where}: it takes values within +-{v:g}"
+        return f"{where}: it takes values within +-{v:g}", r, c
     one = (lambda x: float(x[c] if isinstance(x, (list, tuple)) or getattr(x, "ndim", 0) else x))  # noqa: E731
     return (f"{where}'s frame (centre {one(centre):.6g}, scale {one(scale):.6g}, from the stream's first {frame[2]} "
-            f"rows): it takes values within {v:g} scales of the centre, where its arithmetic holds")
+            f"rows): it takes values within {v:g} scales of the centre, where its arithmetic holds", r, c)
 
 
 def frame_jacobian(state) -> float:
@@ -441,9 +460,7 @@ class Sampler(SamplerBase):
             fr = state.frame
             # a value beyond what the model's kernels hold (``Model.value_limit``): refused before it
             # diverges them (the mixture's float32 kernels: "SGHMC diverged ... lower lr" blamed the sampler)
-            beyond = beyond_limit(self.model, chunk, (fr[0], fr[1], self.model.warmup) if fr.numel() else None)
-            if beyond is not None:
-                raise TooLarge(beyond)
+            refuse_beyond(self.model, chunk, (fr[0], fr[1], self.model.warmup) if fr.numel() else None)
             try:
                 rows = prepare(self.model, self.config, state.n, framed(state, self.model, chunk), reservoir)
             except ValueError:

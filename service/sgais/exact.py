@@ -22,7 +22,7 @@ import torch
 from models.base import Model
 from service.data import MAX_MAGNITUDE
 from service.sgais.config import SGAISConfig
-from service.sgais.engine import WARNINGS, ChunkResult, SamplerBase, TooLarge, beyond_limit, overflowing, prepare
+from service.sgais.engine import WARNINGS, ChunkResult, SamplerBase, TooLarge, overflowing, prepare, refuse_beyond
 from service.sgais.reservoir import Reservoir, ReservoirWrites, algorithm_r
 from service.sgais.state import decode, encode
 
@@ -147,9 +147,7 @@ class ExactSampler(SamplerBase):
             return
         if skip:  # (the rows before them: the warm-up that fixed the frame; named by their row in the chunk)
             rows = torch.cat([torch.as_tensor(centre, dtype=torch.float64).expand(skip, chunk.shape[1]), rows])
-        why = beyond_limit(model, rows, (centre, scale, getattr(model, "warmup", 0)) if model.has_frame else None)
-        if why is not None:
-            raise TooLarge(why)
+        refuse_beyond(model, rows, (centre, scale, getattr(model, "warmup", 0)) if model.has_frame else None)
 
     def update(self, state: ExactState, chunk: torch.Tensor, reservoir: Reservoir) -> tuple[ExactState, ChunkResult, ReservoirWrites]:
         """As ``Sampler.update``: raw rows ``[B, C]``; the reservoir is read (checked), not written."""
