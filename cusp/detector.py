@@ -388,7 +388,7 @@ class Detector:
                 err.too_large = isinstance(exc, TooLarge)  # (POST /v1/detect: the series' fault)
                 raise err from None
             except EngineError as exc:  # (the sampler's failure: diverged particles)
-                raise EngineError(f"model {name!r}: {exc}") from None
+                raise EngineError(f"model {name!r}, chunk {len(self._chunks)}: {exc}") from None
         for name, run in self._runs.items():
             result, new[name] = run.commit(proposals[name])
             if self._timed:  # the time of each event's first new observation, as the service gives it

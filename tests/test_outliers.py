@@ -563,6 +563,8 @@ def test_a_sampler_that_diverges_is_dead_lettered_at_once(live, redis_url):
     dead = live.client.get(f"/v1/streams/{s}/dead-letters").json()["dead_letters"]
     assert [(d["model"], d["seq"]) for d in dead] == [("gmm_components2", 0), ("gmm_components2", 1)], dead
     assert all("EngineError" in d["error"] and "diverged" in d["error"] for d in dead), dead
+    # no chunk number of the model's own beside the stream's seq (seq 1's said "chunk 0": the model had taken none)
+    assert not any("chunk" in d["error"] for d in dead), dead
     assert redeliveries(s, "gmm_components2") == 0.0
     info = live.client.get(f"/v1/streams/{s}").json()
     assert {m["name"]: m["last_seq"] for m in info["models"]} == {"gaussian_warmup5": 1, "gmm_components2": 1}

@@ -587,7 +587,7 @@ class Sampler(SamplerBase):
                 try:
                     delta = choose_delta(logw, ll, remaining, target)
                 except FloatingPointError as exc:
-                    raise EngineError(f"chunk {state.chunks}: {exc}") from None
+                    raise EngineError(str(exc)) from None
             # guard against lambda creeping below 1 by rounding
             lam = 1.0 if delta >= remaining or lam + delta >= 1.0 - 1e-12 else lam + delta
             logw, inc = reweight(logw, ll, delta)
@@ -605,7 +605,7 @@ class Sampler(SamplerBase):
                 v = math.sqrt(eta) * torch.randn(theta.shape, generator=g, dtype=torch.float64)
                 theta, _ = self._integrate(g, theta, v, grad_fn, eta, cfg.alpha, cfg.beta_hat, sghmc_steps)
                 if not bool(torch.isfinite(theta).all()):
-                    raise EngineError(f"chunk {state.chunks}: SGHMC diverged (non-finite particles); lower lr")
+                    raise EngineError("SGHMC diverged (non-finite particles); lower lr")
             if jumping in ("every step", "surprise") or (jumping and lam >= 1.0):
                 theta, ll, acc = self._jump(theta, lam, rows, res, n_prev, self._block_moves(cands, lam, n_prev, b, g), g)
                 accepted = max(accepted, acc)
@@ -614,7 +614,7 @@ class Sampler(SamplerBase):
         if n_prev == 0 and cfg.first_draws and hasattr(model, "first_draws"):
             theta, logw, log_pred = self._first_chunk(theta, logw, log_pred, rows, g)
         if not math.isfinite(log_pred):
-            raise EngineError(f"chunk {state.chunks}: log predictive is not finite")
+            raise EngineError("log predictive is not finite")
 
         writes = algorithm_r(g, n_prev, rows, cfg.reservoir_capacity)
         if use_cv:
