@@ -28,6 +28,13 @@ class TimeError(ValueError):
     """A time that cannot be read, or times out of order; the message names which and why."""
 
 
+def looks_like(text: str) -> bool:
+    """Whether ``text`` has the shape of an RFC 3339 time (with or without its offset) or a date: a
+    cell of data, not a column's name (a header-less CSV whose first row is a date and values)."""
+    text = text.strip()
+    return bool(_RFC3339.match(text) or _DATE.match(text))
+
+
 def parse(value: object, where: str) -> float:
     """One time (RFC 3339 string with an offset, a date, or epoch seconds) as epoch seconds."""
     if isinstance(value, str):

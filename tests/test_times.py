@@ -183,6 +183,11 @@ def test_other_formats_refuse_bad_times(live):
     raw = np.array([[5.0, 1.0], [4.0, 2.0]]).astype("<f8").tobytes()
     r = post(f"/v1/streams/{badfmt}/chunks?seq=0&times=first", content=raw, headers={"content-type": "application/octet-stream"})
     assert (r.status_code, r.json()["code"]) == (422, "invalid_time"), r.text
+    # a header-less CSV of dates and values: its first row is data, not a header with an extra column
+    for body in ("2021-03-01,1\n2021-03-02,2\n", "2021-03-01T00:00:00Z,1\n", "1,2021-03-01 00:00:00\n"):
+        r = post(f"/v1/streams/{badfmt}/chunks?seq=0", content=body, headers={"content-type": "text/csv"})
+        assert (r.status_code, r.json()["code"]) == (422, "invalid_time"), r.text
+        assert "is a time and values, with no header" in r.json()["detail"] and "time,v" in r.json()["detail"], r.text
     r = post(f"/v1/streams/{badfmt}/chunks?seq=0&times=first", content="v\n1\n", headers={"content-type": "text/csv"})
     assert (r.status_code, r.json()["code"]) == (422, "invalid_time") and "octet-stream" in r.json()["detail"], r.text
     r = post(f"/v1/streams/{badfmt}/chunks?seq=0&times=last", content=raw, headers={"content-type": "application/octet-stream"})

@@ -281,6 +281,11 @@ def parse_csv(body: bytes, columns: list[str]) -> tuple[np.ndarray, np.ndarray |
                                  f"and columns {columns})")
         stamps = [_csv_time(r[at].strip()) for r in reader[1:]]
         reader, lines = [[r[k] for k in order] for r in reader[1:]], lines[1:]
+    elif header and any(T.looks_like(c) for c in header) and all(_is_number(c) or T.looks_like(c) for c in header):
+        # (a header-less chunk of dates and values: "2021-01-01,5" was called a header with an extra column)
+        raise ChunkError(f"row 0 (line {lines[0]}) {header} is a time and values, with no header: the rows' times go in a "
+                         f"column named {TIME!r}, which a header names; make the first line {','.join([TIME, *columns])}",
+                         422, "invalid_time")
     elif header == columns and all(_is_number(c) and "_" not in c and math.isfinite(float(c)) for c in header):
         # (columns named 0 and 1, pandas' default: the row "0,1" was taken for the header and dropped
         # without a word, a new user's trial; as data it would be a row the sender may not have meant)
