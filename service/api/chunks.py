@@ -18,6 +18,7 @@ import csv
 import io
 import json
 import math
+import sys
 
 import numpy as np
 
@@ -92,7 +93,10 @@ def loads(body: bytes | str, line: int | None = None) -> object:
         raise ChunkError(f"body is not valid JSON: {exc}" if line is None else
                          f"line {line} is not valid JSON: {exc.msg} at column {exc.colno}", 400) from None
     except (ValueError, UnicodeDecodeError) as exc:
-        raise ChunkError(f"body is not valid JSON: {exc}" if line is None else f"line {line} is not valid JSON: {exc}",
+        why = str(exc)
+        if "integer string conversion" in why:  # (Python's own limit; its message told the sender to call sys.set_int_max_str_digits)
+            why = f"an integer has more than {sys.get_int_max_str_digits():,} digits"
+        raise ChunkError(f"body is not valid JSON: {why}" if line is None else f"line {line} is not valid JSON: {why}",
                          400) from None
 
 
