@@ -50,9 +50,14 @@ def parse(value: object, where: str) -> float:
             if m is None:  # a date: midnight UTC
                 return datetime.fromisoformat(text).replace(tzinfo=timezone.utc).timestamp()
             day, clock, fraction, zone = m.groups()
+            # a leap second (RFC 3339 allows :60 in a minute's last second; datetime does not): epoch
+            # seconds, like POSIX time, do not count it, so 23:59:60 is read as the second after 23:59:59
+            leap = clock.endswith(":59:60")
+            if leap:
+                clock = clock[:-2] + "59"
             # microseconds: the fraction is rounded to them (the service keeps float64 epoch seconds)
             d = datetime.fromisoformat(f"{day}T{clock}{'+00:00' if zone in 'Zz' else zone}")
-            return d.timestamp() + round(float(fraction or 0.0), 6)
+            return d.timestamp() + leap + round(float(fraction or 0.0), 6)
         except (ValueError, OverflowError):  # Feb 30, hour 25, +25:00
             raise bad from None
     if isinstance(value, bool) or not isinstance(value, (int, float)):

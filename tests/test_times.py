@@ -52,6 +52,14 @@ def test_parse_refuses(given, says):
         T.parse(given, "t")
 
 
+def test_a_leap_second_is_the_second_after_59():
+    """RFC 3339 allows 23:59:60 (a new user's trial saw it refused); epoch seconds do not count it."""
+    assert T.parse("2016-12-31T23:59:60Z", "t") == T.parse("2016-12-31T23:59:59Z", "t") + 1.0
+    assert T.parse("2016-12-31T23:59:60.25+00:00", "t") == T.parse("2017-01-01T00:00:00.25Z", "t")
+    with pytest.raises(T.TimeError, match="not an RFC 3339 time"):
+        T.parse("2016-12-31T23:58:61Z", "t")
+
+
 def test_format_round_trips_microseconds():
     for x in (0.0, 1795680000.123456, -3124137600.0, T.EARLIEST, T.LATEST):
         s = T.format(x)
