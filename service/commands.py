@@ -34,6 +34,8 @@ def add_parsers(sub) -> None:
     p.add_argument("--metrics-port", type=int, default=9100, help="serve /metrics and /healthz here (0: off)")
     p.add_argument("--metrics-host", default="0.0.0.0", help="address the metrics server listens on")
     p.add_argument("--burst", action="store_true", help="stop when there is nothing left to do")
+    # (cusp serve's own workers: serve has warned of unknown CUSP_ variables once, not once per worker)
+    p.add_argument("--supervised", action="store_true", help=argparse.SUPPRESS)
     p.set_defaults(func=worker)
 
     p = sub.add_parser("feed-demo", help="create the demo stream and post the 3 -> 5 -> 7 cluster data to a running cusp")
@@ -154,7 +156,8 @@ def worker(args: argparse.Namespace) -> int:
 
     settings = load_settings()
     _logging(settings.log_level)
-    _unknown_settings()
+    if not args.supervised:
+        _unknown_settings()
     if settings.redis_url is None:
         raise SystemExit("cusp worker: set CUSP_REDIS_URL (a worker process shares the Redis of a running cusp)")
     w = Worker(settings.redis_url, lease_seconds=settings.lease_seconds, max_attempts=settings.max_attempts,

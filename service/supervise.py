@@ -80,7 +80,8 @@ class WorkerProcesses:
 
     def _start(self, i: int) -> None:
         env = {**os.environ, "CUSP_REDIS_URL": self.redis_url, "OMP_NUM_THREADS": "1"}
-        cmd = [sys.executable, "-m", "service.cli", "worker", "--metrics-port", str(self.ports[i]), "--metrics-host", "127.0.0.1"]
+        cmd = [sys.executable, "-m", "service.cli", "worker", "--metrics-port", str(self.ports[i]), "--metrics-host", "127.0.0.1",
+               "--supervised"]
         self.procs[i] = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL,
                                          preexec_fn=_die_with_parent())
         log.info("worker process %d started (pid %d)", i, self.procs[i].pid)

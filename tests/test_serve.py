@@ -342,11 +342,13 @@ def test_the_port_option_wins_over_an_invalid_cusp_port_for_the_workers_too(tmp_
     """`cusp serve --port P` with CUSP_PORT=70000 in the environment: the API served on P and every
     worker exited at start on the invalid variable, restarted for ever (/readyz 503; a new user's
     trial). The workers get the option's value: ready, and no worker restarted."""
-    proc, client = start_serve(tmp_path, workers=1, port_option=True, CUSP_PORT="70000")
+    proc, client = start_serve(tmp_path, workers=1, port_option=True, CUSP_PORT="70000", CUSP_FROBNICATE="1")
     try:
         assert ready(client)
         time.sleep(2)  # (a worker that fails at start exits within about a second)
         log = (tmp_path / "serve.log").read_text()
         assert "less than or equal to 65535" not in log and "restart" not in log.lower(), log
+        # a variable that is no setting: warned of once, by serve, not again by each of its workers
+        assert log.count("ignored: CUSP_FROBNICATE is no cusp setting") == 1, log
     finally:
         stop_serve(proc, client)
