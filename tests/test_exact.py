@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from models import ModelError, build_model
+from models.mixture import RESTART_KAPPA0
 from service.detect import DetectorConfig, OfflineRun
 from service.sgais import ExactSampler, ExactState, Reservoir, Sampler, SGAISConfig, build_sampler, load_state
 
@@ -64,9 +65,10 @@ def test_a_framed_gaussian_restart_is_centred_at_the_incumbents_mean():
     """`gaussian:warmup=5` (the default of a stream of several columns), two columns: the first
     moves by 30 sds at 100 and the model restarts there (a change adopted), then again at 200 with
     nothing changed. The second restart, fed rows 200-299, predicts rows 210-299 as well as a fresh
-    model on them (its own warm-up at 200-204): measured, restart less fresh, seeds 0-7, -0.02 to
-    +0.97 nats. Centred at the warm-up's mean, as before 2026-12-07, -81 to -102: the prior's mean
-    term, kappa0 (30 / scale)^2 / 2, went into the noise variance. Bound -10."""
+    model on them (its own warm-up at 200-204): measured, restart less fresh, seeds 0-7, -0.12 to
+    +0.89 nats (-0.02 to +0.97 with the restart's kappa 1, before RESTART_KAPPA0). Centred at the
+    warm-up's mean, as before 2026-12-07, -81 to -102: the prior's mean term, kappa0 (30 / scale)^2
+    / 2, went into the noise variance. Bound -10."""
     for seed in range(4):
         rng = np.random.default_rng(seed)
         y = rng.normal(0, 1, (300, 2))
@@ -79,9 +81,9 @@ def test_a_framed_gaussian_restart_is_centred_at_the_incumbents_mean():
         again = m.exact_restart(post)
         (centre, scale), (moved, same) = m.frame(first), m.frame(again)
         # the posterior mean of the first column's level: the 100 rows' mean, shrunk towards the first
-        # restart's centre by kappa0 / (kappa0 + 100)
-        mean = float(y[100:200, 0].mean())
-        assert same == scale and moved[0] == pytest.approx(centre[0] + (mean - centre[0]) * 100 / 101, rel=1e-12)
+        # restart's centre by k / (k + 100), k the restart's kappa (RESTART_KAPPA0)
+        mean, k = float(y[100:200, 0].mean()), RESTART_KAPPA0
+        assert same == scale and moved[0] == pytest.approx(centre[0] + (mean - centre[0]) * 100 / (100 + k), rel=1e-12)
         restarted = m.exact_update(m.exact_update(again, rows[200:210])[0], rows[210:])[1]
         fresh = m.exact_update(m.exact_update(m.exact_init(), rows[200:210])[0], rows[210:])[1]
         assert restarted - fresh > -10.0, (seed, restarted - fresh)
