@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 
+import cusp
 from models import ModelError, build_model
 from models.mixture import RESTART_KAPPA0
 from service.detect import DetectorConfig, OfflineRun
@@ -209,6 +210,31 @@ def test_sgais_on_raw_units_is_flagged_against_the_exact_value():
     assert all(r.reliable for r in calm), [r.warnings for r in calm]
     exact = run_exact("gaussian", raw, 500)[-1]
     assert exact.log_evidence == pytest.approx(last.reference_log_evidence, rel=1e-12)
+
+
+def test_the_reference_beside_sgais_counts_from_the_same_rows_after_a_change():
+    """`gaussian:sampler=sgais`, +3 sd at 250, chunks of 10: the change is adopted, and the log-evidence
+    goes on over both segments. The exact reference beside it did not: it was the new segment's
+    alone (-368 against -713, a held-out trial). Now both count the segments before the restart the
+    same way: within 10 nats at every chunk (measured at most 3.3). And ``reference_mismatch`` needs
+    1 nat as well as 1%: before the change (one segment, the flag computed on these very values)
+    it is raised exactly where both are exceeded (the first chunks' 0.2-1 nats were flagged)."""
+    from service.sgais.engine import REFERENCE_FLOOR, REFERENCE_TOLERANCE
+
+    y = np.random.default_rng(11).standard_normal(500)
+    y[250:] += 3.0
+    det = cusp.Detector(models=["gaussian:sampler=sgais"], chunk_size=10, seed=0)
+    det.update(y).flush()
+    (name,) = det.names
+    assert [e.location for e in det.events[name]] == [250]
+    results = det.results[name]
+    gaps = [abs(r.log_evidence - r.reference_log_evidence) for r in results]
+    assert max(gaps) < 10.0, gaps
+    before = results[:25]  # rows 0-249
+    flagged = ["reference_mismatch" in r.warnings for r in before]
+    assert flagged == [g > max(REFERENCE_TOLERANCE * abs(r.reference_log_evidence), REFERENCE_FLOOR)
+                       for g, r in zip(gaps, before)]
+    assert not all(flagged) and min(gaps[:25]) < 1.0
 
 
 def test_detector_finds_a_shift_in_raw_units_with_the_exact_method():

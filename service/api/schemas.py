@@ -240,7 +240,9 @@ class ResultEntry(BaseModel):
                                                   "'quadrature_edge'; empty when nothing is wrong")
     reliable: bool = Field(None, description="no warnings")
     reference_log_evidence: float | None = Field(
-        None, description="the exact log-evidence beside an SGAIS estimate (a conjugate model run with sampler=sgais)")
+        None, description="the exact log-evidence beside an SGAIS estimate (a conjugate model run with sampler=sgais): "
+                          "after a change the model adopted, the exact value of the rows since its restart plus the "
+                          "log-evidence before it, as log_evidence counts them")
     conditioned: int = Field(None, description="rows of the chunk a model conditioned on without scoring them (its warm-up)")
     restated: float = Field(None, description="nats the log-evidence moved at this chunk beside its log predictive: a fresh "
                                               "estimate of the evidence so far was averaged in (a mixture's mode check); "

@@ -780,7 +780,12 @@ class Detector:
         step.pending = self._pending(new)
         step.standing = standing
         new.rng = g.get_state()
-        step.result = replace(result, n=new.offset_n + after.n, log_evidence=new.offset_log_evidence + after.log_evidence)
+        # (the exact reference beside an SGAIS estimate counts, as the estimate does, from the last restart:
+        # both get the segments before it, or the reference was the new segment's alone, hundreds of nats
+        # from the log-evidence beside it, a held-out trial)
+        ref = None if result.reference_log_evidence is None else new.offset_log_evidence + after.ref_log_evidence
+        step.result = replace(result, n=new.offset_n + after.n, log_evidence=new.offset_log_evidence + after.log_evidence,
+                              reference_log_evidence=ref)
         return step
 
     def _watch(self, s: DetectorState, chunk: torch.Tensor, before: ExactState, result: ChunkResult, start: int,
