@@ -632,6 +632,26 @@ def test_dockerfile_structure():
     assert any("venv" in r for r in runs)
 
 
+def test_dockerfile_copies_every_package_pyproject_installs_and_imports_the_app():
+    """`pip install .` in the image installs the packages pyproject.toml names that the build context
+    has: each must be copied (the image had no `cusp/`, so `cusp serve` exited at start: the API
+    imports cusp.Detector for POST /v1/detect), and the build imports the app, not only `service`."""
+    import tomllib
+
+    include = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]["include"]
+    tops = {pat.rstrip("*") for pat in include}
+    copied = {shlex.split(a)[0].rstrip("/") for stage in dockerfile_stages() for i, a in stage if i == "COPY" and "--from=" not in a}
+    assert tops <= copied, f"packages pyproject installs but the Dockerfile does not copy: {sorted(tops - copied)}"
+    # every top-level package the service imports is one of them
+    imported = set()
+    for path in (ROOT / "service").rglob("*.py"):
+        imported |= set(re.findall(r"^\s*(?:from|import) (\w+)", path.read_text(encoding="utf-8"), re.M))
+    local = {p.name for p in ROOT.iterdir() if (p / "__init__.py").exists()}
+    assert imported & local <= tops, sorted((imported & local) - tops)
+    runs = " ".join(a for stage in dockerfile_stages() for i, a in stage if i == "RUN")
+    assert "service.api.app" in runs and re.search(r"import [^;\n]*\bcusp\b", runs), "the build imports the app and cusp"
+
+
 def test_dockerfile_copies_exist_and_are_not_dockerignored():
     ignore = [ln.strip() for ln in DOCKERIGNORE.read_text(encoding="utf-8").splitlines() if ln.strip() and not ln.startswith("#")]
     for stage in dockerfile_stages():
