@@ -2,10 +2,12 @@
 worker processes. The workers are supervised (a killed one comes back), their metrics appear in
 the API's one /metrics exposition, and SIGTERM stops the workers and the embedded Redis too."""
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -148,8 +150,22 @@ def test_serve_runs_supervised_worker_processes_with_one_metrics_exposition(serv
 
     redis = redis_in((tmp / "data").resolve())
     assert len(redis) == 1
+    # a live SSE follower: its feed never ends on its own, and SIGTERM waited on it for ever (an operator's trial)
+    lines: list[str] = []
+
+    def follow() -> None:
+        with contextlib.suppress(httpx.HTTPError), httpx.Client(base_url=client.base_url, timeout=None) as sse, \
+                sse.stream("GET", "/v1/streams/s/evidence/sse") as r:
+            for line in r.iter_lines():
+                lines.append(line)
+
+    follower = threading.Thread(target=follow, daemon=True)
+    follower.start()
+    wait_for(lambda: any(line.startswith("id:") for line in lines), 30, "the SSE feed's first result")
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(30) == 0
+    follower.join(10)
+    assert not follower.is_alive(), "the SSE feed ended with the server"
     wait_for(lambda: not redis_in((tmp / "data").resolve()) and not any(Path(f"/proc/{w}").exists() for w in workers[1:]), 15,
              "the embedded Redis and the workers to stop with cusp serve")
     # the supervisor said why it restarted one, once: the replacement lived on (a child started from

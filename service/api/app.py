@@ -52,6 +52,14 @@ def server_options(settings: Settings) -> dict:
     413 error message and the connection stays open; the protocol layer closes it (1009) only
     past twice the limit (at least uvicorn's 16 MiB default), so a raised limit is not
     shadowed and memory stays bounded. HTTP/1.1 through h11 with cusp's problem+json answer to a
-    request it cannot parse (``service.api.http11``; uvicorn's own is plain text)."""
+    request it cannot parse (``service.api.http11``; uvicorn's own is plain text). At SIGTERM, requests
+    in flight get SHUTDOWN_GRACE_SECONDS to finish, then are cancelled: a live SSE feed never ends on its
+    own (a WebSocket feed is closed with 1012), and `cusp serve` waited on it for ever, its workers and
+    embedded Redis still running (an operator's trial); a follower reconnects with Last-Event-ID."""
     return {"http": ProblemH11Protocol, "ws": "websockets-sansio",
-            "ws_max_size": max(16 * 1024 * 1024, 2 * settings.max_body_bytes)}
+            "ws_max_size": max(16 * 1024 * 1024, 2 * settings.max_body_bytes),
+            "timeout_graceful_shutdown": SHUTDOWN_GRACE_SECONDS}
+
+
+#: seconds a stopping API gives its open requests (``server_options``); within Kubernetes' default 30 s grace
+SHUTDOWN_GRACE_SECONDS = 5
