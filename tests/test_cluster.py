@@ -202,6 +202,33 @@ def test_cluster_url_with_several_seed_nodes_reaches_the_cluster(redis_cluster):
     assert r.ping() and len(r.get_primaries()) == 3
 
 
+def test_metrics_say_redis_is_down_when_no_cluster_node_answers(tmp_path):
+    """A cluster of its own, every node stopped after the API started: /metrics answers 200 with
+    cusp_redis_up 0 within Prometheus's scrape timeout, as on a standalone Redis (it answered 503
+    redis_unavailable, so CuspRedisDown could not fire: an operator's trial)."""
+    import time
+
+    from tests.redis_cluster import RedisClusterProcs
+
+    own = RedisClusterProcs(tmp_path / "cluster")
+    server = None
+    try:
+        server = LiveServer(own.url)
+        assert server.client.post("/v1/streams", json={"name": "m", "columns": ["x"], "models": ["level"]}).status_code == 201
+        assert "cusp_redis_up 1.0" in server.client.get("/metrics").text
+        for p in own.procs:
+            p.kill()
+            p.wait()
+        t0 = time.monotonic()
+        r = server.client.get("/metrics")
+        assert r.status_code == 200 and "cusp_redis_up 0.0" in r.text, r.text[:300]
+        assert time.monotonic() - t0 < 4.0
+    finally:
+        if server is not None:
+            server.stop()
+        own.close()
+
+
 # last, worker processes, SIGKILLed ones included: they stay in the worker registry for a few
 # leases, and a burst worker takes only its share of the pairs meanwhile
 from tests.test_reliability import (  # noqa: E402, F401

@@ -368,3 +368,27 @@ def test_the_port_option_wins_over_an_invalid_cusp_port_for_the_workers_too(tmp_
         assert log.count("ignored: CUSP_FROBNICATE is no cusp setting") == 1, log
     finally:
         stop_serve(proc, client)
+
+
+def test_the_workers_expositions_are_read_at_once_so_stopped_workers_cost_one_timeout():
+    """Two worker endpoints that accept and never answer (SIGSTOPped processes): the API's /metrics
+    read them one after another, 2 s each, and with 2 such workers hit Prometheus's 4 s scrape
+    timeout (an operator's trial). Read at once, they cost one timeout between them."""
+    import socket
+
+    from service.supervise import scrape
+
+    listeners = []
+    try:
+        for _ in range(3):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            s.listen(8)  # connections complete in the backlog; nothing is ever read or written
+            listeners.append(s)
+        urls = [f"http://127.0.0.1:{s.getsockname()[1]}/metrics" for s in listeners]
+        t0 = time.monotonic()
+        assert scrape(urls, 1.0) == []
+        assert time.monotonic() - t0 < 2.0  # one after another: 3.0
+    finally:
+        for s in listeners:
+            s.close()

@@ -56,18 +56,27 @@ async def readyz(request: Request, store: StoreDep, settings: SettingsDep):
     return {"status": "ready", "redis": "ok"}
 
 
+#: how long /metrics waits for Redis (the stream gauges) and, at once, for each worker process's exposition
+METRICS_REDIS_SECONDS = 1.5
+METRICS_WORKER_SECONDS = 1.5
+
+
 @router.get("/metrics", response_class=PlainTextResponse, dependencies=[Read],
             responses={401: {"description": WHY[401], "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Problem"}}}}})
 async def metrics(request: Request, store: StoreDep):
+    # within Prometheus's scrape timeout (deploy/prometheus: 4 s) whatever hangs: a Redis that does not
+    # answer (its socket timeout, 5 s) or worker processes stopped (2 s each, one after another) made the
+    # whole target time out, so CuspTargetDown fired for the API and CuspRedisDown could not (an
+    # operator's trial); a Redis Cluster with no node up answered 503 here
     try:
-        await crud.refresh_stream_gauges(store)
+        await asyncio.wait_for(crud.refresh_stream_gauges(store), METRICS_REDIS_SECONDS)
         M.REDIS_UP.set(1)
-    except (rexc.RedisError, OSError):
+    except (rexc.RedisError, rexc.RedisClusterException, OSError, asyncio.TimeoutError):
         M.REDIS_UP.set(0)
     worker_metrics = request.app.state.worker_metrics
     if worker_metrics:
         keys = request.app.state.settings.keys
-        texts = await asyncio.to_thread(scrape, list(worker_metrics), 2.0, next(iter(keys), None))
+        texts = await asyncio.to_thread(scrape, list(worker_metrics), METRICS_WORKER_SECONDS, next(iter(keys), None))
         return PlainTextResponse(M.merged_exposition(texts), media_type=CONTENT_TYPE_LATEST)
     return PlainTextResponse(generate_latest(M.REGISTRY), media_type=CONTENT_TYPE_LATEST)
 
