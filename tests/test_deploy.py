@@ -845,7 +845,7 @@ def test_promtool_checks_and_tests_the_optional_rules():
 def test_dashboard_queries_are_valid_promql(tmp_path):
     """Every dashboard query, Grafana variables substituted, parses (as a recording rule for promtool)."""
     exe = promtool()
-    grafana_vars = {"$__rate_interval": "1m", "$__interval": "15s", "$__range_s": "1800", "$__range": "30m", "$stream": ".*", "$model": ".*"}
+    grafana_vars = {"$__rate_interval": "1m", "$__interval_ms": "15000", "$__interval": "15s", "$__range_s": "1800", "$__range": "30m", "$stream": ".*", "$model": ".*"}
     rules = []
     for k, expr in enumerate(dashboard_exprs(dashboard())):
         if expr.startswith("label_values("):
@@ -857,6 +857,36 @@ def test_dashboard_queries_are_valid_promql(tmp_path):
     path = tmp_path / "dashboard.rules.yml"
     path.write_text(yaml.safe_dump({"groups": [{"name": "dashboard", "rules": rules}]}), encoding="utf-8")
     out = run([exe, "check", "rules", str(path)])
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_the_dead_letter_panels_count_a_streams_first_dead_letter(tmp_path):
+    """A stream whose first chunk is dead-lettered creates the counter's series at 1: increase()
+    alone read 0 on the dashboard while CuspDeadLetters fired (an operator's trial). Each dead-letter
+    query, Grafana's variables substituted, evaluated by promtool on such a series: 1."""
+    exe = promtool()
+    subst = {"$__rate_interval": "1m", "$__interval_ms": "60000", "$__interval": "1m", "$__range_s": "1800", "$__range": "30m",
+             "$stream": ".*", "$model": ".*"}
+    exprs = [e for e in dashboard_exprs(dashboard()) if "cusp_dead_letters" in e]
+    assert len(exprs) == 2, exprs
+    rules = []
+    for k, expr in enumerate(exprs):
+        for var, value in subst.items():
+            expr = expr.replace(var, value)
+        rules.append({"record": f"dead:q{k}", "expr": expr})
+    (tmp_path / "dead.rules.yml").write_text(yaml.safe_dump({"groups": [{"name": "dead", "interval": "1m", "rules": rules}]}))
+    labels = '{stream="s", model="m"}'
+    test = {"rule_files": ["dead.rules.yml"], "evaluation_interval": "1m", "tests": [{
+        "interval": "1m",
+        # born at 1 at 5m (its _created sample: the unix time of its birth)
+        "input_series": [{"series": f"cusp_dead_letters_total{labels}", "values": "_ _ _ _ _ 1 1"},
+                         {"series": f"cusp_dead_letters_created{labels}", "values": "_ _ _ _ _ 300 300"}],
+        "promql_expr_test": [{"expr": f"dead:q{k}", "eval_time": "5m",
+                              "exp_samples": [{"labels": f"dead:q{k}" if k == 0 else f"dead:q{k}{labels}", "value": 1}]}
+                             for k in range(len(rules))],
+    }]}
+    (tmp_path / "dead.test.yml").write_text(yaml.safe_dump(test))
+    out = run([exe, "test", "rules", "dead.test.yml"], cwd=tmp_path)
     assert out.returncode == 0, out.stdout + out.stderr
 
 
