@@ -61,6 +61,10 @@ class StreamWithdrawal:
                 f"{self.withdrawn_at}: its probability is {self.confidence:.4f} now ({support})")
 
 
+#: the least probability the stream must give an open candidate for ``notes`` to name it
+NOTE_STREAM_FLOOR = 0.01
+
+
 class StreamAnswer:
     """A stream's change points from its models' events, weighted by the models' posterior
     probabilities, one chunk at a time (the service's workers, ``cusp replay``, ``detect_stream``
@@ -386,9 +390,11 @@ class StreamAnswer:
                                 for m, (p, c) in sorted(near[2].items()))
             out.append(f"no change at observation {near[1]}: its probability reached {near[0]:.4f}, below the threshold "
                        f"{self.threshold:g} ({support})")
-        elif (near is None and self.open is not None and self.open[0] >= 0.5
+        elif (near is None and self.open is not None and self.open[0] >= 0.5 and self.open[1] >= NOTE_STREAM_FLOOR
               and not any(abs(self.open[2] - c) <= self.window for c in settled)):
-            # (more likely than not under some model: noise always has a candidate, a few percent likely)
+            # (more likely than not under some model: noise always has a candidate, a few percent likely;
+            # and not nothing for the stream: `level` at 0.85 with a weight of 5e-8 beside `poisson` on
+            # sparse counts is no near miss)
             top, bound, where, there = self.open
             model = max(there, key=lambda m: there[m][1])
             support = ", ".join(f"{m} p={p:.3g} confidence {c:.4f}" for m, (p, c) in sorted(there.items()))
