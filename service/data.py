@@ -153,7 +153,10 @@ def _read_csv(p: Path, time_at: int | None = None) -> tuple[list[str], list[list
             names = [h.strip() for h in header]
             if any(not n for n in names) or len(set(names)) != len(names):
                 raise DataError(f"{p}: the header must name every column once, got {header}")
-            if all(_is_float(n) or T.looks_like(n) for n in names):  # (a header-less file of dates and values too)
+            dates = [T.looks_like(n) for n in names]
+            if all(_is_float(n) for n in names) or (any(dates) and not all(dates) and
+                                                    all(d or _is_float(n) for d, n in zip(dates, names))):
+                # (a header-less file of a date and values too; columns named by dates alone are a header)
                 raise DataError(f"{p}: the first line looks like data; a header row with column names is required")
             rows: list[list[float]] = []
             for lineno, row in enumerate(reader, start=2):

@@ -64,6 +64,7 @@ def test_replay_reads_npy(tmp_path):
         ("a,b\n1,x\n", ["--model", "gaussian"], "'x' is not a number"),
         ("1,2\n3,4\n", ["--model", "gaussian"], "header"),
         ("2021-01-01,5\n2021-01-02,6\n", [], "the first line looks like data; a header row with column names is required"),
+        ('"2021-01-01",5\n2021-01-02,6\n', [], "the first line looks like data; a header row with column names is required"),
         ("", ["--model", "gaussian"], "empty file"),
         ("a,b\n", ["--model", "gaussian"], "no data rows"),
         ("a,b\n1,2\n", ["--model", "nope"], "unknown model 'nope'"),

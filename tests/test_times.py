@@ -196,6 +196,10 @@ def test_other_formats_refuse_bad_times(live):
         r = post(f"/v1/streams/{badfmt}/chunks?seq=0", content=body, headers={"content-type": "text/csv"})
         assert (r.status_code, r.json()["code"]) == (422, "invalid_time"), r.text
         assert "is a time and values, with no header" in r.json()["detail"] and "time,v" in r.json()["detail"], r.text
+    # columns named by dates: their header is a header (a review: refused as "a time and values")
+    dated = create(live, "dated", columns=("2021-01-01", "2021-01-02"))
+    r = post(f"/v1/streams/{dated}/chunks?seq=0", content="2021-01-01,2021-01-02\n1,2\n", headers={"content-type": "text/csv"})
+    assert r.status_code == 202, r.text
     r = post(f"/v1/streams/{badfmt}/chunks?seq=0&times=first", content="v\n1\n", headers={"content-type": "text/csv"})
     assert (r.status_code, r.json()["code"]) == (422, "invalid_time") and "octet-stream" in r.json()["detail"], r.text
     r = post(f"/v1/streams/{badfmt}/chunks?seq=0&times=last", content=raw, headers={"content-type": "application/octet-stream"})

@@ -285,7 +285,7 @@ def parse_csv(body: bytes, columns: list[str]) -> tuple[np.ndarray, np.ndarray |
                                  f"and columns {columns})")
         stamps = [_csv_time(r[at].strip()) for r in reader[1:]]
         reader, lines = [[r[k] for k in order] for r in reader[1:]], lines[1:]
-    elif header and any(T.looks_like(c) for c in header) and all(_is_number(c) or T.looks_like(c) for c in header):
+    elif header != columns and any(T.looks_like(c) for c in header) and all(_is_number(c) or T.looks_like(c) for c in header):
         # (a header-less chunk of dates and values: "2021-01-01,5" was called a header with an extra column)
         raise ChunkError(f"row 0 (line {lines[0]}) {header} is a time and values, with no header: the rows' times go in a "
                          f"column named {TIME!r}, which a header names; make the first line {','.join([TIME, *columns])}",
