@@ -88,12 +88,14 @@ PLACEMENT_ROWS = 96
 #: update (one a row cost about 11 % of a default-portfolio stream's time)
 ANCHOR_ROWS = 32
 
-#: whether an exact model's detector, in chunks of more than one row, starts a restart at the newest
-#: chunk whenever none of its challengers started within ``max_age`` rows (``Detector.update``). In
-#: chunks, a small shift (0.5-1
-#: sd) moved no nomination signal: `level` on 4 such jumps (ruptures' pw_constant, a held-out
-#: trial) found 3 point by point, 3 in chunks of 2, 1 in chunks of 10 and none in chunks of 20;
-#: with it, 3 in every chunking. Exact restarts cost a few arithmetic operations a row
+#: whether the detector of a model with level shifts (``Model.exact_shift``: `level`, `ar`, `trend`,
+#: `seasonal`), in chunks of more than one row, starts a level shift at the newest chunk whenever
+#: none of its challengers started within ``max_age`` rows (``Detector.update``). In chunks, a
+#: small shift (0.5-1 sd) moved no nomination signal: `level` on 4 such jumps (ruptures'
+#: pw_constant, a held-out trial) found 3 point by point, 3 in chunks of 2, 1 in chunks of 10 and
+#: none in chunks of 20; with it, 3 in every chunking. Measured cost on the default portfolio,
+#: stationary data: CPU 1.4x in chunks of 10, 1.7x in chunks of 100 (every kind of restart, and
+#: for every exact model, `student-t` too, took 2.5-6x)
 PERIODIC = True
 
 #: the window lengths of the window-shift signal (``signals.Windows``), in training samples
@@ -207,12 +209,12 @@ class Detector:
         # fresh SGAIS run, and its chunks are usually large enough for the surprise alone
         lengths = tuple(k * self.train for k in WINDOW_TRAINS if k * self.train <= self.max_age) if self.exact else ()
         self.windows = Windows(lengths, self.config.surprise) if lengths else None
-        self.periodic = self.exact and PERIODIC
         # a run of one repeated value nominates where a z-score of ``surprise`` would: at that tail probability
         self.flat_tail = 0.5 * math.erfc(self.config.surprise / math.sqrt(2.0))
         # a level shift (``Model.exact_shift``): a restart that keeps all but the level; for a
         # model with a slope, one that wins is placed and restarted as a break (``_refine``)
         self.shifts = self.exact and callable(getattr(model, "exact_shift", None))
+        self.periodic = PERIODIC and self.shifts
         self.kinks = self.shifts and bool(getattr(model, "trend", 0)) and callable(getattr(model, "exact_kink", None))
         # challengers alive at once: ``max_challengers``; with level shifts, that many places, each
         # with all its kinds of restart, so that a level shift, compared at once, is not crowded
@@ -606,8 +608,10 @@ class Detector:
             # CUSUM or the windows, which see ``max_age`` rows at most, while a restart at it wins on
             # evidence. Point by point each row has its own z-score, and the rows' own surprises start
             # restarts often enough (there it gave pure noise candidates of 0.85 for notes to name)
+            periodic = None
             if self.periodic and b > 1 and not starts and not any(start + b - c.start <= self.max_age for c in new.challengers):
-                starts.append(len(new.recent) - 1)
+                periodic = len(new.recent) - 1
+                starts.append(periodic)
             # (one a training sample: in chunks of a few rows the shares stay off for chunk after chunk
             # once clusters change, and each nominated one filled the challengers' places)
             if self.shares and not any(start - c.start < self.restart_train for c in new.challengers) \
@@ -620,7 +624,10 @@ class Detector:
                 if new.recent[i].start in taken:
                     continue
                 split = self._split(new.recent, i)
-                for kind in self._kinds(int(new.recent[i].rows.shape[0])):
+                # (a periodic start is a level shift only: what a small sustained shift is, at the cost of one
+                # rank-one update a chunk; all the kinds took the default portfolio's CPU 2.5-6x, a review)
+                kinds = ("shift",) if i == periodic else self._kinds(int(new.recent[i].rows.shape[0]))
+                for kind in kinds:
                     if len(new.challengers) >= self.max_restarts:
                         weakest = self._weakest(new.challengers)
                         if not weakest.compared:
