@@ -478,10 +478,9 @@ class Sampler(SamplerBase):
                 if at is None:
                     raise
                 r, c = at
-                raise TooLarge(f"a value is too large for this model's frame: row {r}, column {c} is "
-                               f"{float(chunk[r, c]):.6g}, which the frame (centre {float(fr[0, c]):.6g}, scale "
-                               f"{float(fr[1, c]):.6g}, from the stream's first {self.model.warmup} rows) takes beyond "
-                               "float64") from None
+                raise TooLarge(f"row {r} column {c}: {float(chunk[r, c]):.6g} is too large for this model's frame "
+                               f"(centre {float(fr[0, c]):.6g}, scale {float(fr[1, c]):.6g}, from the stream's first "
+                               f"{self.model.warmup} rows): it takes it beyond float64", row=r, column=c) from None
             jac = frame_jacobian(state)
             reported = state.log_evidence
             if state.frame.numel():
