@@ -56,10 +56,11 @@ COPY service ./service
 COPY models ./models
 COPY bench ./bench
 # (the API imports the app it serves, whose POST /v1/detect is cusp.Detector: an image without the
-# `cusp` package built, and its API exited at start with ModuleNotFoundError, an operator's trial)
+# `cusp` package built, and its API exited at start with ModuleNotFoundError, an operator's trial;
+# the imports run from /, so the installed packages answer them, not the sources in /src)
 RUN PIP_CONSTRAINT=/tmp/torch-constraint.txt pip install . \
- && python -c "import torch, cusp, service, models, service.api.app; print('torch', torch.__version__)" \
- && cd / && python -c "from models import native; s = native.status(); print(s); assert s.startswith('native'), s" \
+ && cd / && python -c "import torch, cusp, service, models, service.api.app; print('torch', torch.__version__)" \
+ && python -c "from models import native; s = native.status(); print(s); assert s.startswith('native'), s" \
  && cusp --help >/dev/null
 
 ########################################################################################
