@@ -603,9 +603,9 @@ class Detector:
                 if j is not None and at < new.recent[j].start + int(new.recent[j].rows.shape[0]):
                     starts.append(max(j, first))
             starts += [j for j, r in enumerate(new.recent) if r.seq in again and j >= first]
-            # in chunks, an exact model keeps a restart within ``max_age`` rows of every row (``PERIODIC``):
+            # in chunks, a model with level shifts keeps one within ``max_age`` rows of every row (``PERIODIC``):
             # a small sustained shift moves a chunk's mean log predictive too little for the surprise, the
-            # CUSUM or the windows, which see ``max_age`` rows at most, while a restart at it wins on
+            # CUSUM or the windows, which see ``max_age`` rows at most, while a level shift at it wins on
             # evidence. Point by point each row has its own z-score, and the rows' own surprises start
             # restarts often enough (there it gave pure noise candidates of 0.85 for notes to name)
             periodic = None
