@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import sys
 import time
 from collections import Counter
@@ -23,7 +24,7 @@ from service.detect.answer import CountWatch, counts_note
 from service.detect.config import DETECT_DEFAULT_CHUNKS
 from service.detect.moves import moved, named
 from service.seeding import seed_for
-from service.sgais import WARNINGS, ConfigError, EngineError, SGAISConfig, TooLarge, build_sampler
+from service.sgais import WARNINGS, ConfigError, EngineError, SGAISConfig, build_sampler
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -81,14 +82,21 @@ class Progress:
         sys.stderr.flush()
 
 
-def file_row(exc: ModelError, first: int, names: list[str]) -> str:
-    """A model's message about row ``exc.row`` of a chunk whose first row is the file's row ``first`` (from 0),
-    with that row numbered as ``read_series`` numbers a file's rows (from 1, the header not counted) and
-    its column named: "row 2, column 0 has -3.0" of the chunk from row 0 reads "row 3, column 'x' has -3.0"."""
-    text = exc.naming(names)
-    if exc.row is None:
-        return text
-    return text.replace(f"row {exc.row}, ", f"row {first + exc.row + 1}, ", 1)
+def file_error(exc: ModelError | EngineError, path, label: str, first: int, rows: int, names: list[str]) -> Exception:
+    """A model's refusal (``ModelError``, ``TooLarge``) or its sampler's failure in the chunk of ``rows``
+    rows from the file's row ``first`` (from 0), said of the file: a value by its row, numbered as
+    ``read_series`` numbers a file's rows (from 1, the header not counted), and its column by name
+    ("row 2, column 0 has -3.0" of the chunk from row 0 reads "row 3, column 'x' has -3.0"); else by
+    the chunk's rows. A ModelError's message names its model already; the others get ``label``."""
+    row = getattr(exc, "row", None)
+    if row is None:
+        if isinstance(exc, ModelError):
+            return DataError(f"{path}: {exc.naming(names)}")
+        return EngineError(f"{path}, rows {first + 1}-{first + rows}: {label}: {exc}")
+    text = re.sub(rf"\brow {row}\b", f"row {first + row + 1}", str(exc), count=1)
+    if exc.column is not None and 0 <= exc.column < len(names):
+        text = re.sub(rf"\bcolumn {exc.column}\b", f"column {names[exc.column]!r}", text, count=1)
+    return DataError(f"{path}: {text}" if isinstance(exc, ModelError) else f"{path}: {label}: {text}")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -152,14 +160,8 @@ def run(args: argparse.Namespace) -> int:
             for label, run in runs.items():
                 try:
                     result, events = run.step(rows, interval)
-                except ModelError as exc:  # named by the file's row and column, as the reader names them
-                    raise DataError(f"{args.data}: {file_row(exc, lo, names)}") from None
-                except TooLarge as exc:
-                    if exc.row is None:
-                        raise EngineError(f"{args.data}, rows {lo + 1}-{lo + rows.shape[0]}: {label}: {exc}") from None
-                    raise DataError(f"{args.data}: {label}: {str(exc).replace(f'row {exc.row} column {exc.column}:', f'row {lo + exc.row + 1} column {names[exc.column]!r}:', 1)}") from None
-                except EngineError as exc:
-                    raise EngineError(f"{args.data}, rows {lo + 1}-{lo + rows.shape[0]}: {label}: {exc}") from None
+                except (ModelError, EngineError) as exc:  # named by the file's row and column, as the reader names them
+                    raise file_error(exc, args.data, label, lo, rows.shape[0], names) from None
                 if stamps is not None:  # as the service: an event's time is that of row `row` of its chunk
                     events = [replace(ev, location_time=float(stamps[ev.seq * args.chunk_size + ev.row])) for ev in events]
                 evidence[label], new[label] = (result.n, result.log_evidence), events
